@@ -1,0 +1,437 @@
+//! The lock-free page allocator (F2): a fixed pool of pages with per-page reference counts.
+//!
+//! # Design
+//! Free pages live in a few **sharded Treiber stacks** (R. K. Treiber, *Systems Programming: Coping
+//! with Parallelism*, IBM RJ 5118, 1986), one per shard, each padded to its own cache line. A thread
+//! has a home shard: it pops from and pushes to that shard, so two threads hammering one allocator
+//! mostly touch different cache lines, and the only shared words on the hot path are the page's own
+//! reference count and link. When the home shard is short, the allocation takes pages from the other
+//! shards too (the slow path).
+//!
+//! Each stack head is one `AtomicU64` holding `(tag << 32) | top_page`. The tag is bumped by every
+//! successful push and pop, which makes the head ABA-safe: a compare-and-swap against a head that was
+//! popped and pushed back in between fails because the tag moved. (A 32-bit tag wraps after 4·10⁹
+//! operations on one shard; an ABA would need a thread to sleep between its load and its CAS for
+//! exactly a multiple of that many operations.) Page 0, the null page, is never on a stack, so
+//! `top_page == 0` means "empty" and a link of 0 means "end of list".
+//!
+//! Each page has one link word `(depth << 32) | next`, where `depth` is the length of the stack from
+//! this page down. The head's depth is therefore the stack length, read in the same snapshot as the
+//! head: this is what makes `allocate(n)` all-or-nothing without a separate counter (no extra atomic
+//! read-modify-write on the hot path). A bulk pop walks `n` links from the head and swings the head
+//! past them with one CAS; a bulk push links the freed pages privately and publishes them with one
+//! CAS.
+//!
+//! Why not an atomic bitmap: finding `n` free bits costs a scan that grows with the pool and with
+//! fragmentation, and an exact free count needs a shared counter that every thread would hit; the
+//! stacks give O(n) allocation and an exact per-shard length for free.
+//!
+//! # Reference counts and validation
+//! `ref_cnt[page]` is 0 exactly when the page is free or being freed. `free` first checks every id,
+//! then decrements each count with a CAS that refuses to go below zero; pages that reach zero are
+//! linked into a private chain and published only when the whole batch has succeeded. If any page
+//! fails (a double free, or a page listed more times than it has references) the decrements already
+//! made are undone, so a failed call changes nothing. `retain` works the same way upward.
+//!
+//! # Linearizability
+//! On one shard, allocate/free are linearizable at the head CAS. Across shards, near exhaustion, two
+//! racing allocations that together need more than is free may both fail (each may briefly hold pages
+//! it then returns); neither ever takes a page the other holds, and a failed call leaves nothing taken.
+
+use crate::error::{KvError, KvResult};
+use crate::sync::{AtomicU32, AtomicU64, Ordering};
+use crate::{PageId, NULL_PAGE};
+
+/// The largest pool: page ids must fit a non-negative `int32` (the dtype of page tables).
+pub const MAX_PAGES: usize = i32::MAX as usize;
+
+/// Most shards an allocator ever uses; more than the cores it runs on buys nothing.
+const MAX_SHARDS: usize = 64;
+
+/// Pages per shard below which extra shards stop paying for themselves.
+const MIN_PAGES_PER_SHARD: usize = 64;
+
+const LOW: u64 = 0xFFFF_FFFF;
+
+/// One Treiber stack head, alone on a cache line (128 bytes: adjacent-line prefetch on x86).
+#[repr(align(128))]
+struct Shard {
+    /// `(tag << 32) | top_page`; top_page 0 means empty.
+    head: AtomicU64,
+}
+
+#[inline]
+fn pack(hi: u32, lo: u32) -> u64 {
+    (u64::from(hi) << 32) | u64::from(lo)
+}
+
+#[inline]
+fn hi(word: u64) -> u32 {
+    (word >> 32) as u32
+}
+
+#[inline]
+fn lo(word: u64) -> u32 {
+    (word & LOW) as u32
+}
+
+/// A fixed pool of `num_pages` pages (page 0 reserved) with per-page reference counts.
+/// Every method takes `&self` and is safe to call from any number of threads at once.
+pub struct PageAllocator {
+    /// Pages in the pool, the null page included (`1..num_pages` are usable).
+    num_pages: u32,
+    /// `[num_pages]`: owners of each page; 0 = free (or being freed by a call in flight).
+    ref_cnt: Box<[AtomicU32]>,
+    /// `[num_pages]`: free-list link `(depth << 32) | next`, meaningful only while the page is free.
+    link: Box<[AtomicU64]>,
+    /// The stacks of free pages.
+    shards: Box<[Shard]>,
+}
+
+impl std::fmt::Debug for PageAllocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PageAllocator")
+            .field("num_pages", &self.num_pages)
+            .field("num_free", &self.num_free())
+            .field("num_shards", &self.shards.len())
+            .finish()
+    }
+}
+
+impl PageAllocator {
+    /// A pool of `num_pages` pages (page 0 reserved, so `num_pages - 1` usable), sharded for the
+    /// machine's parallelism.
+    pub fn new(num_pages: usize) -> KvResult<Self> {
+        let cores = std::thread::available_parallelism().map_or(1, usize::from);
+        let by_size = (num_pages / MIN_PAGES_PER_SHARD).max(1);
+        Self::with_shards(num_pages, cores.min(by_size).min(MAX_SHARDS))
+    }
+
+    /// A pool with an explicit number of shards (1 gives a single global stack).
+    pub fn with_shards(num_pages: usize, num_shards: usize) -> KvResult<Self> {
+        if num_pages == 0 || num_pages > MAX_PAGES {
+            return Err(KvError::InvalidArgument(format!(
+                "num_pages must be in 1..={MAX_PAGES} (page 0 is the reserved null page), got {num_pages}"
+            )));
+        }
+        if num_shards == 0 || num_shards > MAX_SHARDS {
+            return Err(KvError::InvalidArgument(format!(
+                "num_shards must be in 1..={MAX_SHARDS}, got {num_shards}"
+            )));
+        }
+        let ref_cnt = (0..num_pages).map(|_| AtomicU32::new(0)).collect();
+        // Shard s starts with a contiguous run of pages, lowest id on top, so a fresh allocator hands
+        // out 1, 2, 3, ... from shard 0 and threads on different shards touch different cache lines.
+        let usable = num_pages - 1;
+        let mut links = vec![0u64; num_pages];
+        let mut tops = Vec::with_capacity(num_shards);
+        for s in 0..num_shards {
+            let start = 1 + usable * s / num_shards;
+            let end = 1 + usable * (s + 1) / num_shards;
+            for page in start..end {
+                let next = if page + 1 < end { page + 1 } else { 0 };
+                links[page] = pack((end - page) as u32, next as u32);
+            }
+            tops.push(if start < end { start as u32 } else { NULL_PAGE });
+        }
+        let link = links.into_iter().map(AtomicU64::new).collect();
+        let shards = tops.into_iter().map(|top| Shard { head: AtomicU64::new(pack(0, top)) }).collect();
+        Ok(Self { num_pages: num_pages as u32, ref_cnt, link, shards })
+    }
+
+    /// Pages in the pool, the null page included.
+    pub fn num_pages(&self) -> usize {
+        self.num_pages as usize
+    }
+
+    /// Number of shards (free-page stacks).
+    pub fn num_shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Free pages right now: exact when no call is in flight, a consistent per-shard snapshot otherwise.
+    pub fn num_free(&self) -> usize {
+        self.shards.iter().map(|s| self.stack_len(s) as usize).sum()
+    }
+
+    /// References held on `page` (0 when free).
+    pub fn ref_count(&self, page: PageId) -> KvResult<u32> {
+        self.check_page(page, 0)?;
+        // Relaxed: a statistic; callers that need ordering synchronise through their own hand-off.
+        Ok(self.ref_cnt[page as usize].load(Ordering::Relaxed))
+    }
+
+    /// Allocate `n` pages, each with one reference, or `None` when fewer than `n` are free.
+    pub fn allocate(&self, n: usize) -> KvResult<Option<Vec<PageId>>> {
+        let mut out = vec![NULL_PAGE; n];
+        Ok(self.allocate_into(&mut out)?.then_some(out))
+    }
+
+    /// Fill `out` with `out.len()` distinct pages (each with one reference) and return `true`, or
+    /// return `false` and take nothing when fewer are free. `out` is unspecified after `false`.
+    pub fn allocate_into(&self, out: &mut [PageId]) -> KvResult<bool> {
+        self.allocate_into_from(self.home_shard(), out)
+    }
+
+    /// [`allocate_into`](Self::allocate_into) with an explicit home shard (for tests and models).
+    #[doc(hidden)]
+    pub fn allocate_into_from(&self, home: usize, out: &mut [PageId]) -> KvResult<bool> {
+        let n = out.len();
+        if n > self.num_pages as usize - 1 {
+            return Err(KvError::InvalidArgument(format!(
+                "cannot allocate {n} pages from a pool of {} usable pages",
+                self.num_pages - 1
+            )));
+        }
+        if n == 0 {
+            return Ok(true);
+        }
+        let home = home % self.shards.len();
+        if self.pop(&self.shards[home], out, true) != n && !self.allocate_slow(home, out) {
+            return Ok(false);
+        }
+        for &page in out.iter() {
+            // Relaxed: the page is ours alone until the caller hands it on (which synchronises).
+            self.ref_cnt[page as usize].store(1, Ordering::Relaxed);
+        }
+        Ok(true)
+    }
+
+    /// Take pages from every shard, home first; if the total falls short, give them all back.
+    #[cold]
+    fn allocate_slow(&self, home: usize, out: &mut [PageId]) -> bool {
+        let num_shards = self.shards.len();
+        let mut got = 0;
+        for i in 0..num_shards {
+            got += self.pop(&self.shards[(home + i) % num_shards], &mut out[got..], false);
+            if got == out.len() {
+                return true;
+            }
+        }
+        if got > 0 {
+            self.push_slice(&self.shards[home], &out[..got]);
+        }
+        false
+    }
+
+    /// Drop one reference per listed page (a page listed k times drops k); pages reaching zero return
+    /// to the pool. All or nothing: on any error nothing changes.
+    pub fn free(&self, pages: &[PageId]) -> KvResult<()> {
+        self.free_from(self.home_shard(), pages)
+    }
+
+    /// [`free`](Self::free) with an explicit home shard (for tests and models).
+    #[doc(hidden)]
+    pub fn free_from(&self, home: usize, pages: &[PageId]) -> KvResult<()> {
+        self.check_pages(pages)?;
+        // The chain of pages that reached zero, linked privately through their `next` fields.
+        let mut first = NULL_PAGE;
+        let mut len = 0u32;
+        for (i, &page) in pages.iter().enumerate() {
+            let cnt = &self.ref_cnt[page as usize];
+            // Relaxed load + Acquire CAS: a page we take to zero must see every access made under the
+            // references released before ours (their CAS are Release), before it is reused.
+            let mut cur = cnt.load(Ordering::Relaxed);
+            loop {
+                if cur == 0 {
+                    self.undo_free(&pages[..i]);
+                    return Err(KvError::DoubleFree(format!(
+                        "page {page} (position {i}) is already free{}",
+                        if pages[..i].contains(&page) { " (listed more times than it has references)" } else { "" }
+                    )));
+                }
+                match cnt.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
+                }
+            }
+            if cur == 1 {
+                // The page is now ours alone (count 0, on no stack): link it privately.
+                self.link[page as usize].store(pack(0, first), Ordering::Relaxed);
+                first = page;
+                len += 1;
+            }
+        }
+        if len > 0 {
+            self.push_chain(&self.shards[home % self.shards.len()], first, len);
+        }
+        Ok(())
+    }
+
+    /// Give back the references a failed `free` dropped (pages at zero are still ours, unpublished).
+    fn undo_free(&self, pages: &[PageId]) {
+        for &page in pages {
+            self.ref_cnt[page as usize].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Add one reference per listed page (sharing). All or nothing: on any error nothing changes.
+    pub fn retain(&self, pages: &[PageId]) -> KvResult<()> {
+        self.check_pages(pages)?;
+        for (i, &page) in pages.iter().enumerate() {
+            let cnt = &self.ref_cnt[page as usize];
+            let mut cur = cnt.load(Ordering::Relaxed);
+            loop {
+                let err = if cur == 0 {
+                    Some(KvError::DoubleFree(format!("cannot retain page {page} (position {i}): it is free")))
+                } else if cur == u32::MAX {
+                    Some(KvError::InvalidArgument(format!("page {page} already has {cur} references")))
+                } else {
+                    None
+                };
+                if let Some(err) = err {
+                    for &done in &pages[..i] {
+                        self.ref_cnt[done as usize].fetch_sub(1, Ordering::Relaxed);
+                    }
+                    return Err(err);
+                }
+                // Relaxed: taking a reference from a held one publishes nothing new.
+                match cnt.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                    Ok(_) => break,
+                    Err(now) => cur = now,
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn check_page(&self, page: PageId, position: usize) -> KvResult<()> {
+        if page == NULL_PAGE || page >= self.num_pages {
+            let shown = page as i32; // ids come from int32 arrays: show -1, not 4294967295
+            let why = if page == NULL_PAGE { "is the reserved null page" } else { "is out of range" };
+            return Err(KvError::InvalidPage(format!(
+                "page {shown} (position {position}) {why}; valid pages are 1..{}",
+                self.num_pages
+            )));
+        }
+        Ok(())
+    }
+
+    fn check_pages(&self, pages: &[PageId]) -> KvResult<()> {
+        // One branch per page on the happy path; the position is found only when reporting.
+        if pages.iter().all(|&p| p != NULL_PAGE && p < self.num_pages) {
+            return Ok(());
+        }
+        let (i, &page) =
+            pages.iter().enumerate().find(|(_, &p)| p == NULL_PAGE || p >= self.num_pages).unwrap_or((0, &0));
+        self.check_page(page, i)
+    }
+
+    /// The length of one stack, read consistently with its head.
+    fn stack_len(&self, shard: &Shard) -> u32 {
+        loop {
+            let head = shard.head.load(Ordering::Acquire);
+            let top = lo(head);
+            if top == NULL_PAGE {
+                return 0;
+            }
+            let depth = hi(self.link[top as usize].load(Ordering::Relaxed));
+            // The top's link only changes after it is popped, which moves the tag: an unchanged head
+            // proves the depth belongs to it.
+            if shard.head.load(Ordering::Acquire) == head {
+                return depth;
+            }
+        }
+    }
+
+    /// Pop `out.len()` pages (if `exact`, all or none) or as many as there are (if not) from one stack.
+    /// Returns the number popped; their counts are still 0.
+    fn pop(&self, shard: &Shard, out: &mut [PageId], exact: bool) -> usize {
+        'retry: loop {
+            // Acquire pairs with the Release of the push that installed this head: the links of
+            // every page below it are visible.
+            let head = shard.head.load(Ordering::Acquire);
+            let top = lo(head);
+            if top == NULL_PAGE {
+                return 0;
+            }
+            let depth = hi(self.link[top as usize].load(Ordering::Relaxed)) as usize;
+            let want = if depth >= out.len() {
+                out.len()
+            } else if exact || depth == 0 {
+                if shard.head.load(Ordering::Acquire) != head {
+                    continue 'retry; // a stale depth: look again
+                }
+                return 0;
+            } else {
+                depth
+            };
+            let mut page = top;
+            for slot in out[..want].iter_mut() {
+                if page == NULL_PAGE || page >= self.num_pages {
+                    continue 'retry; // links read while the stack changed; the CAS would fail anyway
+                }
+                *slot = page;
+                page = lo(self.link[page as usize].load(Ordering::Relaxed));
+            }
+            let new_head = pack(hi(head).wrapping_add(1), page);
+            if shard.head.compare_exchange_weak(head, new_head, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                return want;
+            }
+        }
+    }
+
+    /// Publish a private chain of `len` pages starting at `first` on a stack, with one CAS.
+    fn push_chain(&self, shard: &Shard, first: PageId, len: u32) {
+        let mut head = shard.head.load(Ordering::Acquire);
+        loop {
+            let top = lo(head);
+            let base = if top == NULL_PAGE { 0 } else { hi(self.link[top as usize].load(Ordering::Relaxed)) };
+            // Depths are relative to the stack we land on, so they are rewritten on every attempt.
+            let mut page = first;
+            for k in 0..len {
+                let next = if k + 1 == len { top } else { lo(self.link[page as usize].load(Ordering::Relaxed)) };
+                self.link[page as usize].store(pack(base + len - k, next), Ordering::Relaxed);
+                page = next;
+            }
+            debug_assert!(len == 0 || page == top);
+            // Release publishes the links just written to the next pop's Acquire.
+            match shard.head.compare_exchange_weak(
+                head,
+                pack(hi(head).wrapping_add(1), first),
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return,
+                Err(now) => head = now,
+            }
+        }
+    }
+
+    /// Push pages that were popped but never handed out (their counts are still 0).
+    fn push_slice(&self, shard: &Shard, pages: &[PageId]) {
+        for pair in pages.windows(2) {
+            self.link[pair[0] as usize].store(pack(0, pair[1]), Ordering::Relaxed);
+        }
+        if let Some(&first) = pages.first() {
+            self.push_chain(shard, first, pages.len() as u32);
+        }
+    }
+
+    /// The calling thread's home shard.
+    #[cfg(not(loom))]
+    fn home_shard(&self) -> usize {
+        use std::cell::Cell;
+        use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
+        static NEXT_THREAD: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static THREAD_INDEX: Cell<usize> = const { Cell::new(usize::MAX) };
+        }
+        let index = THREAD_INDEX.with(|cell| {
+            let mut index = cell.get();
+            if index == usize::MAX {
+                // Relaxed: only uniqueness matters, not ordering.
+                index = NEXT_THREAD.fetch_add(1, StdOrdering::Relaxed);
+                cell.set(index);
+            }
+            index
+        });
+        index % self.shards.len()
+    }
+
+    /// Under loom, models pick shards explicitly through the `*_from` methods; the default is 0.
+    #[cfg(loom)]
+    fn home_shard(&self) -> usize {
+        0
+    }
+}

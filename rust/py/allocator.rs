@@ -1,0 +1,113 @@
+//! Bindings of [`crate::allocator::PageAllocator`] as `kvcore.PageAllocator`.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+
+use super::convert::{count_arg, new_page_array, page_ids};
+use super::error::kv_exception;
+use crate::allocator::PageAllocator;
+use crate::PageId;
+
+/// Batches at least this long release the interpreter while the core works.
+const DETACH_MIN_PAGES: usize = 4096;
+
+/// A fixed pool of pages with per-page reference counts; lock-free and safe to share between threads.
+#[pyclass(name = "PageAllocator", module = "kvcore._kvcore", frozen)]
+pub(crate) struct PyPageAllocator {
+    inner: PageAllocator,
+}
+
+#[pymethods]
+impl PyPageAllocator {
+    #[new]
+    #[pyo3(signature = (num_pages, *, num_shards = None))]
+    fn new(num_pages: &Bound<'_, PyAny>, num_shards: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let num_pages = count_arg(num_pages, "num_pages")?;
+        let inner = match num_shards {
+            Some(s) => PageAllocator::with_shards(num_pages, count_arg(s, "num_shards")?)?,
+            None => PageAllocator::new(num_pages)?,
+        };
+        Ok(Self { inner })
+    }
+
+    /// `n` distinct pages (int32 array, each with one reference), or None when fewer are free.
+    fn allocate<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let n = count_arg(n, "n")?;
+        if n > self.inner.num_pages() - 1 {
+            // Checked before creating the output so an absurd n never allocates memory.
+            return Err(kv_exception(
+                py,
+                "InvalidArgumentError",
+                format!("cannot allocate {n} pages from a pool of {} usable pages", self.inner.num_pages() - 1),
+            ));
+        }
+        let (array, out) = new_page_array(py, n);
+        let ok = if n >= DETACH_MIN_PAGES {
+            py.detach(|| self.inner.allocate_into(out))?
+        } else {
+            self.inner.allocate_into(out)?
+        };
+        Ok(ok.then_some(array))
+    }
+
+    /// Drop one reference per listed page; pages reaching zero return to the pool. All or nothing.
+    fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = page_ids(pages)?;
+        let ids: &[PageId] = ids.as_slice();
+        if ids.len() >= DETACH_MIN_PAGES {
+            py.detach(|| self.inner.free(ids))?;
+        } else {
+            self.inner.free(ids)?;
+        }
+        Ok(())
+    }
+
+    /// Add one reference per listed page (sharing). All or nothing.
+    fn retain(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = page_ids(pages)?;
+        let ids: &[PageId] = ids.as_slice();
+        if ids.len() >= DETACH_MIN_PAGES {
+            py.detach(|| self.inner.retain(ids))?;
+        } else {
+            self.inner.retain(ids)?;
+        }
+        Ok(())
+    }
+
+    /// References held on `page` (0 when free).
+    fn ref_count(&self, page: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let py = page.py();
+        let value: i64 =
+            page.extract().map_err(|_| kv_exception(py, "InvalidDTypeError", "page must be an integer".into()))?;
+        let page = PageId::try_from(value).map_err(|_| {
+            kv_exception(
+                py,
+                "InvalidPageError",
+                format!("page {value} is out of range; valid pages are 1..{}", self.inner.num_pages()),
+            )
+        })?;
+        Ok(self.inner.ref_count(page)?)
+    }
+
+    /// Free pages right now.
+    #[getter]
+    fn num_free(&self) -> usize {
+        self.inner.num_free()
+    }
+
+    /// Pages in the pool, the null page 0 included.
+    #[getter]
+    fn num_pages(&self) -> usize {
+        self.inner.num_pages()
+    }
+
+    /// Free-page stacks (threads pick one each; see the allocator's design notes).
+    #[getter]
+    fn num_shards(&self) -> usize {
+        self.inner.num_shards()
+    }
+
+    fn __repr__(&self) -> String {
+        format!("PageAllocator(num_pages={}, num_free={})", self.inner.num_pages(), self.inner.num_free())
+    }
+}

@@ -1,0 +1,84 @@
+//! Argument conversion shared by the bindings: page-id arrays in, page-id arrays out.
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
+
+use super::error::kv_exception;
+use crate::PageId;
+
+/// Page ids borrowed from a contiguous `int32` NumPy array (no copy), or converted from a list.
+pub(crate) enum PageIds<'py> {
+    Array(PyReadonlyArray1<'py, i32>),
+    Vec(Vec<i32>),
+}
+
+impl PageIds<'_> {
+    /// The ids as `PageId`s. Negative ids become huge values, which the core rejects as out of range.
+    pub(crate) fn as_slice(&self) -> &[PageId] {
+        let ids: &[i32] = match self {
+            // The array was checked contiguous in `page_ids`.
+            PageIds::Array(a) => a.as_slice().unwrap_or(&[]),
+            PageIds::Vec(v) => v,
+        };
+        // SAFETY: i32 and u32 have the same size and alignment and every bit pattern is valid for
+        // both; the borrow keeps the source alive and read-only for the slice's lifetime.
+        unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<PageId>(), ids.len()) }
+    }
+}
+
+/// Accept a 1-D contiguous `int32` array (zero copy) or a list/tuple of ints; anything else raises
+/// `InvalidDTypeError` naming what was given.
+pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
+    let py = obj.py();
+    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
+        let array = array.readonly();
+        if array.as_slice().is_err() {
+            return Err(kv_exception(py, "InvalidDTypeError", "page ids must be a contiguous array".into()));
+        }
+        return Ok(PageIds::Array(array));
+    }
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        let message = format!(
+            "page ids must be a 1-D int32 array, got a {}-D {} array",
+            array.ndim(),
+            array.dtype().str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+        );
+        return Err(kv_exception(py, "InvalidDTypeError", message));
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return obj.extract::<Vec<i32>>().map(PageIds::Vec).map_err(|_| {
+            kv_exception(py, "InvalidDTypeError", "page ids must be integers that fit int32".into())
+        });
+    }
+    let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    Err(kv_exception(
+        py,
+        "InvalidDTypeError",
+        format!("page ids must be a 1-D int32 numpy array or a list of ints, got {type_name}"),
+    ))
+}
+
+/// An integer count argument (`n`); non-integers raise `InvalidDTypeError`, negatives `InvalidArgumentError`.
+pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    let py = obj.py();
+    let value: i64 = obj
+        .extract()
+        .map_err(|_| kv_exception(py, "InvalidDTypeError", format!("{name} must be an integer")))?;
+    usize::try_from(value)
+        .map_err(|_| kv_exception(py, "InvalidArgumentError", format!("{name} must be >= 0, got {value}")))
+}
+
+/// A fresh, uninitialised `int32` array of `len` elements and a mutable view of it as `PageId`s.
+pub(crate) fn new_page_array<'py>(py: Python<'py>, len: usize) -> (Bound<'py, PyArray1<i32>>, &'py mut [PageId]) {
+    // SAFETY: the array is created here and not yet shared with Python, so no other view of its
+    // memory exists; the caller writes every element before returning it.
+    let array = unsafe { PyArray1::<i32>::new(py, len, false) };
+    // SAFETY: a fresh 1-D array is contiguous; i32 -> u32 reinterpretation is valid (same layout,
+    // all bit patterns valid). The slice lives as long as the array object ('py).
+    let slice = unsafe {
+        let data = array.data();
+        std::slice::from_raw_parts_mut(data.cast::<PageId>(), len)
+    };
+    (array, slice)
+}
