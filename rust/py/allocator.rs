@@ -3,13 +3,10 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use super::convert::{count_arg, new_page_array, page_ids};
+use super::convert::{count_arg, new_page_array, page_ids, DETACH_MIN_PAGES};
 use super::error::kv_exception;
 use crate::allocator::PageAllocator;
 use crate::PageId;
-
-/// Batches at least this long release the interpreter while the core works.
-const DETACH_MIN_PAGES: usize = 4096;
 
 /// A fixed pool of pages with per-page reference counts; lock-free and safe to share between threads.
 #[pyclass(name = "PageAllocator", module = "kvcore._kvcore", frozen)]

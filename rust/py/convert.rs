@@ -9,16 +9,28 @@ use crate::PageId;
 
 /// Page ids borrowed from a contiguous `int32` NumPy array (no copy), or converted from a list.
 pub(crate) enum PageIds<'py> {
-    Array(PyReadonlyArray1<'py, i32>),
+    /// A small array, read in place while the caller stays attached to the interpreter.
+    Attached(Bound<'py, PyArray1<i32>>),
+    /// A large array, borrowed through rust-numpy's tracked read-only borrow so it may be read
+    /// while detached.
+    Tracked(PyReadonlyArray1<'py, i32>),
     Vec(Vec<i32>),
 }
+
+/// Arrays at least this long are borrowed with tracking (the caller detaches while reading them).
+pub(crate) const DETACH_MIN_PAGES: usize = 4096;
 
 impl PageIds<'_> {
     /// The ids as `PageId`s. Negative ids become huge values, which the core rejects as out of range.
     pub(crate) fn as_slice(&self) -> &[PageId] {
         let ids: &[i32] = match self {
+            // SAFETY: `page_ids` checked the array is contiguous. The view is used only while the
+            // caller is attached and runs no Python code, so no Python code can write to the array
+            // meanwhile; the tracked borrow (rust-numpy) costs more than a whole small `free`, which
+            // is why small arrays skip it.
+            PageIds::Attached(a) => unsafe { a.as_slice() }.unwrap_or(&[]),
             // The array was checked contiguous in `page_ids`.
-            PageIds::Array(a) => a.as_slice().unwrap_or(&[]),
+            PageIds::Tracked(a) => a.as_slice().unwrap_or(&[]),
             PageIds::Vec(v) => v,
         };
         // SAFETY: i32 and u32 have the same size and alignment and every bit pattern is valid for
@@ -32,11 +44,13 @@ impl PageIds<'_> {
 pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
     let py = obj.py();
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
-        let array = array.readonly();
-        if array.as_slice().is_err() {
+        if !array.is_contiguous() {
             return Err(kv_exception(py, "InvalidDTypeError", "page ids must be a contiguous array".into()));
         }
-        return Ok(PageIds::Array(array));
+        if array.len() >= DETACH_MIN_PAGES {
+            return Ok(PageIds::Tracked(array.readonly()));
+        }
+        return Ok(PageIds::Attached(array.clone()));
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         let message = format!(

@@ -1,0 +1,124 @@
+//! Criterion benchmarks of the page allocator, next to a `Mutex<Vec<u32>>` free list measured in the
+//! same run. Run: `cargo bench --bench allocator`.
+//!
+//! `contention/*/T`: T threads hammer one allocator with allocate(1)+free; one iteration is one
+//! allocate+free pair done by *some* thread, so the time per iteration is the inverse of the total
+//! throughput (lower is better, comparable across thread counts).
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion};
+use kvcore::allocator::PageAllocator;
+
+const POOL: usize = 10_001;
+
+/// The baseline: a free list behind a mutex, as a straightforward engine would write it.
+struct MutexFreeList {
+    free: Mutex<Vec<u32>>,
+}
+
+impl MutexFreeList {
+    fn new(num_pages: usize) -> Self {
+        Self { free: Mutex::new((1..num_pages as u32).rev().collect()) }
+    }
+    fn allocate_into(&self, out: &mut [u32]) -> bool {
+        let mut free = self.free.lock().unwrap();
+        if free.len() < out.len() {
+            return false;
+        }
+        let at = free.len() - out.len();
+        out.copy_from_slice(&free[at..]);
+        free.truncate(at);
+        true
+    }
+    fn free(&self, pages: &[u32]) {
+        self.free.lock().unwrap().extend_from_slice(pages);
+    }
+}
+
+trait Pool: Send + Sync + 'static {
+    fn alloc_free(&self, out: &mut [u32]);
+}
+
+impl Pool for PageAllocator {
+    #[inline]
+    fn alloc_free(&self, out: &mut [u32]) {
+        assert!(self.allocate_into(out).unwrap());
+        self.free(out).unwrap();
+    }
+}
+
+impl Pool for MutexFreeList {
+    #[inline]
+    fn alloc_free(&self, out: &mut [u32]) {
+        assert!(self.allocate_into(out));
+        self.free(out);
+    }
+}
+
+fn single_thread(c: &mut Criterion) {
+    let mut group = c.benchmark_group("alloc_free");
+    for n in [1usize, 64] {
+        let a = PageAllocator::new(POOL).unwrap();
+        let mut out = vec![0u32; n];
+        group.bench_with_input(BenchmarkId::new("kvcore", n), &n, |b, _| {
+            b.iter(|| a.alloc_free(black_box(&mut out)))
+        });
+        let m = MutexFreeList::new(POOL);
+        group.bench_with_input(BenchmarkId::new("mutex_vec", n), &n, |b, _| {
+            b.iter(|| m.alloc_free(black_box(&mut out)))
+        });
+    }
+    group.finish();
+}
+
+/// `threads` threads share `pool`; together they do `iters` allocate(1)+free pairs.
+fn hammer<P: Pool>(pool: &Arc<P>, threads: usize, iters: u64) -> Duration {
+    let barrier = Arc::new(Barrier::new(threads + 1));
+    let per_thread = iters.div_ceil(threads as u64);
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (pool, barrier) = (pool.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                let mut out = [0u32; 1];
+                barrier.wait();
+                for _ in 0..per_thread {
+                    pool.alloc_free(black_box(&mut out));
+                }
+                barrier.wait();
+            })
+        })
+        .collect();
+    barrier.wait();
+    let start = Instant::now();
+    barrier.wait();
+    let elapsed = start.elapsed();
+    for h in handles {
+        h.join().unwrap();
+    }
+    elapsed
+}
+
+fn contention(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contention");
+    for threads in [1usize, 2, 4] {
+        let a = Arc::new(PageAllocator::new(POOL).unwrap());
+        group.bench_with_input(BenchmarkId::new("kvcore", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| hammer(&a, t, iters))
+        });
+        let m = Arc::new(MutexFreeList::new(POOL));
+        group.bench_with_input(BenchmarkId::new("mutex_vec", threads), &threads, |b, &t| {
+            b.iter_custom(|iters| hammer(&m, t, iters))
+        });
+    }
+    group.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = single_thread, contention
+}
+criterion_main!(benches);

@@ -1,0 +1,162 @@
+"""PageAllocator: the Python API, and every bad input raising the right class while changing nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcore
+from kvcore import (
+    DoubleFreeError,
+    InvalidArgumentError,
+    InvalidDTypeError,
+    InvalidPageError,
+    KVCoreError,
+    PageAllocator,
+)
+
+
+def snapshot(alloc: PageAllocator) -> tuple[int, list[int]]:
+    """Everything observable: the free count and every page's count."""
+    return alloc.num_free, [alloc.ref_count(p) for p in range(1, alloc.num_pages)]
+
+
+def test_fresh_pool() -> None:
+    alloc = PageAllocator(10, num_shards=1)
+    assert alloc.num_pages == 10
+    assert alloc.num_free == 9
+    pages = alloc.allocate(3)
+    assert pages is not None
+    assert pages.dtype == np.int32 and pages.ndim == 1
+    assert pages.tolist() == [1, 2, 3]
+    assert [alloc.ref_count(int(p)) for p in pages] == [1, 1, 1]
+    assert alloc.num_free == 6
+    assert "PageAllocator(num_pages=10" in repr(alloc)
+
+
+def test_allocate_is_all_or_nothing_and_none_when_short() -> None:
+    alloc = PageAllocator(6)
+    held = alloc.allocate(4)
+    assert held is not None
+    before = snapshot(alloc)
+    assert alloc.allocate(2) is None
+    assert snapshot(alloc) == before
+    one = alloc.allocate(1)
+    assert one is not None and one[0] not in held
+    assert alloc.allocate(0) is not None and alloc.allocate(0).size == 0
+
+
+def test_retain_and_free_share_pages() -> None:
+    alloc = PageAllocator(8)
+    pages = alloc.allocate(2)
+    assert pages is not None
+    alloc.retain(pages)
+    alloc.retain([int(pages[0])])
+    assert alloc.ref_count(int(pages[0])) == 3
+    alloc.free(pages)
+    assert alloc.num_free == 5  # both still referenced
+    alloc.free(np.array([pages[0], pages[0], pages[1]], dtype=np.int32))
+    assert alloc.num_free == 7
+    assert alloc.ref_count(int(pages[0])) == 0
+
+
+def test_views_and_tuples_are_accepted() -> None:
+    alloc = PageAllocator(8)
+    pages = alloc.allocate(4)
+    assert pages is not None
+    alloc.free(pages[:2])  # a contiguous slice of an int32 array: no copy needed
+    alloc.free(tuple(int(p) for p in pages[2:]))
+    assert alloc.num_free == 7
+
+
+def test_errors_are_one_hierarchy() -> None:
+    for cls, builtin in [
+        (InvalidArgumentError, ValueError),
+        (InvalidPageError, ValueError),
+        (DoubleFreeError, InvalidPageError),
+        (InvalidDTypeError, TypeError),
+        (kvcore.UnknownSequenceError, KeyError),
+        (kvcore.DuplicateSequenceError, ValueError),
+    ]:
+        assert issubclass(cls, KVCoreError) and issubclass(cls, builtin)
+
+
+BAD_ALLOCATE = [
+    (-1, InvalidArgumentError),
+    (8, InvalidArgumentError),  # more than num_pages - 1 can never succeed
+    (2**40, InvalidArgumentError),
+    (1.5, InvalidDTypeError),
+    ("2", InvalidDTypeError),
+]
+
+
+@pytest.mark.parametrize(("n", "error"), BAD_ALLOCATE)
+def test_bad_allocate(n: object, error: type[Exception]) -> None:
+    alloc = PageAllocator(8)
+    alloc.allocate(2)
+    before = snapshot(alloc)
+    with pytest.raises(error):
+        alloc.allocate(n)  # type: ignore[arg-type]
+    assert snapshot(alloc) == before
+
+
+def _bad_page_batches(held: np.ndarray) -> list[tuple[object, type[Exception]]]:
+    a, b, shared = int(held[0]), int(held[1]), int(held[2])  # shared has 2 references
+    return [
+        ([a, 0], InvalidPageError),  # the null page
+        ([a, 8], InvalidPageError),  # out of range
+        ([a, -1], InvalidPageError),
+        ([a, 7], DoubleFreeError),  # a free page
+        ([b, a, a], DoubleFreeError),  # listed twice with one reference
+        ([shared, shared, shared], DoubleFreeError),  # three times with two
+        (np.array([a, b], dtype=np.int64), InvalidDTypeError),
+        (np.array([[a, b]], dtype=np.int32), InvalidDTypeError),
+        (np.array([a, b, shared, b], dtype=np.int32)[::2], InvalidDTypeError),  # not contiguous
+        (np.array([1.0, 2.0]), InvalidDTypeError),
+        ([1.5], InvalidDTypeError),
+        ([a, 2**40], InvalidDTypeError),
+        ("12", InvalidDTypeError),
+        (a, InvalidDTypeError),
+        (None, InvalidDTypeError),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+@pytest.mark.parametrize("op", ["free", "retain"])
+def test_bad_batches_raise_and_change_nothing(case: int, op: str) -> None:
+    alloc = PageAllocator(8)
+    held = alloc.allocate(3)
+    assert held is not None
+    alloc.retain([int(held[2])])
+    batch, error = _bad_page_batches(held)[case]
+    if op == "retain" and error is DoubleFreeError and case != 3:
+        pytest.skip("duplicates are legal for retain")
+    before = snapshot(alloc)
+    with pytest.raises(error) as info:
+        getattr(alloc, op)(batch)
+    assert str(info.value)  # a message, not an empty exception
+    assert snapshot(alloc) == before
+
+
+@pytest.mark.parametrize("page", [0, -1, 8, 2**40])
+def test_ref_count_of_bad_page(page: int) -> None:
+    alloc = PageAllocator(8)
+    with pytest.raises(InvalidPageError):
+        alloc.ref_count(page)
+
+
+@pytest.mark.parametrize("num_pages", [0, -3, 2**31])
+def test_bad_pool_sizes(num_pages: int) -> None:
+    with pytest.raises(InvalidArgumentError):
+        PageAllocator(num_pages)
+
+
+def test_large_batches_release_the_interpreter() -> None:
+    """The detached path (>= 4096 pages) behaves exactly like the attached one."""
+    alloc = PageAllocator(20_001)
+    pages = alloc.allocate(10_000)
+    assert pages is not None and len(np.unique(pages)) == 10_000
+    alloc.retain(pages)
+    alloc.free(pages)
+    alloc.free(pages)
+    assert alloc.num_free == 20_000

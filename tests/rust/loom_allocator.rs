@@ -1,0 +1,116 @@
+//! loom models of the allocator's races. Run with:
+//! `RUSTFLAGS="--cfg loom" cargo test --release --test loom_allocator`
+//! Each model checks, over every interleaving loom explores, that no page is handed out twice and
+//! that reference counts and free counts balance at the end.
+#![cfg(loom)]
+
+use kvcore::allocator::PageAllocator;
+use kvcore::PageId;
+use loom::sync::Arc;
+use loom::thread;
+
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    if builder.preemption_bound.is_none() {
+        builder.preemption_bound = Some(3);
+    }
+    builder.check(f);
+}
+
+fn assert_all_free(a: &PageAllocator) {
+    assert_eq!(a.num_free(), a.num_pages() - 1);
+    for p in 1..a.num_pages() as PageId {
+        assert_eq!(a.ref_count(p).unwrap(), 0, "page {p} still referenced");
+    }
+}
+
+/// Two threads allocate one page each from one stack: both get one, never the same.
+#[test]
+fn two_allocations_get_distinct_pages() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let b = a.clone();
+        let t = thread::spawn(move || b.allocate(1).unwrap().unwrap()[0]);
+        let mine = a.allocate(1).unwrap().unwrap()[0];
+        let theirs = t.join().unwrap();
+        assert_ne!(mine, theirs);
+        a.free(&[mine, theirs]).unwrap();
+        assert_all_free(&a);
+    });
+}
+
+/// On one stack, allocations needing more than is free: exactly one wins, the loser takes nothing.
+#[test]
+fn racing_allocations_are_all_or_nothing() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let b = a.clone();
+        let t = thread::spawn(move || b.allocate(2).unwrap());
+        let mine = a.allocate(1).unwrap();
+        let theirs = t.join().unwrap();
+        assert!(mine.is_some() != theirs.is_some(), "{mine:?} {theirs:?}");
+        let held = mine.or(theirs).unwrap();
+        assert_eq!(a.num_free(), 2 - held.len());
+        a.free(&held).unwrap();
+        assert_all_free(&a);
+    });
+}
+
+/// Two owners of a shared page drop their references at once: exactly one returns it.
+#[test]
+fn concurrent_frees_of_a_shared_page_balance() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let page = a.allocate(1).unwrap().unwrap();
+        a.retain(&page).unwrap();
+        let (b, theirs) = (a.clone(), page.clone());
+        let t = thread::spawn(move || b.free(&theirs).unwrap());
+        a.free(&page).unwrap();
+        t.join().unwrap();
+        assert_all_free(&a);
+    });
+}
+
+/// A free races an allocation on the same stack, while a third party retains and frees.
+#[test]
+fn free_races_allocate_and_retain() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let held = a.allocate(1).unwrap().unwrap();
+        a.retain(&held).unwrap();
+        let (b, shared) = (a.clone(), held.clone());
+        let t = thread::spawn(move || {
+            b.free(&shared).unwrap();
+        });
+        let got = a.allocate(1).unwrap().unwrap();
+        assert_ne!(got, held, "a page with a reference was handed out");
+        a.free(&held).unwrap();
+        t.join().unwrap();
+        a.free(&got).unwrap();
+        assert_all_free(&a);
+    });
+}
+
+/// Allocations from different home shards, one of which must take from the other shard.
+#[test]
+fn cross_shard_allocations_never_duplicate() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(4, 2).unwrap()); // shard 0: [1], shard 1: [2, 3]
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            let mut out = [0; 2];
+            b.allocate_into_from(0, &mut out).unwrap().then_some(out.to_vec())
+        });
+        let mut out = [0; 1];
+        let mine = a.allocate_into_from(1, &mut out).unwrap().then_some(out.to_vec());
+        let theirs = t.join().unwrap();
+        let mut all: Vec<PageId> = mine.iter().chain(theirs.iter()).flatten().copied().collect();
+        let total = all.len();
+        all.sort_unstable();
+        all.dedup();
+        assert_eq!(all.len(), total, "a page was handed out twice");
+        assert_eq!(a.num_free(), 3 - total);
+        a.free(&all).unwrap();
+        assert_all_free(&a);
+    });
+}
