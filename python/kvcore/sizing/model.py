@@ -1,0 +1,661 @@
+"""What a model caches per token: layer groups read from an HF ``config.json``, a dict or a preset.
+
+Why layer *groups*: the plain formula assumes every layer caches K and V for the whole context. Modern
+models do not. Sliding-window layers stop growing at their window (Mistral 7B, Gemma 2/3/4), MLA layers
+cache one compressed latent instead of K and V (DeepSeek V2/V3), linear-attention layers keep a
+constant-size state (Qwen3-Next), and hybrids mix them. A :class:`ModelSpec` is therefore a list of
+:class:`LayerGroup`, each with one per-token cost and one growth rule, and every byte figure in kvcore
+is a sum over groups.
+
+Reading configs follows the Hugging Face semantics of each field and never guesses: a field whose
+meaning kvcore cannot pin down (a ``sliding_window`` on an architecture whose windowed layers it does
+not know, a ``layer_types`` entry it has never seen, two fields that disagree) raises
+:class:`~kvcore.exceptions.ConfigError` naming the field.
+
+Tensor parallelism divides K/V heads across GPUs. When a model has fewer K/V heads than GPUs, heads are
+replicated (each GPU keeps ``max(1, kv_heads // tp)`` heads), so the per-GPU cache stops shrinking. An
+MLA latent is not split by heads at all: every GPU keeps the whole latent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvcore.exceptions import ConfigError
+from kvcore.sizing.dtypes import (
+    SCALE_BYTES,
+    is_quantized_kv_dtype,
+    kv_dtype_bits,
+    normalize_weight_dtype,
+    weight_dtype_bits,
+)
+from kvcore.sizing.formula import bits_to_bytes, check_int
+
+__all__ = [
+    "LAYER_KINDS",
+    "LayerGroup",
+    "ModelSpec",
+    "load_model",
+    "model_from_config",
+]
+
+# What a group of layers keeps per token.
+#   full_attention     K and V of every token of the context
+#   sliding_attention  K and V of the last `window` tokens (the cache stops growing at the window)
+#   chunked_attention  K and V of the current attention chunk (at most `window` = attention_chunk_size)
+#   mla                one latent vector (kv_lora_rank + qk_rope_head_dim) per token, not K and V
+#   linear_attention   no per-token cache: a constant-size recurrent + convolution state per sequence
+LAYER_KINDS: tuple[str, ...] = (
+    "full_attention",
+    "sliding_attention",
+    "chunked_attention",
+    "mla",
+    "linear_attention",
+)
+
+
+def _check_tp(tp: int) -> int:
+    return check_int(tp, "tp", minimum=1)
+
+
+@dataclass(frozen=True, slots=True)
+class LayerGroup:
+    """Layers that cache the same thing per token and grow by the same rule.
+
+    A group exists so that a hybrid model is a short list of (count, per-token cost, growth rule)
+    triples rather than one formula with special cases. Sizes here are for the whole model; the
+    ``*_per_gpu`` methods apply tensor parallelism.
+    """
+
+    # One of LAYER_KINDS.
+    kind: str
+    # Layers in the group; >= 1.
+    num_layers: int
+    # K/V heads per layer across the whole model (before tensor parallelism); >= 1 for cached kinds
+    # (1 for MLA's latent), 0 for linear_attention.
+    num_kv_heads: int
+    # Elements per head per token; >= 1 for cached kinds (MLA: kv_lora_rank + qk_rope_head_dim), 0 otherwise.
+    head_dim: int
+    # Tensors cached per token and head: 2 (K and V), 1 (MLA latent), 0 (linear_attention).
+    num_tensors: int = 2
+    # Tokens after which a layer stops growing (sliding window, attention chunk); None = whole context.
+    # Set exactly for sliding_attention and chunked_attention, None for the other kinds; >= 1.
+    window: int | None = None
+    # Constant bytes per sequence per layer (linear_attention state); 0 for the other kinds.
+    state_bytes: int = 0
+    # Whether tensor parallelism splits this group by head (False for MLA: each GPU keeps the latent).
+    tp_sharded: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in LAYER_KINDS:
+            raise ConfigError(
+                f"kind: unknown layer kind {self.kind!r}; expected one of {', '.join(LAYER_KINDS)}"
+            )
+        check_int(self.num_layers, "num_layers", minimum=1)
+        check_int(self.state_bytes, "state_bytes")
+        if self.kind == "linear_attention":
+            if self.num_kv_heads or self.head_dim or self.num_tensors or self.window is not None:
+                raise ConfigError("linear_attention: a constant-state group caches no per-token K/V")
+            check_int(self.state_bytes, "state_bytes", minimum=1)
+            return
+        check_int(self.num_kv_heads, "num_kv_heads", minimum=1)
+        check_int(self.head_dim, "head_dim", minimum=1)
+        if self.num_tensors not in (1, 2):
+            raise ConfigError(f"num_tensors: must be 1 (MLA latent) or 2 (K and V), got {self.num_tensors!r}")
+        if self.state_bytes:
+            raise ConfigError(f"state_bytes: only linear_attention groups keep a state, not {self.kind}")
+        windowed = self.kind in ("sliding_attention", "chunked_attention")
+        if windowed:
+            check_int(self.window, "window", minimum=1)
+        elif self.window is not None:
+            raise ConfigError(f"window: {self.kind} layers have no window, got {self.window!r}")
+
+    @property
+    def caches_tokens(self) -> bool:
+        """True when the layers keep something per token (every kind but linear_attention)."""
+        return self.num_tensors > 0
+
+    def kv_heads_per_gpu(self, tp: int = 1) -> int:
+        """Heads one GPU keeps under ``tp``-way tensor parallelism.
+
+        Heads are split evenly when ``kv_heads >= tp`` and replicated when ``kv_heads < tp`` (each GPU
+        keeps one head, ``max(1, kv_heads // tp)``); MLA latents are never split.
+
+        Raises:
+            ConfigError: ``tp`` and the head count do not divide one another (no engine shards that way).
+        """
+        _check_tp(tp)
+        heads = self.num_kv_heads
+        if not self.tp_sharded or tp == 1 or heads == 0:
+            return heads
+        if heads >= tp:
+            if heads % tp:
+                raise ConfigError(f"tp: {heads} KV heads cannot be split evenly across {tp} GPUs")
+            return heads // tp
+        if tp % heads:
+            raise ConfigError(f"tp: {tp} GPUs cannot replicate {heads} KV heads evenly")
+        return 1
+
+    def elements_per_token(self, tp: int = 1) -> int:
+        """Cached elements per token for the whole group on one GPU (before any window applies)."""
+        return self.num_layers * self.num_tensors * self.kv_heads_per_gpu(tp) * self.head_dim
+
+    def cached_tokens(self, num_tokens: int) -> int:
+        """Tokens a layer of this group holds for a sequence of ``num_tokens`` (0 for constant state)."""
+        check_int(num_tokens, "num_tokens")
+        if not self.caches_tokens:
+            return 0
+        return num_tokens if self.window is None else min(num_tokens, self.window)
+
+    def scale_bytes(self, kv_dtype: str, tp: int = 1) -> int:
+        """Scale bytes of the group on one GPU: one fp32 per layer, tensor and KV head if quantized.
+
+        A constant of the pool, not a cost per token (see :mod:`kvcore.sizing.dtypes`).
+        """
+        if not is_quantized_kv_dtype(kv_dtype):
+            return 0
+        return SCALE_BYTES * self.num_layers * self.num_tensors * self.kv_heads_per_gpu(tp)
+
+    def state_bytes_per_gpu(self, tp: int = 1) -> int:
+        """Constant state of one sequence for the whole group on one GPU (split by head, rounded up)."""
+        total = self.num_layers * self.state_bytes
+        if not self.tp_sharded:
+            return total
+        return -(-total // _check_tp(tp))
+
+    def describe(self) -> str:
+        """One line: ``'25 sliding_attention (window 1,024)'``."""
+        text = f"{self.num_layers} {self.kind}"
+        if self.window is not None:
+            text += f" (window {self.window:,})"
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    """Everything kvcore needs to size a model's cache: its layer groups and a few facts around them.
+
+    Built from a config (:func:`model_from_config`), a preset or a name (:func:`load_model`), or by
+    hand for an architecture no config describes. All byte methods return exact integers; quantization
+    scales are only counted where a method says so.
+    """
+
+    # Preset name, or the config's file/directory name ("config" for a dict).
+    name: str
+    # Layer groups in order of first appearance; at least one group; kinds may repeat only if their
+    # shapes differ.
+    groups: tuple[LayerGroup, ...]
+    # Decoder layers; == sum(g.num_layers for g in groups) + num_kv_shared_layers.
+    num_layers: int
+    # Trailing layers that reuse an earlier layer's K/V (Gemma 3n/4 `num_kv_shared_layers`); they cache
+    # nothing themselves; >= 0.
+    num_kv_shared_layers: int = 0
+    # Longest context the model supports (max_position_embeddings); None if not stated; >= 1.
+    max_context_len: int | None = None
+    # Total parameters (presets: the rounded model-card figure); None when unknown; >= 1.
+    num_params: int | None = None
+    # Precision of the checkpoint's weights as declared (torch_dtype / quantization_config); None if not.
+    weight_dtype: str | None = None
+    # Where the description came from: "preset", a file path, or "dict".
+    source: str = "dict"
+
+    def __post_init__(self) -> None:
+        if not self.groups:
+            raise ConfigError(f"{self.name}: a model needs at least one layer group")
+        check_int(self.num_kv_shared_layers, "num_kv_shared_layers")
+        counted = sum(g.num_layers for g in self.groups) + self.num_kv_shared_layers
+        if check_int(self.num_layers, "num_layers", minimum=1) != counted:
+            raise ConfigError(
+                f"num_layers: {self.num_layers} layers but the groups and shared layers count {counted}"
+            )
+        if self.max_context_len is not None:
+            check_int(self.max_context_len, "max_context_len", minimum=1)
+        if self.num_params is not None:
+            check_int(self.num_params, "num_params", minimum=1)
+        if self.weight_dtype is not None:
+            normalize_weight_dtype(self.weight_dtype)
+
+    # ---- structure -------------------------------------------------------------------------------
+
+    @property
+    def cache_groups(self) -> tuple[LayerGroup, ...]:
+        """Groups that keep something per token (everything but constant-state layers)."""
+        return tuple(g for g in self.groups if g.caches_tokens)
+
+    @property
+    def is_mla(self) -> bool:
+        """True when the attention layers cache an MLA latent instead of K and V."""
+        return any(g.kind == "mla" for g in self.groups)
+
+    def window_bound(self) -> int | None:
+        """Tokens after which a whole sequence stops growing: the largest window, if *every* cached
+        group has one (Mistral 7B: 4,096); None when any layer keeps the whole context."""
+        windows = [g.window for g in self.cache_groups]
+        if not windows or any(w is None for w in windows):
+            return None
+        return max(w for w in windows if w is not None)
+
+    def validate_tp(self, tp: int) -> None:
+        """Raise ConfigError (naming ``tp``) if some group's heads cannot be sharded ``tp`` ways."""
+        for group in self.groups:
+            group.kv_heads_per_gpu(tp)
+
+    def describe(self) -> str:
+        """One line: ``'30 layers: 25 sliding_attention (window 1,024) + 5 full_attention'``."""
+        parts = [g.describe() for g in self.groups]
+        if self.num_kv_shared_layers:
+            parts.append(f"{self.num_kv_shared_layers} kv_shared (no own cache)")
+        return f"{self.num_layers} layers: " + " + ".join(parts)
+
+    # ---- bytes -----------------------------------------------------------------------------------
+
+    def elements_per_token(self, tp: int = 1) -> int:
+        """Cached elements per token over all layers on one GPU, before windows bound anything."""
+        return sum(g.elements_per_token(tp) for g in self.cache_groups)
+
+    def bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """K/V bytes each new token adds while the context is shorter than every window (no scales).
+
+        32 layers × 2 × 8 heads × 128 × 2 bytes = 131,072 bytes (128 KiB) for a Llama-3.1-8B-like model.
+        """
+        return bits_to_bytes(self.elements_per_token(tp) * kv_dtype_bits(kv_dtype))
+
+    def kv_bytes(self, num_tokens: int, kv_dtype: str = "bf16", batch: int = 1, tp: int = 1) -> int:
+        """K/V bytes of ``batch`` sequences of ``num_tokens`` tokens on one GPU; windows applied, no
+        scales, no constant state. For a full-attention model this equals :func:`kv_cache_bytes`."""
+        check_int(batch, "batch")
+        elements = sum(g.elements_per_token(tp) * g.cached_tokens(num_tokens) for g in self.cache_groups)
+        return bits_to_bytes(elements * batch * kv_dtype_bits(kv_dtype))
+
+    def scale_bytes(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """Scale bytes of a pool on one GPU (0 unless fp8/int8/int4): a constant, whatever the tokens."""
+        return sum(g.scale_bytes(kv_dtype, tp) for g in self.cache_groups)
+
+    def state_bytes(self, batch: int = 1, tp: int = 1) -> int:
+        """Constant-state bytes of ``batch`` sequences on one GPU, whatever their length."""
+        return check_int(batch, "batch") * sum(g.state_bytes_per_gpu(tp) for g in self.groups)
+
+    def total_bytes(self, num_tokens: int, kv_dtype: str = "bf16", batch: int = 1, tp: int = 1) -> int:
+        """Everything ``batch`` sequences of ``num_tokens`` tokens keep on one GPU: K/V (windows
+        applied), the pool's scales if the precision is quantized, and constant state."""
+        return (
+            self.kv_bytes(num_tokens, kv_dtype, batch, tp)
+            + self.scale_bytes(kv_dtype, tp)
+            + self.state_bytes(batch, tp)
+        )
+
+    def page_bytes(self, page_size: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """Bytes of one pool page on one GPU: ``page_size`` tokens of K/V for every caching layer.
+
+        kvcore's pool has one page table per sequence, so one page holds a token range for *all*
+        layers; that is the unit :func:`pages_for_budget` counts. For a uniform full-attention model
+        it is ``kv_cache_bytes(layers, kv_heads, head_dim, page_size, kv_dtype)``, what ``KVPool`` uses.
+        """
+        check_int(page_size, "page_size", minimum=1)
+        return bits_to_bytes(page_size * self.elements_per_token(tp) * kv_dtype_bits(kv_dtype))
+
+    def weight_bytes_estimate(self, weight_dtype: str | None = None) -> int | None:
+        """Parameters × weight width, if both are known (``weight_dtype`` overrides the declared one)."""
+        dtype = weight_dtype or self.weight_dtype
+        if self.num_params is None or dtype is None:
+            return None
+        return bits_to_bytes(self.num_params * weight_dtype_bits(dtype))
+
+
+# ---- reading configs -----------------------------------------------------------------------------
+
+# Architectures whose `sliding_window` applies to every layer when nothing else says which layers use it
+# (HF: MistralAttention, MixtralAttention, Phi3Attention, Starcoder2Attention pass it to every layer).
+_ALL_LAYERS_SLIDE = frozenset({"mistral", "mixtral", "phi3", "phimoe", "starcoder2"})
+# Architectures with an implied alternation when the config states none (HF defaults):
+# Gemma 2 alternates sliding/full starting with sliding; Gemma 3 has 5 sliding then 1 full.
+_IMPLIED_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
+# Sub-configs that hold the language model of a multimodal config.
+_TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
+_KNOWN_LAYER_TYPES = frozenset(
+    {"full_attention", "sliding_attention", "chunked_attention", "linear_attention"}
+)
+
+
+class _Fields:
+    """Typed access to one config mapping; every error names the field with its path."""
+
+    def __init__(self, data: Mapping[str, Any], prefix: str, label: str) -> None:
+        self.data = data
+        self.prefix = prefix
+        self.label = label
+
+    def path(self, key: str) -> str:
+        return f"{self.prefix}{key}"
+
+    def fail(self, key: str, message: str) -> ConfigError:
+        return ConfigError(f"{self.label}: {self.path(key)}: {message}")
+
+    def raw(self, *keys: str) -> tuple[str, Any]:
+        """First of ``keys`` that is present and not null, as (key, value); aliases must agree."""
+        found: list[tuple[str, Any]] = [(k, self.data[k]) for k in keys if self.data.get(k) is not None]
+        if not found:
+            return keys[0], None
+        for key, value in found[1:]:
+            if value != found[0][1]:
+                raise self.fail(
+                    found[0][0], f"{found[0][1]!r} contradicts {self.path(key)} = {value!r}; they must agree"
+                )
+        return found[0]
+
+    def int_(self, *keys: str, minimum: int = 1, required: bool = False) -> int | None:
+        key, value = self.raw(*keys)
+        if value is None:
+            if required:
+                raise self.fail(key, "missing (needed to size the KV cache)")
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"expected an integer, got {value!r}")
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {value}")
+        return value
+
+    def need(self, *keys: str, minimum: int = 1) -> int:
+        value = self.int_(*keys, minimum=minimum, required=True)
+        assert value is not None
+        return value
+
+    def flag(self, key: str) -> bool | None:
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, bool):
+            raise self.fail(key, f"expected true or false, got {value!r}")
+        return value
+
+
+def _read_config_file(path: Path) -> tuple[Mapping[str, Any], str]:
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"config: cannot read {str(path)!r}: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(
+            f"config: {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})"
+        ) from None
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"config: {str(path)!r} holds a JSON {type(data).__name__}, not an object")
+    name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return data, name
+
+
+def _text_fields(config: Mapping[str, Any], label: str) -> _Fields:
+    """The mapping that describes the language model (top level, or text_config of a multimodal one)."""
+    top = _Fields(config, "", label)
+    if top.raw("num_hidden_layers", "n_layer", "num_layers")[1] is not None:
+        return top
+    for key in _TEXT_CONFIG_KEYS:
+        sub = config.get(key)
+        if isinstance(sub, Mapping):
+            return _Fields(sub, f"{key}.", label)
+    raise top.fail("num_hidden_layers", "missing (needed to size the KV cache)")
+
+
+def _weight_dtype(config: Mapping[str, Any], fields: _Fields) -> str | None:
+    """Declared weight precision: quantization_config first, then torch_dtype/dtype; None if unknown."""
+    for source in (fields.data, config):
+        quant = source.get("quantization_config")
+        if isinstance(quant, Mapping):
+            method = str(quant.get("quant_method", "")).lower()
+            if method in ("fp8", "fbgemm_fp8"):
+                return "fp8"
+            if method == "mxfp4":
+                return "fp4"
+            bits = quant.get("bits", quant.get("w_bit"))
+            if bits in (4, 8):
+                return "int4" if bits == 4 else "int8"
+            return None
+    for source in (fields.data, config):
+        for key in ("torch_dtype", "dtype"):
+            value = source.get(key)
+            if isinstance(value, str):
+                try:
+                    return normalize_weight_dtype(value)
+                except ConfigError:
+                    return None
+    return None
+
+
+def _layer_kinds(f: _Fields, num_layers: int, model_type: str, window: int | None) -> list[str]:
+    """Kind of each layer, from explicit fields first and documented architecture defaults second."""
+    layer_types = f.data.get("layer_types")
+    pattern = f.int_("sliding_window_pattern")
+    if layer_types is not None:
+        if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+            raise f.fail("layer_types", "expected a list of strings")
+        if len(layer_types) != num_layers:
+            raise f.fail("layer_types", f"has {len(layer_types)} entries for {num_layers} layers")
+        for i, kind in enumerate(layer_types):
+            if kind not in _KNOWN_LAYER_TYPES:
+                raise f.fail(
+                    f"layer_types[{i}]",
+                    f"unknown layer type {kind!r}; kvcore knows {', '.join(sorted(_KNOWN_LAYER_TYPES))}",
+                )
+        if pattern is not None:
+            implied = _pattern_kinds(num_layers, pattern)
+            if layer_types != implied:
+                raise f.fail("layer_types", f"contradicts sliding_window_pattern = {pattern}")
+        return list(layer_types)
+    if f.data.get("attention_chunk_size") is not None:
+        raise f.fail("attention_chunk_size", "is set but no layer_types says which layers are chunked")
+    interval = f.int_("full_attention_interval")
+    if interval is not None:
+        return [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(num_layers)
+        ]
+    if pattern is not None:
+        return _pattern_kinds(num_layers, pattern)
+    if model_type in _IMPLIED_PATTERN and window is not None:
+        return _pattern_kinds(num_layers, _IMPLIED_PATTERN[model_type])
+    use_sliding = f.flag("use_sliding_window")
+    if use_sliding is not None:
+        # Qwen2/Qwen3 semantics: the window applies only when use_sliding_window is true, and then only to
+        # layers from max_window_layers on.
+        if not use_sliding:
+            return ["full_attention"] * num_layers
+        if window is None:
+            raise f.fail("sliding_window", "missing while use_sliding_window is true")
+        first = f.need("max_window_layers", minimum=0)
+        return ["full_attention" if i < first else "sliding_attention" for i in range(num_layers)]
+    if window is None:
+        return ["full_attention"] * num_layers
+    if model_type in _ALL_LAYERS_SLIDE:
+        return ["sliding_attention"] * num_layers
+    raise f.fail(
+        "sliding_window",
+        f"is {window} but kvcore does not know which layers of model_type {model_type!r} use it; "
+        "add 'layer_types' (one 'full_attention'/'sliding_attention' per layer) to the config",
+    )
+
+
+def _pattern_kinds(num_layers: int, pattern: int) -> list[str]:
+    # HF Gemma 3 / Cohere 2: layer i is full attention when (i + 1) is a multiple of the pattern.
+    return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
+
+
+def model_from_config(
+    config: Mapping[str, Any] | str | os.PathLike[str], *, name: str | None = None
+) -> ModelSpec:
+    """Describe a model from an HF ``config.json`` (a path, a directory holding one, or the parsed dict).
+
+    Fields read (aliases in brackets), with the HF meaning of each:
+
+    - layers ``num_hidden_layers`` [n_layer, num_layers]; multimodal configs are read from ``text_config``;
+    - K/V heads ``num_key_value_heads`` [num_kv_heads, n_head_kv, multi_query_group_num], else
+      ``multi_query`` -> 1 (MQA), else ``num_attention_heads`` (MHA);
+    - ``head_dim``, else ``hidden_size / num_attention_heads`` (must divide exactly);
+    - MLA: ``kv_lora_rank`` + ``qk_rope_head_dim`` elements, one latent per token per layer;
+    - windows: ``layer_types`` (full/sliding/chunked/linear_attention), ``sliding_window_pattern``,
+      ``full_attention_interval``, ``use_sliding_window`` + ``max_window_layers`` (Qwen), ``sliding_window``
+      [sliding_window_size] applied to every layer only for Mistral-family architectures, implied
+      alternation for Gemma 2 (1:1) and Gemma 3 (5:1) when the config states none;
+    - Gemma 4 full-attention layers: ``global_head_dim`` and, with ``attention_k_eq_v``,
+      ``num_global_key_value_heads``. K and V are still both cached: K=V shares the projection, but the
+      cached K is normalised and rotated and V is not, so they differ;
+    - ``num_kv_shared_layers``: trailing layers that reuse earlier K/V and cache nothing;
+    - linear-attention state (Qwen3-Next): ``linear_num_value_heads × linear_key_head_dim ×
+      linear_value_head_dim`` recurrent + ``(linear_conv_kernel_dim - 1) × (2 × linear_num_key_heads ×
+      linear_key_head_dim + linear_num_value_heads × linear_value_head_dim)`` convolution elements per
+      layer, in the checkpoint's dtype (``torch_dtype``), independent of the cache precision.
+
+    The MTP layers of DeepSeek V3 (``num_nextn_predict_layers``) are not counted: they are a speculative
+    decoding add-on, not part of ``num_hidden_layers``.
+
+    Raises:
+        ConfigError: a missing, malformed, unknown or contradictory field (the message names it).
+    """
+    source = "dict"
+    if isinstance(config, (str, os.PathLike)):
+        source = os.fspath(config)
+        config, file_name = _read_config_file(Path(config))
+        name = name or file_name
+    if not isinstance(config, Mapping):
+        raise ConfigError(f"config: expected a mapping or a path, got {type(config).__name__}")
+    label = name or "config"
+    f = _text_fields(config, label)
+    if config.get("is_encoder_decoder") is True or f.data.get("is_encoder_decoder") is True:
+        raise f.fail("is_encoder_decoder", "encoder-decoder models are not supported (decoder-only only)")
+
+    num_layers = f.need("num_hidden_layers", "n_layer", "num_layers")
+    model_type = str(f.data.get("model_type") or config.get("model_type") or "")
+    max_context = f.int_("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
+    shared = f.int_("num_kv_shared_layers", minimum=0) or 0
+    if shared >= num_layers:
+        raise f.fail(
+            "num_kv_shared_layers", f"{shared} shared layers leave no layer of {num_layers} to own a cache"
+        )
+    own = num_layers - shared
+
+    _, window_raw = f.raw("sliding_window", "sliding_window_size")
+    window = f.int_("sliding_window", "sliding_window_size")
+
+    groups: list[LayerGroup]
+    kv_lora_rank = f.int_("kv_lora_rank")
+    if kv_lora_rank is not None:
+        if window_raw is not None or f.data.get("layer_types") is not None:
+            raise f.fail(
+                "kv_lora_rank", "MLA with sliding-window or typed layers is not a layout kvcore knows"
+            )
+        latent = kv_lora_rank + f.need("qk_rope_head_dim", minimum=0)
+        groups = [LayerGroup("mla", own, num_kv_heads=1, head_dim=latent, num_tensors=1, tp_sharded=False)]
+    else:
+        kinds = _layer_kinds(f, num_layers, model_type, window)[:own]
+        groups = _attention_groups(f, config, kinds, window)
+
+    return ModelSpec(
+        name=label,
+        groups=tuple(groups),
+        num_layers=num_layers,
+        num_kv_shared_layers=shared,
+        max_context_len=max_context,
+        weight_dtype=_weight_dtype(config, f),
+        source=source,
+    )
+
+
+def _attention_groups(
+    f: _Fields, config: Mapping[str, Any], kinds: list[str], window: int | None
+) -> list[LayerGroup]:
+    num_heads = f.int_("num_attention_heads", "n_head", "num_heads")
+    kv_heads = f.int_("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
+    if f.flag("multi_query"):
+        if kv_heads not in (None, 1):
+            raise f.fail("multi_query", f"is true but num_key_value_heads = {kv_heads}")
+        kv_heads = 1
+    if kv_heads is None:
+        if num_heads is None:
+            raise f.fail("num_key_value_heads", "missing, and no num_attention_heads to fall back on (MHA)")
+        kv_heads = num_heads
+    if num_heads is not None and (kv_heads > num_heads or num_heads % kv_heads):
+        raise f.fail("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads = {num_heads}")
+    head_dim = f.int_("head_dim")
+    if head_dim is None:
+        hidden = f.int_("hidden_size", "n_embd", "d_model")
+        if hidden is None or num_heads is None:
+            raise f.fail("head_dim", "missing, and hidden_size / num_attention_heads is not available")
+        if hidden % num_heads:
+            raise f.fail(
+                "head_dim", f"missing, and hidden_size {hidden} is not a multiple of {num_heads} heads"
+            )
+        head_dim = hidden // num_heads
+
+    # Full-attention layers of Gemma 4 have their own shape.
+    full_head_dim = f.int_("global_head_dim") or head_dim
+    full_kv_heads = kv_heads
+    if f.flag("attention_k_eq_v"):
+        full_kv_heads = f.int_("num_global_key_value_heads") or kv_heads
+
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    groups: list[LayerGroup] = []
+    for kind, count in counts.items():
+        if kind == "full_attention":
+            groups.append(LayerGroup(kind, count, full_kv_heads, full_head_dim))
+        elif kind == "sliding_attention":
+            if window is None:
+                raise f.fail("sliding_window", "missing, but some layers are sliding_attention")
+            groups.append(LayerGroup(kind, count, kv_heads, head_dim, window=window))
+        elif kind == "chunked_attention":
+            chunk = f.need("attention_chunk_size")
+            groups.append(LayerGroup(kind, count, kv_heads, head_dim, window=chunk))
+        else:
+            groups.append(_linear_attention_group(f, config, count))
+    return groups
+
+
+def _linear_attention_group(f: _Fields, config: Mapping[str, Any], count: int) -> LayerGroup:
+    """Constant state of a Gated-DeltaNet layer (Qwen3-Next), in the checkpoint's precision."""
+    k_heads = f.need("linear_num_key_heads")
+    v_heads = f.need("linear_num_value_heads")
+    k_dim = f.need("linear_key_head_dim")
+    v_dim = f.need("linear_value_head_dim")
+    kernel = f.need("linear_conv_kernel_dim")
+    dtype = _weight_dtype(config, f)
+    if dtype is None:
+        raise f.fail("torch_dtype", "missing or unknown; it sets the precision of the linear-attention state")
+    recurrent = v_heads * k_dim * v_dim
+    conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim)
+    state = bits_to_bytes((recurrent + conv) * weight_dtype_bits(dtype))
+    return LayerGroup("linear_attention", count, 0, 0, num_tensors=0, state_bytes=state)
+
+
+def load_model(model: ModelSpec | Mapping[str, Any] | str | os.PathLike[str]) -> ModelSpec:
+    """A :class:`ModelSpec` from whatever an operator has at hand.
+
+    Accepts a ModelSpec (returned as is), a config dict, a path to a ``config.json`` (or to a directory
+    holding one), or a preset name such as ``llama-3.1-70b`` / ``meta-llama/Llama-3.1-70B-Instruct``.
+
+    Raises:
+        ConfigError: no such file and no such preset (the message suggests close preset names).
+    """
+    if isinstance(model, ModelSpec):
+        return model
+    if isinstance(model, Mapping):
+        return model_from_config(model)
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and Path(model).exists()):
+        return model_from_config(model)
+    if not isinstance(model, str):
+        raise ConfigError(
+            f"model: expected a preset name, a path or a config dict, got {type(model).__name__}"
+        )
+    from kvcore.sizing.presets import model_preset
+
+    looks_like_file = model.endswith(".json") or model.startswith((".", "/", "~"))
+    if looks_like_file:
+        raise ConfigError(f"model: no such file {model!r}")
+    return model_preset(model)

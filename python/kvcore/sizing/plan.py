@@ -1,0 +1,570 @@
+"""The two questions operators ask first: how big is the cache (:func:`size`), and what fits (:func:`plan`).
+
+``size`` answers in exact bytes for one model, context, batch and cache precision, per layer group.
+
+``plan`` follows the sizing method of the seed document, in its order: take the weights (measured, or
+parameters × weight precision), compute K/V bytes per token, keep a runtime reserve (a plan that uses
+31.99 GB of a 32 GB GPU is not a plan), and divide what is left into pool pages. From the page count it
+derives how many tokens can be active, how many requests of a given length (or prompt + output mix) can
+run together, and the longest context at a given concurrency. Everything is per GPU: under tensor
+parallelism each GPU holds ``1/tp`` of the weights, its share of the K/V heads and its own pool with the
+same number of pages.
+
+Layout assumed (kvcore's pool): one page holds ``page_size`` tokens of *every* caching layer, and page 0
+is the reserved null page, so a pool of ``num_pages`` pages serves ``num_pages - 1``. A sequence of ``n``
+tokens holds ``ceil(n / page_size)`` pages (waste < 1 page). Only when every caching layer is windowed
+(Mistral 7B) can a sequence drop pages that left the window; a window of ``W`` tokens spans at most
+``(W - 2) // page_size + 2`` pages whatever its alignment. In a hybrid model the full-attention layers
+keep every page alive, so its pages are not bounded by the sliding layers (``size`` still reports the
+smaller per-layer-group figure an engine with per-group pages would reach).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+from kvcore.exceptions import ConfigError
+from kvcore.sizing.dtypes import (
+    SCALE_BYTES,
+    is_quantized_kv_dtype,
+    kv_dtype_bits,
+    normalize_kv_dtype,
+    normalize_weight_dtype,
+    weight_dtype_bits,
+)
+from kvcore.sizing.formula import bits_to_bytes, check_int, pages_for_budget
+from kvcore.sizing.model import ModelSpec, load_model
+from kvcore.sizing.presets import GpuSpec, gpu_preset
+from kvcore.sizing.units import format_bytes
+
+__all__ = [
+    "DEFAULT_PAGE_SIZE",
+    "DEFAULT_RESERVE_FRACTION",
+    "GroupSize",
+    "Plan",
+    "SizeReport",
+    "pages_per_request",
+    "plan",
+    "size",
+]
+
+# Tokens per page unless told otherwise (SPEC F1; vLLM's default block size).
+DEFAULT_PAGE_SIZE = 16
+# Share of GPU memory kept for the CUDA context, activations, graphs and fragmentation when no reserve is
+# given: the complement of vLLM's default gpu_memory_utilization of 0.9.
+DEFAULT_RESERVE_FRACTION = 0.10
+
+ModelLike = ModelSpec | Mapping[str, Any] | str | os.PathLike[str]
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSize:
+    """Bytes of one layer group for the sizes in a :class:`SizeReport` (all figures on one GPU)."""
+
+    # Layer kind (kvcore.sizing.LAYER_KINDS).
+    kind: str
+    # Layers in the group; >= 1.
+    num_layers: int
+    # K/V heads per layer that one GPU keeps after tensor parallelism; 0 for constant-state layers.
+    kv_heads_per_gpu: int
+    # Elements per head per token (MLA: the latent width); 0 for constant-state layers.
+    head_dim: int
+    # Tensors per head per token: 2 (K, V), 1 (MLA latent), 0 (constant state).
+    num_tensors: int
+    # Tokens after which the group stops growing; None = whole context.
+    window: int | None
+    # K/V bytes one token adds to the group while below its window (no scales); >= 0.
+    bytes_per_token: int
+    # Tokens each layer of the group holds for one sequence of the context; <= context_len.
+    cached_tokens: int
+    # K/V bytes of the whole batch in this group (windows applied, no scales).
+    kv_bytes: int
+    # Quantization-scale bytes of this group in the pool, a constant (0 for fp32/fp16/bf16).
+    scale_bytes: int
+    # Constant-state bytes of the whole batch in this group (linear_attention only).
+    state_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class SizeReport:
+    """How much cache one model needs for ``batch`` sequences of ``context_len`` tokens (one GPU)."""
+
+    # Model name as resolved (preset or config name).
+    model: str
+    # Layer structure in one line (ModelSpec.describe()).
+    description: str
+    # Canonical cache precision.
+    kv_dtype: str
+    # Tensor-parallel degree; figures are per GPU; >= 1.
+    tp: int
+    # Tokens per sequence (prompt + output); >= 0.
+    context_len: int
+    # Sequences of that length; >= 0.
+    batch: int
+    # K/V bytes one token adds while the context is below every window (no scales).
+    bytes_per_token: int
+    # K/V bytes of one sequence (windows applied, no scales, no state).
+    sequence_bytes: int
+    # K/V bytes of the batch (windows applied, no scales, no state): the plain formula for full attention.
+    kv_bytes: int
+    # Scale bytes of the pool (one fp32 per layer, K/V tensor and KV head; 0 unless fp8/int8/int4).
+    scale_bytes: int
+    # Constant-state bytes of the batch.
+    state_bytes: int
+    # kv_bytes + scale_bytes + state_bytes: what the batch really occupies.
+    total_bytes: int
+    # Per layer group breakdown; sums to the totals (up to one byte of int4 rounding per group).
+    groups: tuple[GroupSize, ...]
+    # Remarks an operator should read (windows, MLA, replication, context beyond the model's maximum).
+    notes: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (the ``--json`` output)."""
+        return dataclasses.asdict(self)
+
+
+def size(
+    model: ModelLike, context_len: int, *, batch: int = 1, kv_dtype: str = "bf16", tp: int = 1
+) -> SizeReport:
+    """Exact cache bytes for ``batch`` sequences of ``context_len`` tokens, per layer group, per GPU.
+
+    Args:
+        model: a ModelSpec, config dict, path to a config.json, or preset name.
+        context_len: tokens per sequence, prompt and output together (24,000 + 8,000 = 32,000 active).
+        batch: sequences of that length held at once.
+        kv_dtype: cache precision (independent of the weight precision).
+        tp: tensor-parallel degree; K/V heads are split across GPUs, or replicated when fewer than ``tp``.
+
+    Raises:
+        ConfigError: bad argument or model description (the message names the field).
+    """
+    spec = load_model(model)
+    kv_dtype = normalize_kv_dtype(kv_dtype)
+    check_int(context_len, "context_len")
+    check_int(batch, "batch")
+    check_int(tp, "tp", minimum=1)
+    spec.validate_tp(tp)
+    bits = kv_dtype_bits(kv_dtype)
+    groups = []
+    for g in spec.groups:
+        cached = g.cached_tokens(context_len)
+        groups.append(
+            GroupSize(
+                kind=g.kind,
+                num_layers=g.num_layers,
+                kv_heads_per_gpu=g.kv_heads_per_gpu(tp),
+                head_dim=g.head_dim,
+                num_tensors=g.num_tensors,
+                window=g.window,
+                bytes_per_token=bits_to_bytes(g.elements_per_token(tp) * bits),
+                cached_tokens=cached,
+                kv_bytes=bits_to_bytes(g.elements_per_token(tp) * cached * batch * bits),
+                scale_bytes=g.scale_bytes(kv_dtype, tp),
+                state_bytes=g.state_bytes_per_gpu(tp) * batch,
+            )
+        )
+    kv_bytes = spec.kv_bytes(context_len, kv_dtype, batch, tp)
+    scale_bytes = spec.scale_bytes(kv_dtype, tp)
+    state_bytes = spec.state_bytes(batch, tp)
+    return SizeReport(
+        model=spec.name,
+        description=spec.describe(),
+        kv_dtype=kv_dtype,
+        tp=tp,
+        context_len=context_len,
+        batch=batch,
+        bytes_per_token=spec.bytes_per_token(kv_dtype, tp),
+        sequence_bytes=spec.kv_bytes(context_len, kv_dtype, 1, tp),
+        kv_bytes=kv_bytes,
+        scale_bytes=scale_bytes,
+        state_bytes=state_bytes,
+        total_bytes=kv_bytes + scale_bytes + state_bytes,
+        groups=tuple(groups),
+        notes=tuple(_size_notes(spec, kv_dtype, context_len, tp)),
+    )
+
+
+def _size_notes(spec: ModelSpec, kv_dtype: str, context_len: int, tp: int) -> list[str]:
+    notes: list[str] = []
+    for g in spec.groups:
+        if g.window is not None and context_len > g.window:
+            notes.append(f"{g.kind} layers stop growing at {g.window:,} tokens (window)")
+        if g.kind == "mla":
+            notes.append("MLA: one latent per token and layer (not K and V); every GPU keeps it under tp")
+        if g.kind == "linear_attention":
+            notes.append("linear_attention layers keep a constant state per sequence, whatever its length")
+        if g.tp_sharded and 0 < g.num_kv_heads < tp:
+            notes.append(f"{g.num_kv_heads} KV heads < tp {tp}: heads are replicated, each GPU keeps 1")
+    if spec.num_kv_shared_layers:
+        notes.append(f"{spec.num_kv_shared_layers} trailing layers reuse earlier K/V and cache nothing")
+    if is_quantized_kv_dtype(kv_dtype):
+        notes.append(
+            f"scales: one fp32 ({SCALE_BYTES} B) per layer, K/V tensor and KV head, counted in total_bytes"
+        )
+    if spec.max_context_len is not None and context_len > spec.max_context_len:
+        notes.append(
+            f"context {context_len:,} exceeds the model's maximum of {spec.max_context_len:,} tokens"
+        )
+    return list(dict.fromkeys(notes))
+
+
+# ---- plan ----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What fits on one GPU of a deployment, and the page count to give the pool (all per GPU).
+
+    Invariant: ``weight_bytes_per_gpu + reserve_bytes + scale_bytes + num_pages * page_bytes +
+    state_reserved_bytes <= gpu_mem_bytes`` whenever the weights and reserve fit (``kv_budget_bytes >= 0``).
+    """
+
+    # Model name as resolved.
+    model: str
+    # GPU name (preset) or "custom".
+    gpu: str
+    # Memory of one GPU in bytes; >= 1.
+    gpu_mem_bytes: int
+    # Tensor-parallel degree (GPUs sharing the model); >= 1.
+    tp: int
+    # Canonical cache precision.
+    kv_dtype: str
+    # Tokens per page; >= 1.
+    page_size: int
+    # Weights of the whole model in bytes; >= 0.
+    weight_bytes: int
+    # Where weight_bytes came from: "measured" or "<params> params x <dtype>".
+    weight_source: str
+    # Weights one GPU holds: ceil(weight_bytes / tp).
+    weight_bytes_per_gpu: int
+    # Runtime reserve per GPU (CUDA context, activations, graphs); >= 0.
+    reserve_bytes: int
+    # gpu_mem_bytes - weight_bytes_per_gpu - reserve_bytes; negative when weights and reserve do not fit.
+    kv_budget_bytes: int
+    # Bytes of one pool page on one GPU (K/V of every caching layer); >= 1.
+    page_bytes: int
+    # Scales the pool keeps beside its pages on one GPU (fp8/int8/int4; else 0); set aside before pages.
+    scale_bytes: int
+    # Constant-state bytes per request on one GPU (linear_attention layers; 0 for most models).
+    state_bytes_per_request: int
+    # Requests whose constant state is set aside before pages are counted; >= 0.
+    state_reserved_requests: int
+    # state_reserved_requests * state_bytes_per_request.
+    state_reserved_bytes: int
+    # Pages to give the pool (KVCacheManager(num_pages=...)), null page 0 included; >= 0.
+    num_pages: int
+    # Pages requests can use: num_pages - 1 (page 0 is the null page); >= 0.
+    usable_pages: int
+    # usable_pages * page_size: tokens that can be active at once over all requests.
+    max_active_tokens: int
+    # num_pages * page_bytes: memory the pool takes.
+    pool_bytes: int
+    # Tokens per request asked about (None if not asked).
+    context_len: int | None
+    # Pages one request of context_len holds (None if not asked).
+    pages_per_request: int | None
+    # Requests of context_len that fit together (None if not asked).
+    max_requests_at_context: int | None
+    # Concurrent requests asked about (None if not asked).
+    concurrency: int | None
+    # Longest context at `concurrency` requests (None if not asked, or if unbounded: see next field).
+    max_context_at_concurrency: int | None
+    # True when windows bound every sequence, so memory never limits the context at that concurrency.
+    context_unbounded: bool
+    # prompt + output of each request of the distribution asked about (empty if none).
+    request_lens: tuple[int, ...]
+    # Requests of the distribution that fit on average (mean pages per request); None if no distribution.
+    max_requests_for_mix: int | None
+    # Requests that fit if all are as long as the longest of the distribution; None if no distribution.
+    max_requests_worst_case: int | None
+    # Whether the weights, reserve and what was asked (concurrency x length) fit.
+    fits: bool
+    # Bytes missing for what was asked to fit; 0 when it fits.
+    shortfall_bytes: int
+    # Human-readable warnings (does not fit and by how much, no reserve, context beyond the model).
+    warnings: tuple[str, ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready dict (the ``--json`` output)."""
+        return dataclasses.asdict(self)
+
+
+def pages_per_request(num_tokens: int, page_size: int, window: int | None = None) -> int:
+    """Pages a sequence of ``num_tokens`` holds: ``ceil(n / page_size)``, bounded by a window if given.
+
+    A window of ``W`` tokens spans at most ``(W - 2) // page_size + 2`` pages (its first and last pages may
+    be partly outside it), so that is the bound, not ``ceil(W / page_size)``.
+    """
+    check_int(num_tokens, "num_tokens")
+    check_int(page_size, "page_size", minimum=1)
+    pages = -(-num_tokens // page_size)
+    if window is not None and num_tokens > 0:
+        pages = min(pages, _window_pages(check_int(window, "window", minimum=1), page_size))
+    return pages
+
+
+def _window_pages(window: int, page_size: int) -> int:
+    # W consecutive tokens starting at offset r within a page end in page (r + W - 1) // page_size; the
+    # worst offset is r = page_size - 1.
+    return (window - 2) // page_size + 2
+
+
+def _resolve_gpu(gpu: GpuSpec | str | int) -> GpuSpec:
+    if isinstance(gpu, GpuSpec):
+        return gpu
+    if isinstance(gpu, str):
+        return gpu_preset(gpu)
+    return GpuSpec("custom", check_int(gpu, "gpu_mem_bytes", minimum=1))
+
+
+def _weights(
+    spec: ModelSpec, weight_bytes: int | None, num_params: int | None, weight_dtype: str | None
+) -> tuple[int, str]:
+    if weight_bytes is not None:
+        if num_params is not None:
+            raise ConfigError("weight_bytes: give either a measured weight_bytes or num_params, not both")
+        return check_int(weight_bytes, "weight_bytes"), "measured"
+    params = num_params if num_params is not None else spec.num_params
+    if params is None:
+        raise ConfigError(
+            f"weight_bytes: unknown for {spec.name}; "
+            "give a measured weight_bytes, or num_params (and weight_dtype)"
+        )
+    check_int(params, "num_params", minimum=1)
+    dtype = weight_dtype or spec.weight_dtype
+    if dtype is None:
+        raise ConfigError(
+            f"weight_dtype: {spec.name} does not declare its weight precision; give weight_dtype"
+        )
+    dtype = normalize_weight_dtype(dtype)
+    return bits_to_bytes(params * weight_dtype_bits(dtype)), f"{params:,} params x {dtype}"
+
+
+def plan(
+    model: ModelLike,
+    *,
+    gpu: GpuSpec | str | int,
+    tp: int = 1,
+    kv_dtype: str = "bf16",
+    weight_bytes: int | None = None,
+    num_params: int | None = None,
+    weight_dtype: str | None = None,
+    reserve_bytes: int | None = None,
+    reserve_fraction: float = DEFAULT_RESERVE_FRACTION,
+    page_size: int = DEFAULT_PAGE_SIZE,
+    context_len: int | None = None,
+    concurrency: int | None = None,
+    requests: Sequence[tuple[int, int]] = (),
+) -> Plan:
+    """Plan a deployment: pages for the pool and what they hold, always the largest that fits.
+
+    Args:
+        model: a ModelSpec, config dict, path to a config.json, or preset name.
+        gpu: a GpuSpec, a GPU preset name (``'H100-80G'``), or the memory of one GPU in bytes.
+        tp: tensor-parallel degree: each GPU holds ``1/tp`` of the weights and of the K/V heads (heads
+            are replicated when there are fewer than ``tp``; MLA latents are replicated).
+        kv_dtype: cache precision, independent of the weights'.
+        weight_bytes: measured size of the whole checkpoint in bytes (preferred over an estimate).
+        num_params: parameter count for an estimate (default: the preset's); with ``weight_dtype``
+            (default: the precision the config declares).
+        reserve_bytes: runtime reserve per GPU; default ``reserve_fraction`` of the GPU's memory.
+        reserve_fraction: share of GPU memory reserved when ``reserve_bytes`` is not given; in [0, 1).
+        page_size: tokens per page.
+        context_len: tokens per request (prompt + output): how many such requests fit.
+        concurrency: requests at once: the longest context each can have.
+        requests: a distribution of (prompt_len, output_len) pairs, equally likely: how many fit on
+            average and in the worst case.
+
+    Returns:
+        A :class:`Plan`. A request that does not fit is not an error: ``fits`` is False, ``shortfall_bytes``
+        says by how much, and ``warnings`` explains it.
+
+    Raises:
+        ConfigError: a bad argument, unknown preset, or missing weight information.
+    """
+    spec = load_model(model)
+    device = _resolve_gpu(gpu)
+    kv_dtype = normalize_kv_dtype(kv_dtype)
+    check_int(tp, "tp", minimum=1)
+    spec.validate_tp(tp)
+    check_int(page_size, "page_size", minimum=1)
+    if context_len is not None:
+        check_int(context_len, "context_len", minimum=1)
+    if concurrency is not None:
+        check_int(concurrency, "concurrency", minimum=1)
+    request_lens: list[int] = []
+    for i, pair in enumerate(requests):
+        if not isinstance(pair, tuple) or len(pair) != 2:
+            raise ConfigError(f"requests[{i}]: expected a (prompt_len, output_len) pair, got {pair!r}")
+        total = check_int(pair[0], f"requests[{i}].prompt_len") + check_int(
+            pair[1], f"requests[{i}].output_len"
+        )
+        request_lens.append(check_int(total, f"requests[{i}] prompt_len + output_len", minimum=1))
+    if not spec.cache_groups:
+        raise ConfigError(f"model: {spec.name} has no layer that caches tokens; there is nothing to page")
+
+    weights, weight_source = _weights(spec, weight_bytes, num_params, weight_dtype)
+    weights_per_gpu = -(-weights // tp)
+    if reserve_bytes is None:
+        if isinstance(reserve_fraction, bool) or not isinstance(reserve_fraction, (int, float)):
+            raise ConfigError(f"reserve_fraction: expected a number in [0, 1), got {reserve_fraction!r}")
+        if not 0 <= reserve_fraction < 1:
+            raise ConfigError(f"reserve_fraction: must be in [0, 1), got {reserve_fraction}")
+        # The decimal the caller wrote (0.1 is 1/10, not the nearest double), rounded up: never under-reserve.
+        share = Fraction(repr(float(reserve_fraction)))
+        reserve = -(-(device.mem_bytes * share.numerator) // share.denominator)
+    else:
+        reserve = check_int(reserve_bytes, "reserve_bytes")
+
+    budget = device.mem_bytes - weights_per_gpu - reserve
+    page = spec.page_bytes(page_size, kv_dtype, tp)
+    scales = spec.scale_bytes(kv_dtype, tp)
+    state = spec.state_bytes(1, tp)
+    # What pages and states can use: the pool's scales and its null page come first.
+    room_for_requests = budget - scales - page
+    window = spec.window_bound()
+
+    def cost(num_tokens: int) -> int:
+        return pages_per_request(num_tokens, page_size, window) * page + state
+
+    def requests_that_fit(num_tokens: int) -> int:
+        return max(0, room_for_requests // cost(num_tokens)) if room_for_requests > 0 else 0
+
+    max_at_context = requests_that_fit(context_len) if context_len is not None else None
+    ctx_pages = pages_per_request(context_len, page_size, window) if context_len is not None else None
+    max_mix = worst = None
+    if request_lens:
+        total_cost = sum(cost(n) for n in request_lens)
+        room = room_for_requests
+        max_mix = max(0, room * len(request_lens) // total_cost) if room > 0 else 0
+        worst = requests_that_fit(max(request_lens))
+
+    max_context: int | None = None
+    unbounded = False
+    if concurrency is not None:
+        room = room_for_requests - concurrency * state
+        each = max(0, room // (concurrency * page)) if room > 0 else 0
+        if window is not None and each >= _window_pages(window, page_size):
+            unbounded = True
+        else:
+            max_context = each * page_size
+
+    # Constant state is set aside for the requests the plan is about.
+    reserved_requests = 0
+    if state:
+        candidates = [concurrency, max_at_context, worst]
+        reserved_requests = next((c for c in candidates if c is not None), 0)
+    state_reserved = reserved_requests * state
+    num_pages = pages_for_budget(budget - scales - state_reserved, page)
+    usable = max(0, num_pages - 1)
+
+    warnings: list[str] = []
+    gpu_label = f"{device.name} ({format_bytes(device.mem_bytes)})"
+    # Cache needed for what was asked; at least the null page and one page of one request.
+    need = scales + 2 * page + state
+    if concurrency is not None and (context_len is not None or request_lens):
+        longest = context_len if context_len is not None else max(request_lens)
+        need = scales + page + concurrency * cost(longest)
+    elif context_len is not None:
+        need = scales + page + cost(context_len)
+    elif request_lens:
+        need = scales + page + cost(max(request_lens))
+    elif concurrency is not None:
+        need = scales + page + concurrency * (page + state)
+    shortfall = max(0, need - budget)
+    fits = shortfall == 0
+
+    if budget < 0:
+        warnings.append(
+            f"does not fit: weights per GPU ({format_bytes(weights_per_gpu)}) + runtime reserve "
+            f"({format_bytes(reserve)}) exceed the {gpu_label} by {format_bytes(-budget)}; "
+            f"with the cache asked for, short by {format_bytes(shortfall)}"
+        )
+    elif not fits:
+        asked = _describe_ask(concurrency, context_len, request_lens)
+        detail = f"{asked} need{'s' if asked.startswith('1 ') else ''} {format_bytes(need)} of cache"
+        warnings.append(
+            f"does not fit: {detail} but {format_bytes(budget)} is left after weights and reserve: "
+            f"short by {format_bytes(shortfall)}"
+            + _alternatives(max_at_context, context_len, concurrency, max_context, unbounded)
+        )
+    if reserve == 0:
+        warnings.append("no runtime reserve: the CUDA context, activations and graphs need memory too")
+    longest_asked = max([context_len or 0, *request_lens])
+    if spec.max_context_len is not None and longest_asked > spec.max_context_len:
+        warnings.append(
+            f"context {longest_asked:,} exceeds the model's maximum of {spec.max_context_len:,} tokens"
+        )
+    if max_context is not None and spec.max_context_len is not None and max_context > spec.max_context_len:
+        warnings.append(
+            f"memory allows {max_context:,} tokens per request, beyond the model's maximum of "
+            f"{spec.max_context_len:,}"
+        )
+    if state and reserved_requests == 0 and budget >= 0:
+        warnings.append("constant-state layers: no state set aside; give concurrency or context_len")
+
+    return Plan(
+        model=spec.name,
+        gpu=device.name,
+        gpu_mem_bytes=device.mem_bytes,
+        tp=tp,
+        kv_dtype=kv_dtype,
+        page_size=page_size,
+        weight_bytes=weights,
+        weight_source=weight_source,
+        weight_bytes_per_gpu=weights_per_gpu,
+        reserve_bytes=reserve,
+        kv_budget_bytes=budget,
+        page_bytes=page,
+        scale_bytes=scales,
+        state_bytes_per_request=state,
+        state_reserved_requests=reserved_requests,
+        state_reserved_bytes=state_reserved,
+        num_pages=num_pages,
+        usable_pages=usable,
+        max_active_tokens=usable * page_size,
+        pool_bytes=num_pages * page,
+        context_len=context_len,
+        pages_per_request=ctx_pages,
+        max_requests_at_context=max_at_context,
+        concurrency=concurrency,
+        max_context_at_concurrency=max_context,
+        context_unbounded=unbounded,
+        request_lens=tuple(request_lens),
+        max_requests_for_mix=max_mix,
+        max_requests_worst_case=worst,
+        fits=fits,
+        shortfall_bytes=shortfall,
+        warnings=tuple(warnings),
+    )
+
+
+def _describe_ask(concurrency: int | None, context_len: int | None, request_lens: Sequence[int]) -> str:
+    count = concurrency if concurrency is not None else 1
+    if context_len is not None:
+        length = f"{context_len:,} tokens"
+    elif request_lens:
+        length = f"up to {max(request_lens):,} tokens"
+    else:
+        length = "one page"
+    return f"{count} request{'s' if count != 1 else ''} of {length}"
+
+
+def _alternatives(
+    max_at_context: int | None,
+    context_len: int | None,
+    concurrency: int | None,
+    max_context: int | None,
+    unbounded: bool,
+) -> str:
+    parts = []
+    if max_at_context is not None and context_len is not None:
+        parts.append(f"{max_at_context} request(s) of {context_len:,} tokens fit")
+    if concurrency is not None and not unbounded and max_context is not None:
+        parts.append(f"at {concurrency} request(s) the longest context is {max_context:,} tokens")
+    return "; " + "; ".join(parts) if parts else ""

@@ -1,0 +1,143 @@
+"""Reading and writing token counts and byte sizes the way operators type them.
+
+Token counts use binary suffixes (``32k`` = 32,768, ``128K`` = 131,072, ``1m`` = 1,048,576) because
+context lengths are quoted that way ("a 128K context" is 131,072 tokens for Llama 3.1). Byte sizes keep
+the SI/IEC distinction: ``80GB`` is 80·10⁹ bytes, ``80GiB`` is 80·2³⁰; a bare number is bytes. Counts of
+things (parameters) use SI suffixes: ``70B`` = 70·10⁹ parameters.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvcore.exceptions import ConfigError
+
+__all__ = [
+    "GB",
+    "GiB",
+    "KiB",
+    "MiB",
+    "TiB",
+    "format_bytes",
+    "format_count",
+    "parse_bytes",
+    "parse_count",
+    "parse_tokens",
+]
+
+KiB = 1 << 10
+MiB = 1 << 20
+GiB = 1 << 30
+TiB = 1 << 40
+GB = 10**9
+
+_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+_TOKENS_RE = re.compile(rf"^{_NUMBER}\s*([km]?)$", re.IGNORECASE)
+_BYTES_RE = re.compile(rf"^{_NUMBER}\s*([a-z]*)$", re.IGNORECASE)
+_COUNT_RE = re.compile(rf"^{_NUMBER}\s*([kmbt]?)$", re.IGNORECASE)
+
+_TOKEN_SUFFIX = {"": 1, "k": KiB, "m": MiB}
+_BYTE_SUFFIX = {
+    "": 1,
+    "b": 1,
+    "k": KiB,
+    "kib": KiB,
+    "kb": 10**3,
+    "m": MiB,
+    "mib": MiB,
+    "mb": 10**6,
+    "g": GiB,
+    "gib": GiB,
+    "gb": GB,
+    "t": TiB,
+    "tib": TiB,
+    "tb": 10**12,
+}
+_COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
+
+
+def _whole(number: str, scale: int, text: str, field: str) -> int:
+    # Decimal arithmetic on the digits keeps "1.5k" exact (1536) without float rounding.
+    if "." in number:
+        whole, frac = number.split(".")
+        den = int("1" + "0" * len(frac))
+        num = int(whole or "0") * den + int(frac)
+    else:
+        num, den = int(number), 1
+    if (num * scale) % den:
+        raise ConfigError(f"{field}: {text!r} is not a whole number")
+    return num * scale // den
+
+
+def parse_tokens(text: str | int, field: str = "tokens") -> int:
+    """Token count from ``4096``, ``32k``, ``128K`` or ``1m`` (k = 1024, m = 1024²); must be >= 0."""
+    if isinstance(text, bool):
+        raise ConfigError(f"{field}: expected a token count, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _TOKENS_RE.match(text.strip().replace(",", "").replace("_", ""))
+        if match is None:
+            raise ConfigError(f"{field}: {text!r} is not a token count (examples: 4096, 32k, 128K)")
+        value = _whole(match.group(1), _TOKEN_SUFFIX[match.group(2).lower()], text, field)
+    if value < 0:
+        raise ConfigError(f"{field}: must be >= 0, got {value}")
+    return value
+
+
+def parse_bytes(text: str | int, field: str = "bytes") -> int:
+    """Byte size from ``81559MiB``, ``80GiB``, ``80GB`` (10⁹), ``1.5TiB`` or a bare number of bytes."""
+    if isinstance(text, bool):
+        raise ConfigError(f"{field}: expected a size in bytes, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _BYTES_RE.match(text.strip().replace(",", "").replace("_", ""))
+        suffix = match.group(2).lower() if match else ""
+        if match is None or suffix not in _BYTE_SUFFIX:
+            raise ConfigError(f"{field}: {text!r} is not a size (examples: 80GiB, 24GB, 81559MiB, 1048576)")
+        value = _whole(match.group(1), _BYTE_SUFFIX[suffix], text, field)
+    if value < 0:
+        raise ConfigError(f"{field}: must be >= 0, got {value}")
+    return value
+
+
+def parse_count(text: str | int, field: str = "count") -> int:
+    """Count with SI suffixes, for parameters: ``70B`` = 70·10⁹, ``8.03b``, ``671B``, ``405000000000``."""
+    if isinstance(text, bool):
+        raise ConfigError(f"{field}: expected a count, got {text!r}")
+    if isinstance(text, int):
+        value = text
+    else:
+        match = _COUNT_RE.match(text.strip().replace(",", "").replace("_", ""))
+        if match is None:
+            raise ConfigError(f"{field}: {text!r} is not a count (examples: 8.03B, 70B, 405000000000)")
+        value = _whole(match.group(1), _COUNT_SUFFIX[match.group(2).lower()], text, field)
+    if value < 0:
+        raise ConfigError(f"{field}: must be >= 0, got {value}")
+    return value
+
+
+def format_count(value: int) -> str:
+    """``1342177280`` -> ``'1,342,177,280'`` (exact figures are what the tests and operators compare)."""
+    return f"{value:,}"
+
+
+def format_bytes(value: int) -> str:
+    """Exact bytes plus both binary and decimal readings: ``'1,342,177,280 B (1.25 GiB, 1.34 GB)'``.
+
+    Both readings are shown because sources mix them (the seed quotes 1.34 GB and 4 GiB).
+    """
+    sign = "-" if value < 0 else ""
+    mag = abs(value)
+    if mag < KiB:
+        return f"{sign}{mag:,} B"
+    for unit, size, dec_unit, dec in (
+        ("TiB", TiB, "TB", 10**12),
+        ("GiB", GiB, "GB", GB),
+        ("MiB", MiB, "MB", 10**6),
+        ("KiB", KiB, "kB", 10**3),
+    ):
+        if mag >= size:
+            return f"{sign}{mag:,} B ({sign}{mag / size:.2f} {unit}, {sign}{mag / dec:.2f} {dec_unit})"
+    raise AssertionError("unreachable")  # pragma: no cover
