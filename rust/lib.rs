@@ -5,12 +5,14 @@
 //! - [`allocator`]: the lock-free page allocator with per-page reference counts (F2).
 //! - [`radix`]: the page-granular, ref-counted radix tree for prefix sharing, with namespaces (F3, F4).
 //! - [`eviction`]: the eviction index over evictable leaves (LRU, LFU, priority + LRU) (F5).
+//! - [`manager`]: the scheduler-facing KV-cache manager: sequences, page tables, copy-on-write.
 //! - [`error`]: the one error type every fallible call returns.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod allocator;
 pub mod error;
 pub mod eviction;
+pub mod manager;
 pub mod radix;
 pub(crate) mod sync;
 
@@ -19,6 +21,7 @@ mod py;
 
 pub use allocator::PageAllocator;
 pub use error::{KvError, KvResult};
+pub use manager::{KVCacheManager, ManagerConfig};
 
 /// A page index into the pool. Page 0 is the reserved null page.
 pub type PageId = u32;

@@ -96,3 +96,86 @@ pub(crate) fn new_page_array<'py>(py: Python<'py>, len: usize) -> (Bound<'py, Py
     };
     (array, slice)
 }
+
+/// Token ids borrowed from a contiguous 1-D `int32`/`uint32` array (no copy), or converted from an
+/// `int64` array or a list of ints (checked to fit `0..2**32`).
+pub(crate) enum Tokens<'py> {
+    Attached(Bound<'py, PyArray1<i32>>),
+    AttachedU32(Bound<'py, PyArray1<u32>>),
+    Vec(Vec<u32>),
+}
+
+impl Tokens<'_> {
+    pub(crate) fn as_slice(&self) -> &[u32] {
+        match self {
+            // SAFETY: checked contiguous and non-negative in `tokens`; read only while the caller is
+            // attached and runs no Python code (as for `PageIds::Attached`). i32 -> u32 is a valid
+            // reinterpretation (same layout).
+            Tokens::Attached(a) => unsafe {
+                let ids = a.as_slice().unwrap_or(&[]);
+                std::slice::from_raw_parts(ids.as_ptr().cast::<u32>(), ids.len())
+            },
+            // SAFETY: as above.
+            Tokens::AttachedU32(a) => unsafe { a.as_slice() }.unwrap_or(&[]),
+            Tokens::Vec(v) => v,
+        }
+    }
+}
+
+fn bad_tokens(py: Python<'_>, what: &str) -> PyErr {
+    kv_exception(
+        py,
+        "InvalidDTypeError",
+        format!("token ids must be a 1-D int32/uint32/int64 array or a list of ints in 0..2**32; got {what}"),
+    )
+}
+
+/// Accept token ids; anything else raises `InvalidDTypeError`, negative ids `InvalidArgumentError`.
+pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
+    let py = obj.py();
+    let negative = || kv_exception(py, "InvalidArgumentError", "token ids must be non-negative".into());
+    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
+        if !array.is_contiguous() {
+            return Err(bad_tokens(py, "a non-contiguous array"));
+        }
+        // SAFETY: contiguous (checked), read while attached.
+        if unsafe { array.as_slice() }.unwrap_or(&[]).iter().any(|&t| t < 0) {
+            return Err(negative());
+        }
+        return Ok(Tokens::Attached(array.clone()));
+    }
+    if let Ok(array) = obj.cast::<PyArray1<u32>>() {
+        if !array.is_contiguous() {
+            return Err(bad_tokens(py, "a non-contiguous array"));
+        }
+        return Ok(Tokens::AttachedU32(array.clone()));
+    }
+    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
+        let view = array.readonly();
+        let mut out = Vec::with_capacity(view.len());
+        for &t in view.as_array().iter() {
+            out.push(u32::try_from(t).map_err(|_| {
+                if t < 0 {
+                    negative()
+                } else {
+                    bad_tokens(py, "an id >= 2**32")
+                }
+            })?);
+        }
+        return Ok(Tokens::Vec(out));
+    }
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        let dtype = array.dtype().str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
+        return Err(bad_tokens(py, &format!("a {}-D {dtype} array", array.ndim())));
+    }
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let ids: Vec<i64> = obj.extract().map_err(|_| bad_tokens(py, "a sequence with non-integers"))?;
+        let mut out = Vec::with_capacity(ids.len());
+        for t in ids {
+            out.push(u32::try_from(t).map_err(|_| if t < 0 { negative() } else { bad_tokens(py, "an id >= 2**32") })?);
+        }
+        return Ok(Tokens::Vec(out));
+    }
+    let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    Err(bad_tokens(py, &type_name))
+}

@@ -7,6 +7,7 @@
 mod allocator;
 mod convert;
 mod error;
+mod manager;
 
 use pyo3::prelude::*;
 
@@ -15,5 +16,6 @@ use pyo3::prelude::*;
 fn _kvcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add_class::<allocator::PyPageAllocator>()?;
+    m.add_class::<manager::PyKVCacheManager>()?;
     Ok(())
 }

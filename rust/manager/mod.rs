@@ -1,0 +1,561 @@
+//! The scheduler-facing KV-cache manager (F1, F3, F4, F5, F12): sequences, their page tables,
+//! prefix sharing through the radix tree, copy-on-write for forks, eviction, and the honest
+//! usage split.
+//!
+//! # Ownership (every page's `ref_cnt` equals its owners)
+//! - The tree holds one reference on every page stored in it ([`RadixTree::insert`] adopts).
+//! - Each live sequence holds one reference on every page of its page table.
+//! - A sequence locks the deepest tree node covering its full pages, so its path is never evicted.
+//!
+//! A page is **in use** when a sequence holds it or a lock protects it, **cached** (evictable) when
+//! only the tree holds it and nothing locks or pins it, **pinned** when a TTL pin protects it, and
+//! **free** when the allocator has it; the four counts sum to the usable pages.
+//!
+//! # When prompts become shareable
+//! `add_sequence` caches the prompt's full pages immediately: the engine computes them in the same
+//! step, so a request admitted afterwards can reuse them. `append` caches each page as it fills.
+//! At most `prompt_len - 1` tokens are reported cached, so the model always computes at least the
+//! last prompt token (whose logits it needs); a fully cached page-aligned prompt recomputes its last
+//! page into a fresh page.
+//!
+//! # Concurrency
+//! Every call takes one internal mutex for its duration (the tree and the sequences are one state);
+//! the allocator underneath stays lock-free. Calls never run Python code or wait for the
+//! interpreter while holding the mutex, so callers on several threads cannot deadlock.
+//!
+//! # Failure
+//! Caller mistakes return `Err` before anything changes. Running out of pages returns `None` /
+//! `false` with the sequences, the allocator and the cached pages unchanged (a refused admission
+//! may still have refreshed the recency of the prefix it looked up).
+
+use std::collections::HashMap;
+
+use parking_lot::Mutex;
+
+use crate::allocator::PageAllocator;
+use crate::error::{KvError, KvResult};
+use crate::eviction::EvictionPolicy;
+use crate::radix::{Namespace, NodeId, RadixTree, DEFAULT_NAMESPACE, PUBLIC_NAMESPACE};
+use crate::PageId;
+
+/// A sequence id chosen by the caller.
+pub type SeqId = i64;
+
+/// The namespace name that is visible from every namespace (prefixes declared public).
+pub const PUBLIC_NAMESPACE_NAME: &str = "*";
+
+/// How to build a [`KVCacheManager`].
+#[derive(Clone, Debug)]
+pub struct ManagerConfig {
+    /// Pages in the pool, the null page included (`num_pages - 1` usable).
+    pub num_pages: usize,
+    /// Tokens per page, > 0.
+    pub page_size: usize,
+    /// Which cached pages go first.
+    pub policy: EvictionPolicy,
+    /// Most pages TTL pins may cover (None: unlimited).
+    pub pin_budget_pages: Option<usize>,
+}
+
+/// The usage split and counters, read in one consistent snapshot.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Usable pages (`num_pages - 1`); the four splits below sum to it.
+    pub num_pages_total: usize,
+    /// Held by a live sequence or protected by its lock.
+    pub num_pages_in_use: usize,
+    /// Cached and evictable (only the tree holds them, nothing protects them).
+    pub num_pages_cached: usize,
+    /// Cached and protected by an unexpired TTL pin (and no lock).
+    pub num_pages_pinned: usize,
+    /// In the allocator's free pool.
+    pub num_pages_free: usize,
+    /// Live sequences.
+    pub num_sequences: usize,
+    /// Prompt tokens looked up by `add_sequence` since creation.
+    pub prefix_query_tokens: u64,
+    /// Of those, tokens found cached.
+    pub prefix_hit_tokens: u64,
+    /// Pages evicted from the tree since creation.
+    pub num_evicted_pages: u64,
+    /// Copy-on-write page copies queued since creation.
+    pub num_cow_copies: u64,
+    /// `add_sequence` / `append` calls refused for lack of pages.
+    pub num_refused: u64,
+}
+
+/// One live sequence.
+#[derive(Clone, Debug)]
+struct Sequence {
+    ns: Namespace,
+    priority: i32,
+    /// Every token so far (prompt + appended), `[len]`.
+    tokens: Vec<u32>,
+    /// The page table, `[ceil(len / page_size)]`.
+    pages: Vec<PageId>,
+    /// Leading full pages already offered to the tree.
+    num_inserted_pages: usize,
+    /// The deepest tree node this sequence locks (`radix::ROOT`: none).
+    node: NodeId,
+}
+
+#[derive(Debug)]
+struct State {
+    tree: RadixTree,
+    seqs: HashMap<SeqId, Sequence>,
+    /// Interned namespace names (`None` is [`DEFAULT_NAMESPACE`]).
+    namespaces: HashMap<String, Namespace>,
+    stats: CacheStats,
+    /// `(src_page, dst_page)` copies the pool must perform before the next kernel reads.
+    pending_copies: Vec<(PageId, PageId)>,
+    /// Scratch for evicted pages.
+    evicted: Vec<PageId>,
+}
+
+/// The KV-cache manager. Every method takes `&self`; see the module docs for concurrency.
+#[derive(Debug)]
+pub struct KVCacheManager {
+    alloc: PageAllocator,
+    page_size: usize,
+    state: Mutex<State>,
+}
+
+/// Output buffers for [`KVCacheManager::page_table`]: FlashInfer's CSR page table.
+pub struct PageTableOut<'a> {
+    /// `[batch + 1]` int32.
+    pub kv_indptr: &'a mut [i32],
+    /// `[kv_indptr[batch]]` int32.
+    pub kv_indices: &'a mut [i32],
+    /// `[batch]` int32, each in `1..=page_size`.
+    pub kv_last_page_len: &'a mut [i32],
+}
+
+fn internal(err: KvError) -> KvError {
+    debug_assert!(false, "internal invariant broken: {err}");
+    err
+}
+
+impl KVCacheManager {
+    /// A manager over a fresh pool.
+    pub fn new(config: ManagerConfig) -> KvResult<Self> {
+        let alloc = PageAllocator::new(config.num_pages)?;
+        let mut tree = RadixTree::new(config.page_size, config.policy)?;
+        if let Some(budget) = config.pin_budget_pages {
+            tree.set_pin_budget_pages(budget);
+        }
+        Ok(Self {
+            alloc,
+            page_size: config.page_size,
+            state: Mutex::new(State {
+                tree,
+                seqs: HashMap::new(),
+                namespaces: HashMap::new(),
+                stats: CacheStats { num_pages_total: config.num_pages - 1, ..CacheStats::default() },
+                pending_copies: Vec::new(),
+                evicted: Vec::new(),
+            }),
+        })
+    }
+
+    /// Tokens per page.
+    pub fn page_size(&self) -> usize {
+        self.page_size
+    }
+
+    /// Pages in the pool, the null page included.
+    pub fn num_pages(&self) -> usize {
+        self.alloc.num_pages()
+    }
+
+    /// The allocator (read-only use: counts, reference counts).
+    pub fn allocator(&self) -> &PageAllocator {
+        &self.alloc
+    }
+
+    /// Admit a sequence: take the longest cached prefix of `prompt` (whole pages, at most
+    /// `len - 1` tokens), lock it, allocate the rest (evicting unlocked cached pages if needed) and
+    /// cache the prompt's full pages. Returns the number of prompt tokens already cached, or `None`
+    /// (nothing changed) if the pages cannot be found even after evicting everything evictable.
+    pub fn add_sequence(
+        &self,
+        seq_id: SeqId,
+        prompt: &[u32],
+        namespace: Option<&str>,
+        priority: i32,
+        now: u64,
+    ) -> KvResult<Option<usize>> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if st.seqs.contains_key(&seq_id) {
+            return Err(KvError::DuplicateSequence(format!("sequence {seq_id} already exists")));
+        }
+        if prompt.is_empty() {
+            return Err(KvError::InvalidArgument(format!("sequence {seq_id}: the prompt is empty")));
+        }
+        let ns = st.namespace(namespace);
+        let ps = self.page_size;
+        let num_pages = prompt.len().div_ceil(ps);
+        let mut pages = Vec::with_capacity(num_pages);
+        let hit = st.tree.match_prefix(ns, &prompt[..prompt.len() - 1], priority, now, &mut pages);
+        st.tree.lock(hit.node).map_err(internal)?;
+        if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
+            st.tree.unlock(hit.node).map_err(internal)?;
+            st.stats.num_refused += 1;
+            return Ok(None);
+        }
+        // The sequence's own references on the pages it shares with the tree.
+        self.alloc.retain(&pages[..hit.num_pages]).map_err(internal)?;
+        let full = prompt.len() / ps;
+        let node = self.cache_pages(st, ns, priority, now, &prompt[..full * ps], &pages[..full])?;
+        st.tree.unlock(hit.node).map_err(internal)?;
+        st.stats.prefix_query_tokens += prompt.len() as u64;
+        st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
+        st.seqs.insert(
+            seq_id,
+            Sequence { ns, priority, tokens: prompt.to_vec(), pages, num_inserted_pages: full, node },
+        );
+        Ok(Some(hit.num_pages * ps))
+    }
+
+    /// Reserve slots for `tokens` generated by `seq_id`. Pages that become full are cached. A shared
+    /// partially filled last page is copied first (copy-on-write; see
+    /// [`take_pending_copies`](Self::take_pending_copies)). `false` (nothing changed) if no room.
+    pub fn append(&self, seq_id: SeqId, tokens: &[u32], now: u64) -> KvResult<bool> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if tokens.is_empty() {
+            return Ok(true);
+        }
+        let ps = self.page_size;
+        let old_len = seq.tokens.len();
+        let new_len = old_len + tokens.len();
+        let grow = new_len.div_ceil(ps) - seq.pages.len();
+        let last = *seq.pages.last().unwrap_or(&crate::NULL_PAGE);
+        let cow = old_len % ps != 0 && self.alloc.ref_count(last).map_err(internal)? > 1;
+        let mut fresh = Vec::with_capacity(grow + usize::from(cow));
+        if !self.allocate(st, grow + usize::from(cow), now, &mut fresh) {
+            st.stats.num_refused += 1;
+            return Ok(false);
+        }
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let mut fresh = fresh.into_iter();
+        if cow {
+            let copy = fresh.next().unwrap_or(crate::NULL_PAGE);
+            let at = seq.pages.len() - 1;
+            seq.pages[at] = copy;
+            st.pending_copies.push((last, copy));
+            st.stats.num_cow_copies += 1;
+            self.alloc.free(&[last]).map_err(internal)?;
+        }
+        seq.pages.extend(fresh);
+        seq.tokens.extend_from_slice(tokens);
+        let full = new_len / ps;
+        if full > seq.num_inserted_pages {
+            let (ns, priority, old_node) = (seq.ns, seq.priority, seq.node);
+            let seq_tokens = std::mem::take(&mut seq.tokens);
+            let seq_pages = std::mem::take(&mut seq.pages);
+            let node = self.cache_pages(st, ns, priority, now, &seq_tokens[..full * ps], &seq_pages[..full]);
+            let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+            seq.tokens = seq_tokens;
+            seq.pages = seq_pages;
+            let node = node?;
+            seq.node = node;
+            seq.num_inserted_pages = full;
+            st.tree.unlock(old_node).map_err(internal)?;
+        }
+        Ok(true)
+    }
+
+    /// `child` shares every page of `parent` (parallel sampling, beam search). The next append
+    /// into a shared partially filled page copies it first.
+    pub fn fork(&self, parent: SeqId, child: SeqId) -> KvResult<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if st.seqs.contains_key(&child) {
+            return Err(KvError::DuplicateSequence(format!("sequence {child} already exists")));
+        }
+        let seq = st.seqs.get(&parent).ok_or_else(|| unknown(parent))?.clone();
+        self.alloc.retain(&seq.pages).map_err(internal)?;
+        st.tree.lock(seq.node).map_err(internal)?;
+        st.seqs.insert(child, seq);
+        Ok(())
+    }
+
+    /// Release a finished sequence: its full pages stay cached (evictable), the rest is freed.
+    pub fn free_sequence(&self, seq_id: SeqId) -> KvResult<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let seq = st.seqs.remove(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        st.tree.unlock(seq.node).map_err(internal)?;
+        self.alloc.free(&seq.pages).map_err(internal)?;
+        Ok(())
+    }
+
+    /// Write the page table of `seq_ids` (in order; repeats allowed) into buffers obtained from
+    /// `out(batch, num_indices)`. Unknown ids fail before `out` is called.
+    pub fn page_table<'a>(
+        &self,
+        seq_ids: &[SeqId],
+        out: impl FnOnce(usize, usize) -> PageTableOut<'a>,
+    ) -> KvResult<()> {
+        let guard = self.state.lock();
+        let mut total = 0usize;
+        for &id in seq_ids {
+            total += guard.seqs.get(&id).ok_or_else(|| unknown(id))?.pages.len();
+        }
+        if total > i32::MAX as usize {
+            return Err(KvError::InvalidArgument(format!("page table of {total} pages exceeds int32")));
+        }
+        let buf = out(seq_ids.len(), total);
+        let ps = self.page_size;
+        let mut at = 0usize;
+        buf.kv_indptr[0] = 0;
+        for (i, id) in seq_ids.iter().enumerate() {
+            let seq = &guard.seqs[id];
+            let n = seq.pages.len();
+            // SAFETY-free cast: page ids are < num_pages <= i32::MAX.
+            for (dst, &page) in buf.kv_indices[at..at + n].iter_mut().zip(&seq.pages) {
+                *dst = page as i32;
+            }
+            at += n;
+            buf.kv_indptr[i + 1] = at as i32;
+            buf.kv_last_page_len[i] = (seq.tokens.len() - (n - 1) * ps) as i32;
+        }
+        Ok(())
+    }
+
+    /// The slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`,
+    /// written into `out(num_tokens)`.
+    pub fn slot_mapping<'a>(
+        &self,
+        seq_id: SeqId,
+        num_tokens: usize,
+        out: impl FnOnce(usize) -> &'a mut [i64],
+    ) -> KvResult<()> {
+        let guard = self.state.lock();
+        let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let len = seq.tokens.len();
+        if num_tokens > len {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id} has {len} tokens, cannot map the last {num_tokens}"
+            )));
+        }
+        let ps = self.page_size;
+        let buf = out(num_tokens);
+        for (dst, t) in buf.iter_mut().zip(len - num_tokens..len) {
+            *dst = i64::from(seq.pages[t / ps]) * ps as i64 + (t % ps) as i64;
+        }
+        Ok(())
+    }
+
+    /// Evict up to `num_pages` cached pages (policy order); returns how many were evicted.
+    pub fn evict(&self, num_pages: usize, now: u64) -> KvResult<usize> {
+        let mut guard = self.state.lock();
+        self.evict_locked(&mut guard, num_pages, now)
+    }
+
+    /// Keep the cached prefix of `tokens` in `namespace` resident until `now + ttl`. Returns the
+    /// pages pinned. Err (nothing changed) if the pin budget would be exceeded.
+    pub fn pin(&self, tokens: &[u32], ttl: u64, namespace: Option<&str>, now: u64) -> KvResult<usize> {
+        let mut guard = self.state.lock();
+        let ns = guard.namespace(namespace);
+        guard.tree.pin(ns, tokens, ttl, now)
+    }
+
+    /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
+    pub fn unpin(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
+        let mut guard = self.state.lock();
+        let ns = guard.namespace(namespace);
+        guard.tree.unpin(ns, tokens)
+    }
+
+    /// Cached prompt tokens a lookup of `tokens` would find now (no side effects).
+    pub fn peek_prefix_len(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
+        let mut guard = self.state.lock();
+        let ns = guard.namespace(namespace);
+        guard.tree.peek_prefix_len(ns, tokens) * self.page_size
+    }
+
+    /// Copies `(src_page, dst_page)` queued by copy-on-write since the last call, in order.
+    pub fn take_pending_copies(&self) -> Vec<(PageId, PageId)> {
+        std::mem::take(&mut self.state.lock().pending_copies)
+    }
+
+    /// The usage split and counters (expired pins are released first).
+    pub fn stats(&self, now: u64) -> CacheStats {
+        let mut guard = self.state.lock();
+        guard.tree.expire_pins(now);
+        let total = self.alloc.num_pages() - 1;
+        let free = self.alloc.num_free();
+        let cached = guard.tree.num_evictable_pages();
+        let pinned = guard.tree.num_pinned_pages();
+        CacheStats {
+            num_pages_total: total,
+            num_pages_in_use: total - free - cached - pinned,
+            num_pages_cached: cached,
+            num_pages_pinned: pinned,
+            num_pages_free: free,
+            num_sequences: guard.seqs.len(),
+            ..guard.stats.clone()
+        }
+    }
+
+    /// Whether `seq_id` is live.
+    pub fn contains(&self, seq_id: SeqId) -> bool {
+        self.state.lock().seqs.contains_key(&seq_id)
+    }
+
+    /// Tokens of `seq_id`.
+    pub fn seq_len(&self, seq_id: SeqId) -> KvResult<usize> {
+        Ok(self.state.lock().seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?.tokens.len())
+    }
+
+    /// The page table of one sequence (a copy; for tests and debugging).
+    pub fn seq_pages(&self, seq_id: SeqId) -> KvResult<Vec<PageId>> {
+        Ok(self.state.lock().seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?.pages.clone())
+    }
+
+    /// Every page the tree holds (for invariant checks).
+    pub fn cached_pages(&self) -> Vec<PageId> {
+        self.state.lock().tree.pages().collect()
+    }
+
+    /// Live sequence ids, in no particular order.
+    pub fn seq_ids(&self) -> Vec<SeqId> {
+        self.state.lock().seqs.keys().copied().collect()
+    }
+
+    /// Append `n` fresh pages to `out`, evicting cached pages if the pool is short. `false` (and
+    /// `out` as it was, nothing evicted) if even evicting everything evictable is not enough.
+    fn allocate(&self, st: &mut State, n: usize, now: u64, out: &mut Vec<PageId>) -> bool {
+        let start = out.len();
+        out.resize(start + n, crate::NULL_PAGE);
+        // The manager owns its allocator and holds the state lock: the free count is stable here.
+        if self.alloc.allocate_into(&mut out[start..]).unwrap_or(false) {
+            return true;
+        }
+        st.tree.expire_pins(now);
+        let short = n.saturating_sub(self.alloc.num_free());
+        if short > st.tree.num_evictable_pages() || self.evict_locked(st, short, now).is_err() {
+            out.truncate(start);
+            return false;
+        }
+        if self.alloc.allocate_into(&mut out[start..]).unwrap_or(false) {
+            return true;
+        }
+        out.truncate(start);
+        false
+    }
+
+    fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
+        st.evicted.clear();
+        let n = st.tree.evict(num_pages, now, &mut st.evicted);
+        self.alloc.free(&st.evicted).map_err(internal)?;
+        st.stats.num_evicted_pages += n as u64;
+        Ok(n)
+    }
+
+    /// Offer full pages to the tree; retain the ones it adopts and lock the node covering them.
+    fn cache_pages(
+        &self,
+        st: &mut State,
+        ns: Namespace,
+        priority: i32,
+        now: u64,
+        tokens: &[u32],
+        pages: &[PageId],
+    ) -> KvResult<NodeId> {
+        let ins = st.tree.insert(ns, tokens, pages, priority, now).map_err(internal)?;
+        self.alloc.retain(&pages[ins.adopted()]).map_err(internal)?;
+        st.tree.lock(ins.node).map_err(internal)?;
+        Ok(ins.node)
+    }
+}
+
+impl State {
+    fn namespace(&mut self, name: Option<&str>) -> Namespace {
+        match name {
+            None => DEFAULT_NAMESPACE,
+            Some(PUBLIC_NAMESPACE_NAME) => PUBLIC_NAMESPACE,
+            Some(name) => {
+                let next = self.namespaces.len() as Namespace + 1;
+                *self.namespaces.entry(name.to_owned()).or_insert(next)
+            }
+        }
+    }
+}
+
+fn unknown(seq_id: SeqId) -> KvError {
+    KvError::UnknownSequence(format!("no sequence {seq_id}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manager(num_pages: usize, page_size: usize) -> KVCacheManager {
+        KVCacheManager::new(ManagerConfig {
+            num_pages,
+            page_size,
+            policy: EvictionPolicy::Lru,
+            pin_budget_pages: None,
+        })
+        .unwrap()
+    }
+
+    fn check_split(m: &KVCacheManager) {
+        let s = m.stats(0);
+        assert_eq!(s.num_pages_in_use + s.num_pages_cached + s.num_pages_pinned + s.num_pages_free, s.num_pages_total);
+    }
+
+    #[test]
+    fn shared_prefix_is_reused() {
+        let m = manager(64, 4);
+        let prompt: Vec<u32> = (0..10).collect();
+        assert_eq!(m.add_sequence(1, &prompt, None, 0, 0).unwrap(), Some(0));
+        let mut other = prompt[..8].to_vec();
+        other.extend([100, 101, 102]);
+        assert_eq!(m.add_sequence(2, &other, None, 0, 0).unwrap(), Some(8));
+        let (a, b) = (m.seq_pages(1).unwrap(), m.seq_pages(2).unwrap());
+        assert_eq!(a[..2], b[..2]);
+        assert_ne!(a[2], b[2]);
+        assert_eq!(m.allocator().ref_count(a[0]).unwrap(), 3); // tree + two sequences
+        check_split(&m);
+        // Another namespace sees nothing.
+        assert_eq!(m.add_sequence(3, &prompt, Some("tenant-b"), 0, 0).unwrap(), Some(0));
+        check_split(&m);
+    }
+
+    #[test]
+    fn fork_then_append_copies_the_shared_partial_page() {
+        let m = manager(64, 4);
+        m.add_sequence(1, &[1, 2, 3, 4, 5, 6], None, 0, 0).unwrap();
+        m.fork(1, 2).unwrap();
+        let before = m.seq_pages(1).unwrap();
+        assert!(m.append(2, &[7], 0).unwrap());
+        let after = m.seq_pages(2).unwrap();
+        assert_eq!(before[0], after[0]);
+        assert_ne!(before[1], after[1]);
+        assert_eq!(m.take_pending_copies(), vec![(before[1], after[1])]);
+        assert!(m.append(1, &[8], 0).unwrap()); // now sole owner: no copy
+        assert!(m.take_pending_copies().is_empty());
+        check_split(&m);
+    }
+
+    #[test]
+    fn refusal_changes_nothing() {
+        let m = manager(5, 4); // 4 usable pages
+        assert_eq!(m.add_sequence(1, &[0; 12], None, 0, 0).unwrap(), Some(0));
+        let before = m.stats(0);
+        assert_eq!(m.add_sequence(2, &[9; 8], None, 0, 0).unwrap(), None);
+        assert!(!m.contains(2));
+        let after = m.stats(0);
+        assert_eq!((before.num_pages_free, before.num_pages_cached), (after.num_pages_free, after.num_pages_cached));
+        m.free_sequence(1).unwrap();
+        assert_eq!(m.stats(0).num_pages_cached, 3);
+        assert_eq!(m.add_sequence(2, &[9; 16], None, 0, 0).unwrap(), Some(0)); // evicts
+        assert_eq!(m.stats(0).num_evicted_pages, 3);
+        check_split(&m);
+    }
+}
