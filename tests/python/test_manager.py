@@ -1,0 +1,236 @@
+"""KVCacheManager: eviction order per policy, TTL pins with an injected clock, pin budget, namespaces,
+copy-on-write, the page table and stats formats, and concurrent callers."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import kvcore
+from kvcore import CacheStats, InvalidArgumentError, KVCacheManager, PageTable
+
+PS = 4
+
+
+def toks(*pages: int, extra: int = 1) -> np.ndarray:
+    """A prompt of whole pages (page k holds four copies of id k) plus ``extra`` trailing tokens."""
+    ids = [p for p in pages for _ in range(PS)] + [999] * extra
+    return np.array(ids, dtype=np.int32)
+
+
+def cache_and_release(m: KVCacheManager, sid: int, prompt: np.ndarray, **kw: object) -> None:
+    assert m.add_sequence(sid, prompt, **kw) is not None
+    m.free_sequence(sid)
+
+
+def evicted_order(m: KVCacheManager, prompts: dict[str, np.ndarray]) -> list[str]:
+    """Evict one page at a time and report whose prefix went first."""
+    order = []
+    while m.stats().num_pages_cached:
+        before = {name: m.peek_prefix_len(p) for name, p in prompts.items()}
+        assert m.evict(1) == 1
+        order += [name for name, p in prompts.items() if m.peek_prefix_len(p) < before[name]]
+    return order
+
+
+def test_lru_evicts_least_recently_used_first() -> None:
+    m = KVCacheManager(64, PS, "lru")
+    prompts = {"a": toks(1), "b": toks(2), "c": toks(3)}
+    for i, p in enumerate(prompts.values()):
+        cache_and_release(m, i, p)
+    cache_and_release(m, 10, prompts["a"])  # a is now the most recent
+    assert evicted_order(m, prompts) == ["b", "c", "a"]
+
+
+def test_lfu_evicts_least_frequently_used_first() -> None:
+    m = KVCacheManager(64, PS, "lfu")
+    prompts = {"a": toks(1), "b": toks(2), "c": toks(3)}
+    for i, p in enumerate(prompts.values()):
+        cache_and_release(m, i, p)
+    for sid in range(10, 13):
+        cache_and_release(m, sid, prompts["a"])
+    cache_and_release(m, 20, prompts["c"])
+    assert evicted_order(m, prompts) == ["b", "c", "a"]
+
+
+def test_priority_evicts_lower_priority_first_then_lru() -> None:
+    m = KVCacheManager(64, PS, "priority")
+    prompts = {"vip": toks(1), "old": toks(2), "new": toks(3)}
+    cache_and_release(m, 1, prompts["vip"], priority=5)
+    cache_and_release(m, 2, prompts["old"], priority=0)
+    cache_and_release(m, 3, prompts["new"], priority=0)
+    assert evicted_order(m, prompts) == ["old", "new", "vip"]
+
+
+def test_only_unlocked_leaves_are_evicted() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, toks(1, 2, 3))  # live: its three pages are locked
+    cache_and_release(m, 2, toks(1, 2, 4))  # shares pages 1, 2; page 4 is evictable
+    assert m.stats().num_pages_cached == 1
+    assert m.evict(10) == 1
+    assert m.peek_prefix_len(toks(1, 2, 3)) == 3 * PS
+    m.free_sequence(1)
+    assert m.evict(10) == 3  # leaves first: the whole path goes once unlocked
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_pins_keep_a_prefix_until_their_ttl_expires() -> None:
+    clock = FakeClock()
+    m = KVCacheManager(64, PS, clock=clock)
+    system = toks(7, 8)
+    cache_and_release(m, 1, system)
+    assert m.pin(system, ttl_s=30.0) == 2
+    s = m.stats()
+    assert (s.num_pages_pinned, s.num_pages_cached) == (2, 0)
+    assert m.evict(100) == 0
+    clock.now += 29.0
+    assert m.evict(100) == 0 and m.peek_prefix_len(system) == 2 * PS
+    clock.now += 2.0  # expired
+    assert m.stats().num_pages_pinned == 0
+    assert m.evict(100) == 2
+
+
+def test_pin_budget_is_enforced_and_a_refused_pin_changes_nothing() -> None:
+    m = KVCacheManager(64, PS, pin_budget_pages=3)
+    cache_and_release(m, 1, toks(1, 2))
+    cache_and_release(m, 2, toks(5, 6))
+    assert m.pin(toks(1, 2), 60) == 2
+    before = m.stats()
+    with pytest.raises(InvalidArgumentError):
+        m.pin(toks(5, 6), 60)
+    assert m.stats() == before
+    assert m.unpin(toks(1, 2)) == 2
+    assert m.pin(toks(5, 6), 60) == 2
+
+
+def test_namespaces_isolate_and_public_is_shared() -> None:
+    m = KVCacheManager(64, PS)
+    cache_and_release(m, 1, toks(1, 2), namespace="tenant-a")
+    assert m.peek_prefix_len(toks(1, 2), namespace="tenant-a") == 2 * PS
+    assert m.peek_prefix_len(toks(1, 2), namespace="tenant-b") == 0
+    assert m.peek_prefix_len(toks(1, 2)) == 0
+    assert m.add_sequence(2, toks(1, 2), namespace="tenant-b") == 0
+    cache_and_release(m, 3, toks(9), namespace=kvcore.PUBLIC_NAMESPACE)
+    for ns in (None, "tenant-a", "tenant-b"):
+        assert m.peek_prefix_len(toks(9, 3), namespace=ns) == PS
+    # A tenant continuing a public prompt keeps its continuation private.
+    cache_and_release(m, 4, toks(9, 3), namespace="tenant-a")
+    assert m.peek_prefix_len(toks(9, 3), namespace="tenant-a") == 2 * PS
+    assert m.peek_prefix_len(toks(9, 3), namespace="tenant-b") == PS
+
+
+def test_fork_shares_pages_and_copies_on_write() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, toks(1, extra=2))  # one full page, one partial (2 tokens)
+    m.fork(1, 2)
+    p1 = m.seq_pages(1)
+    assert m.seq_pages(2).tolist() == p1.tolist()
+    assert m.ref_count(int(p1[1])) == 2
+    assert m.append(2, [5])
+    p2 = m.seq_pages(2)
+    assert p2[0] == p1[0] and p2[1] != p1[1]
+    copies = m.take_pending_copies()
+    assert copies.dtype == np.int32 and copies.tolist() == [[p1[1], p2[1]]]
+    assert m.take_pending_copies().shape == (0, 2)
+    assert m.stats().num_cow_copies == 1
+    assert m.append(1, [6])  # the parent is the sole owner now: written in place
+    assert m.seq_pages(1).tolist() == p1.tolist() and m.take_pending_copies().shape == (0, 2)
+
+
+def test_append_caches_full_pages_for_the_next_turn() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, toks(1, extra=1))
+    assert m.append(1, [3, 3, 3, 4, 4, 4, 4])  # fills page 2 and page 3
+    turn = np.concatenate([toks(1, extra=0), [999, 3, 3, 3, 4, 4, 4, 4, 5]]).astype(np.int32)
+    m.free_sequence(1)
+    assert m.add_sequence(2, turn) == 3 * PS
+
+
+def test_out_of_pages_is_none_or_false_not_an_error() -> None:
+    m = KVCacheManager(5, PS)  # 4 usable pages
+    assert m.add_sequence(1, toks(1, 2, 3)) == 0  # 4 pages
+    assert m.add_sequence(2, toks(5)) is None
+    assert 2 not in m
+    assert m.append(1, np.arange(4, dtype=np.int32)) is False
+    assert m.seq_len(1) == 3 * PS + 1
+    assert m.stats().num_refused == 2
+
+
+def test_page_table_and_stats_formats() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, toks(1, 2, extra=3))
+    m.add_sequence(2, toks(1, extra=1))
+    pt = m.page_table([2, 1, 2])
+    assert isinstance(pt, PageTable)
+    assert pt.kv_indptr.tolist() == [0, 2, 5, 7]
+    assert pt.kv_last_page_len.tolist() == [1, 3, 1]
+    assert pt.kv_indices[:2].tolist() == pt.kv_indices[5:].tolist()
+    empty = m.page_table([])
+    assert empty.kv_indptr.tolist() == [0] and empty.kv_indices.size == 0
+    s = m.stats()
+    assert isinstance(s, CacheStats)
+    assert s.prefix_query_tokens == (2 * PS + 3) + (PS + 1) and s.prefix_hit_tokens == PS
+    assert 0 < s.hit_rate < 1
+    text = m.metrics_text()
+    assert 'kvcore_pages{state="in_use"} ' + str(s.num_pages_in_use) in text
+    assert f"kvcore_prefix_hit_tokens_total {PS}" in text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"num_pages": 0}, InvalidArgumentError),
+        ({"num_pages": 8, "page_size": 0}, InvalidArgumentError),
+        ({"num_pages": 8, "eviction": "fifo"}, InvalidArgumentError),
+        ({"num_pages": 8, "clock": 3}, InvalidArgumentError),
+    ],
+)
+def test_bad_construction(kwargs: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        KVCacheManager(**kwargs)  # type: ignore[arg-type]
+
+
+def test_concurrent_callers_keep_the_books_exact() -> None:
+    """Scheduler threads admit, extend and free sequences at once; every page comes back."""
+    m = KVCacheManager(2_001, 16)
+    shared = np.arange(256, dtype=np.int32)
+    errors: list[BaseException] = []
+
+    def worker(tid: int) -> None:
+        rng = np.random.default_rng(tid)
+        try:
+            for i in range(300):
+                sid = tid * 10_000 + i
+                prompt = np.concatenate([shared, rng.integers(0, 50_000, rng.integers(1, 200))]).astype(np.int32)
+                if m.add_sequence(sid, prompt) is None:
+                    continue
+                m.append(sid, rng.integers(0, 50_000, 20).astype(np.int32))
+                if i % 3 == 0:
+                    m.fork(sid, sid + 5_000)
+                    m.append(sid + 5_000, [1, 2, 3])
+                    m.free_sequence(sid + 5_000)
+                m.page_table([sid])
+                m.free_sequence(sid)
+        except BaseException as e:  # surfaced below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    s = m.stats()
+    assert s.num_sequences == 0 and s.num_pages_in_use == 0
+    assert s.num_pages_cached + s.num_pages_free == 2_000
+    assert m.evict(10_000) == s.num_pages_cached
+    assert m.stats().num_pages_free == 2_000

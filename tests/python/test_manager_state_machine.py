@@ -1,0 +1,270 @@
+"""A Hypothesis state machine drives KVCacheManager against a pure-Python model.
+
+The model knows each sequence's tokens and namespace, and every token prefix (whole pages) that was
+ever offered to the cache, per namespace. The manager may have evicted some of them, so the model's
+set is an upper bound of what is cached, and exact while nothing was evicted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import kvcore
+from kvcore import (
+    DuplicateSequenceError,
+    InvalidArgumentError,
+    InvalidDTypeError,
+    KVCacheManager,
+    UnknownSequenceError,
+)
+
+NAMESPACES = [None, "a", "b", kvcore.PUBLIC_NAMESPACE]
+token_lists = st.lists(st.integers(0, 2), min_size=1, max_size=14)
+
+
+@dataclass
+class ModelSeq:
+    tokens: list[int]
+    ns: str | None
+    tree_pages: set[int] = field(default_factory=set)  # its pages seen in the tree: must stay there
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class ManagerMachine(RuleBasedStateMachine):
+    @initialize(
+        num_pages=st.integers(4, 48),
+        page_size=st.sampled_from([1, 2, 4]),
+        eviction=st.sampled_from(["lru", "lfu", "priority"]),
+    )
+    def setup(self, num_pages: int, page_size: int, eviction: str) -> None:
+        self.clock = Clock()
+        self.m = KVCacheManager(num_pages, page_size, eviction, clock=self.clock)
+        self.ps = page_size
+        self.num_pages = num_pages
+        self.seqs: dict[int, ModelSeq] = {}
+        self.offered: dict[str | None, set[tuple[int, ...]]] = {ns: set() for ns in NAMESPACES}
+        self.pins: list[tuple[str | None, tuple[int, ...], float]] = []  # (ns, prefix, expiry)
+        self.next_id = 0
+
+    # ----- the model -----
+
+    def offer(self, ns: str | None, tokens: list[int]) -> None:
+        """Every whole-page prefix of ``tokens`` was offered to the cache under ``ns``."""
+        for k in range(1, len(tokens) // self.ps + 1):
+            self.offered[ns].add(tuple(tokens[: k * self.ps]))
+
+    def model_longest(self, ns: str | None, tokens: list[int]) -> int:
+        """Pages of the longest offered prefix visible from ``ns`` (its own and the public ones)."""
+        visible = self.offered[ns] | self.offered[kvcore.PUBLIC_NAMESPACE]
+        k = 0
+        while (k + 1) * self.ps <= len(tokens) and tuple(tokens[: (k + 1) * self.ps]) in visible:
+            k += 1
+        return k
+
+    def snapshot(self) -> tuple[object, ...]:
+        stats = self.m.stats().as_dict()
+        stats.pop("num_refused")
+        pages = {sid: self.m.seq_pages(sid).tolist() for sid in sorted(self.seqs)}
+        refs = [self.m.ref_count(p) for p in range(1, self.num_pages)]
+        return stats, pages, refs, sorted(self.m.cached_pages().tolist())
+
+    def new_id(self) -> int:
+        self.next_id += 1
+        return self.next_id
+
+    # ----- rules -----
+
+    @rule(tokens=token_lists, ns=st.sampled_from(NAMESPACES), priority=st.integers(0, 2))
+    def add_sequence(self, tokens: list[int], ns: str | None, priority: int) -> None:
+        sid = self.new_id()
+        longest = self.model_longest(ns, tokens)
+        evicted_before = self.m.stats().num_evicted_pages
+        before = self.snapshot()
+        hit = self.m.add_sequence(sid, np.array(tokens, dtype=np.int32), namespace=ns, priority=priority)
+        if hit is None:
+            assert self.snapshot() == before, "a refused admission changed the state"
+            needed = -(-len(tokens) // self.ps)
+            assert needed > self.num_pages - 1 - self.m.stats().num_pages_in_use - self.pinned_floor()
+            return
+        assert hit % self.ps == 0 and hit <= len(tokens) - 1
+        cap = (len(tokens) - 1) // self.ps
+        assert hit <= min(longest, cap) * self.ps, "a hit the model cannot explain (namespace leak?)"
+        if evicted_before == 0 and not self.m.stats().num_evicted_pages:
+            assert hit == min(longest, cap) * self.ps, "missed a cached prefix"
+        self.seqs[sid] = ModelSeq(list(tokens), ns)
+        self.offer(ns, tokens)
+
+    def pinned_floor(self) -> int:
+        return self.m.stats().num_pages_pinned
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), new=st.lists(st.integers(0, 2), max_size=6))
+    def append(self, data: st.DataObject, new: list[int]) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        before = self.snapshot()
+        if self.m.append(sid, np.array(new, dtype=np.int32)):
+            seq = self.seqs[sid]
+            seq.tokens += new
+            self.offer(seq.ns, seq.tokens)
+        else:
+            assert self.snapshot() == before, "a refused append changed the state"
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def fork(self, data: st.DataObject) -> None:
+        parent = data.draw(st.sampled_from(sorted(self.seqs)))
+        child = self.new_id()
+        self.m.fork(parent, child)
+        p = self.seqs[parent]
+        self.seqs[child] = ModelSeq(list(p.tokens), p.ns, set(p.tree_pages))
+        assert self.m.seq_pages(child).tolist() == self.m.seq_pages(parent).tolist()
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def free_sequence(self, data: st.DataObject) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        self.m.free_sequence(sid)
+        del self.seqs[sid]
+
+    @rule(n=st.integers(0, 10))
+    def evict(self, n: int) -> None:
+        cached = self.m.stats().num_pages_cached
+        assert self.m.evict(n) == min(n, cached)
+
+    @precondition(lambda self: any(self.offered.values()))
+    @rule(data=st.data(), ttl=st.floats(1, 100))
+    def pin(self, data: st.DataObject, ttl: float) -> None:
+        ns = data.draw(st.sampled_from([n for n in NAMESPACES if self.offered[n]]))
+        prefix = data.draw(st.sampled_from(sorted(self.offered[ns])))
+        cached = self.m.peek_prefix_len(list(prefix), namespace=ns)
+        pinned = self.m.pin(list(prefix), ttl, namespace=ns)
+        assert pinned * self.ps <= cached
+        if pinned:
+            self.pins.append((ns, tuple(prefix[: pinned * self.ps]), self.clock.now + ttl))
+
+    @rule(dt=st.floats(0, 60))
+    def advance_clock(self, dt: float) -> None:
+        self.clock.now += dt
+
+    @rule(tokens=token_lists)
+    def bad_calls(self, tokens: list[int]) -> None:
+        before = self.snapshot()
+        ghost = 10**9
+        for call, error in [
+            (lambda: self.m.append(ghost, tokens), UnknownSequenceError),
+            (lambda: self.m.free_sequence(ghost), UnknownSequenceError),
+            (lambda: self.m.fork(ghost, ghost + 1), UnknownSequenceError),
+            (lambda: self.m.page_table([*self.seqs, ghost]), UnknownSequenceError),
+            (lambda: self.m.slot_mapping(ghost, 1), UnknownSequenceError),
+            (lambda: self.m.add_sequence(ghost, []), InvalidArgumentError),
+            (lambda: self.m.add_sequence(ghost, [1, -2]), InvalidArgumentError),
+            (lambda: self.m.add_sequence(ghost, np.array(tokens, dtype=np.float32)), InvalidDTypeError),
+            (lambda: self.m.evict(-1), InvalidArgumentError),
+        ]:
+            try:
+                call()
+            except error:
+                pass
+            else:
+                raise AssertionError(f"{error.__name__} not raised")
+            assert self.snapshot() == before
+        if self.seqs:
+            sid = min(self.seqs)
+            for call, error in [
+                (lambda: self.m.add_sequence(sid, tokens), DuplicateSequenceError),
+                (lambda: self.m.fork(sid, sid), DuplicateSequenceError),
+                (lambda: self.m.slot_mapping(sid, len(self.seqs[sid].tokens) + 1), InvalidArgumentError),
+            ]:
+                try:
+                    call()
+                except error:
+                    pass
+                else:
+                    raise AssertionError(f"{error.__name__} not raised")
+                assert self.snapshot() == before
+
+    # ----- invariants -----
+
+    @invariant()
+    def page_tables_cover_exactly_the_tokens(self) -> None:
+        if not hasattr(self, "m"):
+            return
+        ids = sorted(self.seqs)
+        pt = self.m.page_table(ids)
+        assert pt.kv_indptr.dtype == pt.kv_indices.dtype == pt.kv_last_page_len.dtype == np.int32
+        assert len(pt.kv_indptr) == len(ids) + 1 and pt.kv_indptr[0] == 0
+        for i, sid in enumerate(ids):
+            n = len(self.seqs[sid].tokens)
+            assert self.m.seq_len(sid) == n
+            pages = pt.kv_indices[pt.kv_indptr[i] : pt.kv_indptr[i + 1]]
+            assert len(pages) == -(-n // self.ps)
+            assert pt.kv_last_page_len[i] == n - (len(pages) - 1) * self.ps
+            assert pages.tolist() == self.m.seq_pages(sid).tolist()
+            assert (pages > 0).all()
+            slots = self.m.slot_mapping(sid, n)
+            assert slots.dtype == np.int64
+            expected = pages.astype(np.int64).repeat(self.ps)[:n] * self.ps + np.arange(n) % self.ps
+            assert slots.tolist() == expected.tolist()
+
+    @invariant()
+    def ref_counts_equal_owners(self) -> None:
+        if not hasattr(self, "m"):
+            return
+        tree = set(self.m.cached_pages().tolist())
+        owners = dict.fromkeys(range(1, self.num_pages), 0)
+        for p in tree:
+            owners[p] += 1
+        for sid in self.seqs:
+            for p in self.m.seq_pages(sid).tolist():
+                owners[p] += 1
+        for p, n in owners.items():
+            assert self.m.ref_count(p) == n, f"page {p}: {self.m.ref_count(p)} refs, {n} owners"
+        stats = self.m.stats()
+        assert stats.num_pages_free == sum(1 for n in owners.values() if n == 0)
+        split = stats.num_pages_in_use + stats.num_pages_cached + stats.num_pages_pinned + stats.num_pages_free
+        assert split == stats.num_pages_total == self.num_pages - 1
+        assert stats.num_sequences == len(self.seqs)
+        assert stats.num_pages_cached + stats.num_pages_pinned <= len(tree)
+
+    @invariant()
+    def locked_and_pinned_pages_stay_cached(self) -> None:
+        if not hasattr(self, "m"):
+            return
+        tree = set(self.m.cached_pages().tolist())
+        for seq in self.seqs.values():
+            assert seq.tree_pages <= tree, "a page locked by a live sequence was evicted"
+        for sid, seq in self.seqs.items():
+            seq.tree_pages |= set(self.m.seq_pages(sid).tolist()) & tree
+        self.pins = [p for p in self.pins if p[2] > self.clock.now]
+        for ns, prefix, _ in self.pins:
+            assert self.m.peek_prefix_len(list(prefix), namespace=ns) >= len(prefix), "a pinned page was evicted"
+
+    @invariant()
+    def same_prefix_same_tree_page(self) -> None:
+        """Two live sequences of one namespace holding tree pages for the same prefix hold the same page."""
+        if not hasattr(self, "m"):
+            return
+        tree = set(self.m.cached_pages().tolist())
+        seen: dict[tuple[object, ...], int] = {}
+        for sid, seq in self.seqs.items():
+            pages = self.m.seq_pages(sid).tolist()
+            for k in range(len(seq.tokens) // self.ps):
+                if pages[k] in tree:
+                    key = (seq.ns, tuple(seq.tokens[: (k + 1) * self.ps]))
+                    assert seen.setdefault(key, pages[k]) == pages[k], f"two cached pages for {key}"
+
+
+ManagerMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
+TestManagerMachine = ManagerMachine.TestCase
