@@ -137,9 +137,9 @@ impl PageAllocator {
         for s in 0..num_shards {
             let start = 1 + usable * s / num_shards;
             let end = 1 + usable * (s + 1) / num_shards;
-            for page in start..end {
+            for (page, link) in links.iter_mut().enumerate().take(end).skip(start) {
                 let next = if page + 1 < end { page + 1 } else { 0 };
-                links[page] = pack((end - page) as u32, next as u32);
+                *link = pack((end - page) as u32, next as u32);
             }
             tops.push(if start < end { start as u32 } else { NULL_PAGE });
         }
