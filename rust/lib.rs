@@ -1,6 +1,6 @@
 //! kvcore: the core of a KV-cache manager for LLM serving.
 //!
-//! Pure Rust; the PyO3 bindings live in [`py`] behind the `python` feature, so `cargo test` needs no
+//! Pure Rust; the PyO3 bindings live in `rust/py/` behind the `python` feature, so `cargo test` needs no
 //! Python. Modules, by the vocabulary of SPEC.md:
 //! - [`allocator`]: the lock-free page allocator with per-page reference counts (F2).
 //! - [`radix`]: the page-granular, ref-counted radix tree for prefix sharing, with namespaces (F3, F4).

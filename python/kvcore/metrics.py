@@ -30,7 +30,11 @@ def metrics_text(stats: CacheStats, prefix: str = "kvcore") -> str:
     ]
     for name, help_text in _COUNTERS:
         metric = f"{prefix}_{name.removeprefix('num_')}_total"
-        lines += [f"# HELP {metric} {help_text}", f"# TYPE {metric} counter", f"{metric} {getattr(stats, name)}"]
+        lines += [
+            f"# HELP {metric} {help_text}",
+            f"# TYPE {metric} counter",
+            f"{metric} {getattr(stats, name)}",
+        ]
     lines += [
         f"# HELP {prefix}_prefix_hit_rate Cached fraction of looked-up prompt tokens.",
         f"# TYPE {prefix}_prefix_hit_rate gauge",

@@ -113,7 +113,9 @@ impl PageAllocator {
     pub fn new(num_pages: usize) -> KvResult<Self> {
         let cores = std::thread::available_parallelism().map_or(1, usize::from);
         let by_size = (num_pages / MIN_PAGES_PER_SHARD).max(1);
-        Self::with_shards(num_pages, cores.min(by_size).min(MAX_SHARDS))
+        let shards = cores.min(by_size).min(MAX_SHARDS);
+        // A power of two, so that picking a thread's shard is a mask.
+        Self::with_shards(num_pages, 1 << shards.ilog2())
     }
 
     /// A pool with an explicit number of shards (1 gives a single global stack).
@@ -144,8 +146,18 @@ impl PageAllocator {
             tops.push(if start < end { start as u32 } else { NULL_PAGE });
         }
         let link = links.into_iter().map(AtomicU64::new).collect();
-        let shards = tops.into_iter().map(|top| Shard { head: AtomicU64::new(pack(0, top)) }).collect();
-        Ok(Self { num_pages: num_pages as u32, ref_cnt, link, shards })
+        let shards = tops
+            .into_iter()
+            .map(|top| Shard {
+                head: AtomicU64::new(pack(0, top)),
+            })
+            .collect();
+        Ok(Self {
+            num_pages: num_pages as u32,
+            ref_cnt,
+            link,
+            shards,
+        })
     }
 
     /// Pages in the pool, the null page included.
@@ -195,7 +207,7 @@ impl PageAllocator {
         if n == 0 {
             return Ok(true);
         }
-        let home = home % self.shards.len();
+        let home = self.reduce(home);
         if self.pop(&self.shards[home], out, true) != n && !self.allocate_slow(home, out) {
             return Ok(false);
         }
@@ -212,7 +224,11 @@ impl PageAllocator {
         let num_shards = self.shards.len();
         let mut got = 0;
         for i in 0..num_shards {
-            got += self.pop(&self.shards[(home + i) % num_shards], &mut out[got..], false);
+            got += self.pop(
+                &self.shards[(home + i) % num_shards],
+                &mut out[got..],
+                false,
+            );
             if got == out.len() {
                 return true;
             }
@@ -233,7 +249,7 @@ impl PageAllocator {
     #[doc(hidden)]
     pub fn free_from(&self, home: usize, pages: &[PageId]) -> KvResult<()> {
         self.check_pages(pages)?;
-        let shard = &self.shards[home % self.shards.len()];
+        let shard = &self.shards[self.reduce(home)];
         // Pages reaching zero are linked privately, each on top of the previous one, with depths
         // computed against the head seen now; if the head is unchanged at publication (the common
         // case) one CAS publishes the chain as built.
@@ -265,7 +281,12 @@ impl PageAllocator {
                             }
                         )));
                     }
-                    match cnt.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
+                    match cnt.compare_exchange_weak(
+                        cur,
+                        cur - 1,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    ) {
                         Ok(_) => break,
                         Err(now) => cur = now,
                     }
@@ -283,7 +304,11 @@ impl PageAllocator {
         if len > 0 {
             let new_head = pack(hi(head).wrapping_add(1), first);
             // Release publishes the links just written to the next pop's Acquire.
-            if shard.head.compare_exchange(head, new_head, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            if shard
+                .head
+                .compare_exchange(head, new_head, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+            {
                 self.push_chain(shard, first, len);
             }
         }
@@ -305,9 +330,13 @@ impl PageAllocator {
             let mut cur = cnt.load(Ordering::Relaxed);
             loop {
                 let err = if cur == 0 {
-                    Some(KvError::DoubleFree(format!("cannot retain page {page} (position {i}): it is free")))
+                    Some(KvError::DoubleFree(format!(
+                        "cannot retain page {page} (position {i}): it is free"
+                    )))
                 } else if cur == u32::MAX {
-                    Some(KvError::InvalidArgument(format!("page {page} already has {cur} references")))
+                    Some(KvError::InvalidArgument(format!(
+                        "page {page} already has {cur} references"
+                    )))
                 } else {
                     None
                 };
@@ -318,7 +347,8 @@ impl PageAllocator {
                     return Err(err);
                 }
                 // Relaxed: taking a reference from a held one publishes nothing new.
-                match cnt.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed) {
+                match cnt.compare_exchange_weak(cur, cur + 1, Ordering::Relaxed, Ordering::Relaxed)
+                {
                     Ok(_) => break,
                     Err(now) => cur = now,
                 }
@@ -330,10 +360,14 @@ impl PageAllocator {
     fn check_page(&self, page: PageId, position: usize) -> KvResult<()> {
         if page == NULL_PAGE || page >= self.num_pages {
             let shown = page as i32; // ids come from int32 arrays: show -1, not 4294967295
-            let why = if page == NULL_PAGE { "is the reserved null page" } else { "is out of range" };
+            let why = if page == NULL_PAGE {
+                "is the reserved null page"
+            } else {
+                "is out of range"
+            };
             return Err(KvError::InvalidPage(format!(
-                "page {shown} (position {position}) {why}; valid pages are 1..{}",
-                self.num_pages
+                "page {shown} (position {position}) {why}; valid pages are 1..={}",
+                self.num_pages - 1
             )));
         }
         Ok(())
@@ -344,8 +378,11 @@ impl PageAllocator {
         if pages.iter().all(|&p| p != NULL_PAGE && p < self.num_pages) {
             return Ok(());
         }
-        let (i, &page) =
-            pages.iter().enumerate().find(|(_, &p)| p == NULL_PAGE || p >= self.num_pages).unwrap_or((0, &0));
+        let (i, &page) = pages
+            .iter()
+            .enumerate()
+            .find(|(_, &p)| p == NULL_PAGE || p >= self.num_pages)
+            .unwrap_or((0, &0));
         self.check_page(page, i)
     }
 
@@ -407,7 +444,11 @@ impl PageAllocator {
                 page = lo(self.link[page as usize].load(Ordering::Relaxed));
             }
             let new_head = pack(hi(head).wrapping_add(1), page);
-            if shard.head.compare_exchange_weak(head, new_head, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            if shard
+                .head
+                .compare_exchange_weak(head, new_head, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
                 return want;
             }
         }
@@ -422,7 +463,11 @@ impl PageAllocator {
             // Depths are relative to the stack we land on, so they are rewritten on every attempt.
             let mut page = first;
             for k in 0..len {
-                let next = if k + 1 == len { top } else { lo(self.link[page as usize].load(Ordering::Relaxed)) };
+                let next = if k + 1 == len {
+                    top
+                } else {
+                    lo(self.link[page as usize].load(Ordering::Relaxed))
+                };
                 self.link[page as usize].store(pack(base + len - k, next), Ordering::Relaxed);
                 page = next;
             }
@@ -450,6 +495,18 @@ impl PageAllocator {
         }
     }
 
+    /// `index` modulo the shard count; a mask when it is a power of two (as `new` makes it), since a
+    /// division would cost more than the rest of a one-page allocation.
+    #[inline]
+    fn reduce(&self, index: usize) -> usize {
+        let n = self.shards.len();
+        if n.is_power_of_two() {
+            index & (n - 1)
+        } else {
+            index % n
+        }
+    }
+
     /// The calling thread's home shard.
     #[cfg(not(loom))]
     fn home_shard(&self) -> usize {
@@ -468,7 +525,7 @@ impl PageAllocator {
             }
             index
         });
-        index % self.shards.len()
+        self.reduce(index)
     }
 
     /// Under loom, models pick shards explicitly through the `*_from` methods; the default is 0.

@@ -150,7 +150,10 @@ impl KVCacheManager {
                 tree,
                 seqs: HashMap::new(),
                 namespaces: HashMap::new(),
-                stats: CacheStats { num_pages_total: config.num_pages - 1, ..CacheStats::default() },
+                stats: CacheStats {
+                    num_pages_total: config.num_pages - 1,
+                    ..CacheStats::default()
+                },
                 pending_copies: Vec::new(),
                 evicted: Vec::new(),
             }),
@@ -187,16 +190,22 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.seqs.contains_key(&seq_id) {
-            return Err(KvError::DuplicateSequence(format!("sequence {seq_id} already exists")));
+            return Err(KvError::DuplicateSequence(format!(
+                "sequence {seq_id} already exists"
+            )));
         }
         if prompt.is_empty() {
-            return Err(KvError::InvalidArgument(format!("sequence {seq_id}: the prompt is empty")));
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id}: the prompt is empty"
+            )));
         }
         let ns = st.namespace(namespace);
         let ps = self.page_size;
         let num_pages = prompt.len().div_ceil(ps);
         let mut pages = Vec::with_capacity(num_pages);
-        let hit = st.tree.match_prefix(ns, &prompt[..prompt.len() - 1], priority, now, &mut pages);
+        let hit = st
+            .tree
+            .match_prefix(ns, &prompt[..prompt.len() - 1], priority, now, &mut pages);
         st.tree.lock(hit.node).map_err(internal)?;
         if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
             st.tree.unlock(hit.node).map_err(internal)?;
@@ -204,15 +213,31 @@ impl KVCacheManager {
             return Ok(None);
         }
         // The sequence's own references on the pages it shares with the tree.
-        self.alloc.retain(&pages[..hit.num_pages]).map_err(internal)?;
+        self.alloc
+            .retain(&pages[..hit.num_pages])
+            .map_err(internal)?;
         let full = prompt.len() / ps;
-        let node = self.cache_pages(st, ns, priority, now, &prompt[..full * ps], &pages[..full])?;
+        let from = hit.num_pages; // <= full: the match stops before the last token
+        let (tokens, fresh) = (&prompt[from * ps..full * ps], &pages[from..full]);
+        let ins = st
+            .tree
+            .extend(ns, hit.node, tokens, fresh, priority, now)
+            .map_err(internal)?;
+        self.alloc.retain(&fresh[ins.adopted()]).map_err(internal)?;
+        st.tree.lock(ins.node).map_err(internal)?;
         st.tree.unlock(hit.node).map_err(internal)?;
         st.stats.prefix_query_tokens += prompt.len() as u64;
         st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
         st.seqs.insert(
             seq_id,
-            Sequence { ns, priority, tokens: prompt.to_vec(), pages, num_inserted_pages: full, node },
+            Sequence {
+                ns,
+                priority,
+                tokens: prompt.to_vec(),
+                pages,
+                num_inserted_pages: full,
+                node: ins.node,
+            },
         );
         Ok(Some(hit.num_pages * ps))
     }
@@ -251,18 +276,20 @@ impl KVCacheManager {
         seq.pages.extend(fresh);
         seq.tokens.extend_from_slice(tokens);
         let full = new_len / ps;
-        if full > seq.num_inserted_pages {
+        let done = seq.num_inserted_pages;
+        if full > done {
             let (ns, priority, old_node) = (seq.ns, seq.priority, seq.node);
-            let seq_tokens = std::mem::take(&mut seq.tokens);
-            let seq_pages = std::mem::take(&mut seq.pages);
-            let node = self.cache_pages(st, ns, priority, now, &seq_tokens[..full * ps], &seq_pages[..full]);
-            let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
-            seq.tokens = seq_tokens;
-            seq.pages = seq_pages;
-            let node = node?;
-            seq.node = node;
-            seq.num_inserted_pages = full;
+            let (tokens, pages) = (&seq.tokens[done * ps..full * ps], &seq.pages[done..full]);
+            // Split borrows: the tree and the allocator are touched, never the sequence map.
+            let ins = st
+                .tree
+                .extend(ns, old_node, tokens, pages, priority, now)
+                .map_err(internal)?;
+            self.alloc.retain(&pages[ins.adopted()]).map_err(internal)?;
+            st.tree.lock(ins.node).map_err(internal)?;
             st.tree.unlock(old_node).map_err(internal)?;
+            seq.node = ins.node;
+            seq.num_inserted_pages = full;
         }
         Ok(true)
     }
@@ -273,7 +300,9 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.seqs.contains_key(&child) {
-            return Err(KvError::DuplicateSequence(format!("sequence {child} already exists")));
+            return Err(KvError::DuplicateSequence(format!(
+                "sequence {child} already exists"
+            )));
         }
         let seq = st.seqs.get(&parent).ok_or_else(|| unknown(parent))?.clone();
         self.alloc.retain(&seq.pages).map_err(internal)?;
@@ -305,7 +334,9 @@ impl KVCacheManager {
             total += guard.seqs.get(&id).ok_or_else(|| unknown(id))?.pages.len();
         }
         if total > i32::MAX as usize {
-            return Err(KvError::InvalidArgument(format!("page table of {total} pages exceeds int32")));
+            return Err(KvError::InvalidArgument(format!(
+                "page table of {total} pages exceeds int32"
+            )));
         }
         let buf = out(seq_ids.len(), total);
         let ps = self.page_size;
@@ -357,7 +388,13 @@ impl KVCacheManager {
 
     /// Keep the cached prefix of `tokens` in `namespace` resident until `now + ttl`. Returns the
     /// pages pinned. Err (nothing changed) if the pin budget would be exceeded.
-    pub fn pin(&self, tokens: &[u32], ttl: u64, namespace: Option<&str>, now: u64) -> KvResult<usize> {
+    pub fn pin(
+        &self,
+        tokens: &[u32],
+        ttl: u64,
+        namespace: Option<&str>,
+        now: u64,
+    ) -> KvResult<usize> {
         let mut guard = self.state.lock();
         let ns = guard.namespace(namespace);
         guard.tree.pin(ns, tokens, ttl, now)
@@ -408,12 +445,26 @@ impl KVCacheManager {
 
     /// Tokens of `seq_id`.
     pub fn seq_len(&self, seq_id: SeqId) -> KvResult<usize> {
-        Ok(self.state.lock().seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?.tokens.len())
+        Ok(self
+            .state
+            .lock()
+            .seqs
+            .get(&seq_id)
+            .ok_or_else(|| unknown(seq_id))?
+            .tokens
+            .len())
     }
 
     /// The page table of one sequence (a copy; for tests and debugging).
     pub fn seq_pages(&self, seq_id: SeqId) -> KvResult<Vec<PageId>> {
-        Ok(self.state.lock().seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?.pages.clone())
+        Ok(self
+            .state
+            .lock()
+            .seqs
+            .get(&seq_id)
+            .ok_or_else(|| unknown(seq_id))?
+            .pages
+            .clone())
     }
 
     /// Every page the tree holds (for invariant checks).
@@ -455,22 +506,6 @@ impl KVCacheManager {
         st.stats.num_evicted_pages += n as u64;
         Ok(n)
     }
-
-    /// Offer full pages to the tree; retain the ones it adopts and lock the node covering them.
-    fn cache_pages(
-        &self,
-        st: &mut State,
-        ns: Namespace,
-        priority: i32,
-        now: u64,
-        tokens: &[u32],
-        pages: &[PageId],
-    ) -> KvResult<NodeId> {
-        let ins = st.tree.insert(ns, tokens, pages, priority, now).map_err(internal)?;
-        self.alloc.retain(&pages[ins.adopted()]).map_err(internal)?;
-        st.tree.lock(ins.node).map_err(internal)?;
-        Ok(ins.node)
-    }
 }
 
 impl State {
@@ -506,7 +541,10 @@ mod tests {
 
     fn check_split(m: &KVCacheManager) {
         let s = m.stats(0);
-        assert_eq!(s.num_pages_in_use + s.num_pages_cached + s.num_pages_pinned + s.num_pages_free, s.num_pages_total);
+        assert_eq!(
+            s.num_pages_in_use + s.num_pages_cached + s.num_pages_pinned + s.num_pages_free,
+            s.num_pages_total
+        );
     }
 
     #[test]
@@ -523,7 +561,10 @@ mod tests {
         assert_eq!(m.allocator().ref_count(a[0]).unwrap(), 3); // tree + two sequences
         check_split(&m);
         // Another namespace sees nothing.
-        assert_eq!(m.add_sequence(3, &prompt, Some("tenant-b"), 0, 0).unwrap(), Some(0));
+        assert_eq!(
+            m.add_sequence(3, &prompt, Some("tenant-b"), 0, 0).unwrap(),
+            Some(0)
+        );
         check_split(&m);
     }
 
@@ -551,7 +592,10 @@ mod tests {
         assert_eq!(m.add_sequence(2, &[9; 8], None, 0, 0).unwrap(), None);
         assert!(!m.contains(2));
         let after = m.stats(0);
-        assert_eq!((before.num_pages_free, before.num_pages_cached), (after.num_pages_free, after.num_pages_cached));
+        assert_eq!(
+            (before.num_pages_free, before.num_pages_cached),
+            (after.num_pages_free, after.num_pages_cached)
+        );
         m.free_sequence(1).unwrap();
         assert_eq!(m.stats(0).num_pages_cached, 3);
         assert_eq!(m.add_sequence(2, &[9; 16], None, 0, 0).unwrap(), Some(0)); // evicts

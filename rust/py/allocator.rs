@@ -28,14 +28,21 @@ impl PyPageAllocator {
     }
 
     /// `n` distinct pages (int32 array, each with one reference), or None when fewer are free.
-    fn allocate<'py>(&self, py: Python<'py>, n: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+    fn allocate<'py>(
+        &self,
+        py: Python<'py>,
+        n: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
         let n = count_arg(n, "n")?;
         if n > self.inner.num_pages() - 1 {
             // Checked before creating the output so an absurd n never allocates memory.
             return Err(kv_exception(
                 py,
                 "InvalidArgumentError",
-                format!("cannot allocate {n} pages from a pool of {} usable pages", self.inner.num_pages() - 1),
+                format!(
+                    "cannot allocate {n} pages from a pool of {} usable pages",
+                    self.inner.num_pages() - 1
+                ),
             ));
         }
         let (array, out) = new_page_array(py, n);
@@ -74,13 +81,17 @@ impl PyPageAllocator {
     /// References held on `page` (0 when free).
     fn ref_count(&self, page: &Bound<'_, PyAny>) -> PyResult<u32> {
         let py = page.py();
-        let value: i64 =
-            page.extract().map_err(|_| kv_exception(py, "InvalidDTypeError", "page must be an integer".into()))?;
+        let value: i64 = page
+            .extract()
+            .map_err(|_| kv_exception(py, "InvalidDTypeError", "page must be an integer".into()))?;
         let page = PageId::try_from(value).map_err(|_| {
             kv_exception(
                 py,
                 "InvalidPageError",
-                format!("page {value} is out of range; valid pages are 1..{}", self.inner.num_pages()),
+                format!(
+                    "page {value} is out of range; valid pages are 1..={}",
+                    self.inner.num_pages() - 1
+                ),
             )
         })?;
         Ok(self.inner.ref_count(page)?)
@@ -105,6 +116,10 @@ impl PyPageAllocator {
     }
 
     fn __repr__(&self) -> String {
-        format!("PageAllocator(num_pages={}, num_free={})", self.inner.num_pages(), self.inner.num_free())
+        format!(
+            "PageAllocator(num_pages={}, num_free={})",
+            self.inner.num_pages(),
+            self.inner.num_free()
+        )
     }
 }

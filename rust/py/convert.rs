@@ -45,7 +45,11 @@ pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
     let py = obj.py();
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
         if !array.is_contiguous() {
-            return Err(kv_exception(py, "InvalidDTypeError", "page ids must be a contiguous array".into()));
+            return Err(kv_exception(
+                py,
+                "InvalidDTypeError",
+                "page ids must be a contiguous array".into(),
+            ));
         }
         if array.len() >= DETACH_MIN_PAGES {
             return Ok(PageIds::Tracked(array.readonly()));
@@ -56,16 +60,28 @@ pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
         let message = format!(
             "page ids must be a 1-D int32 array, got a {}-D {} array",
             array.ndim(),
-            array.dtype().str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into())
+            array
+                .dtype()
+                .str()
+                .map(|s| s.to_string())
+                .unwrap_or_else(|_| "?".into())
         );
         return Err(kv_exception(py, "InvalidDTypeError", message));
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
         return obj.extract::<Vec<i32>>().map(PageIds::Vec).map_err(|_| {
-            kv_exception(py, "InvalidDTypeError", "page ids must be integers that fit int32".into())
+            kv_exception(
+                py,
+                "InvalidDTypeError",
+                "page ids must be integers that fit int32".into(),
+            )
         });
     }
-    let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
     Err(kv_exception(
         py,
         "InvalidDTypeError",
@@ -76,15 +92,27 @@ pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
 /// An integer count argument (`n`); non-integers raise `InvalidDTypeError`, negatives `InvalidArgumentError`.
 pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     let py = obj.py();
-    let value: i64 = obj
-        .extract()
-        .map_err(|_| kv_exception(py, "InvalidDTypeError", format!("{name} must be an integer")))?;
-    usize::try_from(value)
-        .map_err(|_| kv_exception(py, "InvalidArgumentError", format!("{name} must be >= 0, got {value}")))
+    let value: i64 = obj.extract().map_err(|_| {
+        kv_exception(
+            py,
+            "InvalidDTypeError",
+            format!("{name} must be an integer"),
+        )
+    })?;
+    usize::try_from(value).map_err(|_| {
+        kv_exception(
+            py,
+            "InvalidArgumentError",
+            format!("{name} must be >= 0, got {value}"),
+        )
+    })
 }
 
 /// A fresh, uninitialised `int32` array of `len` elements and a mutable view of it as `PageId`s.
-pub(crate) fn new_page_array<'py>(py: Python<'py>, len: usize) -> (Bound<'py, PyArray1<i32>>, &'py mut [PageId]) {
+pub(crate) fn new_page_array<'py>(
+    py: Python<'py>,
+    len: usize,
+) -> (Bound<'py, PyArray1<i32>>, &'py mut [PageId]) {
     // SAFETY: the array is created here and not yet shared with Python, so no other view of its
     // memory exists; the caller writes every element before returning it.
     let array = unsafe { PyArray1::<i32>::new(py, len, false) };
@@ -133,13 +161,23 @@ fn bad_tokens(py: Python<'_>, what: &str) -> PyErr {
 /// Accept token ids; anything else raises `InvalidDTypeError`, negative ids `InvalidArgumentError`.
 pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
     let py = obj.py();
-    let negative = || kv_exception(py, "InvalidArgumentError", "token ids must be non-negative".into());
+    let negative = || {
+        kv_exception(
+            py,
+            "InvalidArgumentError",
+            "token ids must be non-negative".into(),
+        )
+    };
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
         if !array.is_contiguous() {
             return Err(bad_tokens(py, "a non-contiguous array"));
         }
         // SAFETY: contiguous (checked), read while attached.
-        if unsafe { array.as_slice() }.unwrap_or(&[]).iter().any(|&t| t < 0) {
+        if unsafe { array.as_slice() }
+            .unwrap_or(&[])
+            .iter()
+            .any(|&t| t < 0)
+        {
             return Err(negative());
         }
         return Ok(Tokens::Attached(array.clone()));
@@ -165,17 +203,36 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
         return Ok(Tokens::Vec(out));
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        let dtype = array.dtype().str().map(|s| s.to_string()).unwrap_or_else(|_| "?".into());
-        return Err(bad_tokens(py, &format!("a {}-D {dtype} array", array.ndim())));
+        let dtype = array
+            .dtype()
+            .str()
+            .map(|s| s.to_string())
+            .unwrap_or_else(|_| "?".into());
+        return Err(bad_tokens(
+            py,
+            &format!("a {}-D {dtype} array", array.ndim()),
+        ));
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        let ids: Vec<i64> = obj.extract().map_err(|_| bad_tokens(py, "a sequence with non-integers"))?;
+        let ids: Vec<i64> = obj
+            .extract()
+            .map_err(|_| bad_tokens(py, "a sequence with non-integers"))?;
         let mut out = Vec::with_capacity(ids.len());
         for t in ids {
-            out.push(u32::try_from(t).map_err(|_| if t < 0 { negative() } else { bad_tokens(py, "an id >= 2**32") })?);
+            out.push(u32::try_from(t).map_err(|_| {
+                if t < 0 {
+                    negative()
+                } else {
+                    bad_tokens(py, "an id >= 2**32")
+                }
+            })?);
         }
         return Ok(Tokens::Vec(out));
     }
-    let type_name = obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "?".into());
+    let type_name = obj
+        .get_type()
+        .name()
+        .map(|n| n.to_string())
+        .unwrap_or_else(|_| "?".into());
     Err(bad_tokens(py, &type_name))
 }

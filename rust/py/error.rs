@@ -15,8 +15,11 @@ static EXCEPTIONS: PyOnceLock<Py<PyModule>> = PyOnceLock::new();
 
 /// An exception of class `kvcore.exceptions.<class_name>` carrying `message`.
 pub(crate) fn kv_exception(py: Python<'_>, class_name: &str, message: String) -> PyErr {
-    let module = EXCEPTIONS.get_or_try_init(py, || py.import("kvcore.exceptions").map(Bound::unbind));
-    let class = module.and_then(|m| m.bind(py).getattr(class_name)).and_then(|c| Ok(c.cast_into::<PyType>()?));
+    let module =
+        EXCEPTIONS.get_or_try_init(py, || py.import("kvcore.exceptions").map(Bound::unbind));
+    let class = module
+        .and_then(|m| m.bind(py).getattr(class_name))
+        .and_then(|c| Ok(c.cast_into::<PyType>()?));
     match class {
         Ok(class) => PyErr::from_type(class, message),
         // Only reachable if the Python half of the package is broken; still never a panic.

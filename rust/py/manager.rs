@@ -16,8 +16,18 @@ static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static CACHE_STATS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static METRICS_TEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
-fn python_attr<'py>(py: Python<'py>, cell: &PyOnceLock<Py<PyAny>>, module: &str, name: &str) -> PyResult<Bound<'py, PyAny>> {
-    Ok(cell.get_or_try_init(py, || Ok::<_, PyErr>(py.import(module)?.getattr(name)?.unbind()))?.bind(py).clone())
+fn python_attr<'py>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Py<PyAny>>,
+    module: &str,
+    name: &str,
+) -> PyResult<Bound<'py, PyAny>> {
+    Ok(cell
+        .get_or_try_init(py, || {
+            Ok::<_, PyErr>(py.import(module)?.getattr(name)?.unbind())
+        })?
+        .bind(py)
+        .clone())
 }
 
 /// The KV-cache manager an engine's scheduler talks to every step (see `kvcore.manager` and SPEC.md).
@@ -37,7 +47,11 @@ impl PyKVCacheManager {
             Some(clock) => {
                 let seconds: f64 = clock.bind(py).call0()?.extract()?;
                 if !seconds.is_finite() || seconds < 0.0 {
-                    return Err(kv_exception(py, "InvalidArgumentError", format!("clock returned {seconds}")));
+                    return Err(kv_exception(
+                        py,
+                        "InvalidArgumentError",
+                        format!("clock returned {seconds}"),
+                    ));
                 }
                 Ok((seconds * 1e6) as u64)
             }
@@ -47,7 +61,11 @@ impl PyKVCacheManager {
 
 fn seconds_to_micros(py: Python<'_>, seconds: f64, name: &str) -> PyResult<u64> {
     if !seconds.is_finite() || seconds < 0.0 {
-        return Err(kv_exception(py, "InvalidArgumentError", format!("{name} must be a finite number >= 0, got {seconds}")));
+        return Err(kv_exception(
+            py,
+            "InvalidArgumentError",
+            format!("{name} must be a finite number >= 0, got {seconds}"),
+        ));
     }
     Ok((seconds * 1e6) as u64)
 }
@@ -65,20 +83,37 @@ impl PyKVCacheManager {
         clock: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
-            kv_exception(py, "InvalidArgumentError", format!("eviction must be 'lru', 'lfu' or 'priority', got {eviction:?}"))
+            kv_exception(
+                py,
+                "InvalidArgumentError",
+                format!("eviction must be 'lru', 'lfu' or 'priority', got {eviction:?}"),
+            )
         })?;
         let config = ManagerConfig {
             num_pages: count_arg(num_pages, "num_pages")?,
-            page_size: page_size.map(|p| count_arg(p, "page_size")).transpose()?.unwrap_or(16),
+            page_size: page_size
+                .map(|p| count_arg(p, "page_size"))
+                .transpose()?
+                .unwrap_or(16),
             policy,
-            pin_budget_pages: pin_budget_pages.map(|b| count_arg(b, "pin_budget_pages")).transpose()?,
+            pin_budget_pages: pin_budget_pages
+                .map(|b| count_arg(b, "pin_budget_pages"))
+                .transpose()?,
         };
         if let Some(clock) = &clock {
             if !clock.bind(py).is_callable() {
-                return Err(kv_exception(py, "InvalidArgumentError", "clock must be callable".into()));
+                return Err(kv_exception(
+                    py,
+                    "InvalidArgumentError",
+                    "clock must be callable".into(),
+                ));
             }
         }
-        Ok(Self { inner: KVCacheManager::new(config)?, clock, epoch: Instant::now() })
+        Ok(Self {
+            inner: KVCacheManager::new(config)?,
+            clock,
+            epoch: Instant::now(),
+        })
     }
 
     /// Admit `seq_id` with its prompt: the number of prompt tokens already cached, or None (nothing
@@ -94,13 +129,24 @@ impl PyKVCacheManager {
     ) -> PyResult<Option<usize>> {
         let prompt = tokens(prompt_tokens)?;
         let now = self.now(py)?;
-        Ok(self.inner.add_sequence(seq_id, prompt.as_slice(), namespace, priority, now)?)
+        Ok(self
+            .inner
+            .add_sequence(seq_id, prompt.as_slice(), namespace, priority, now)?)
     }
 
     /// Reserve slots for generated tokens; False (nothing changed) if there is no room.
-    fn append(&self, py: Python<'_>, seq_id: SeqId, new_tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
+    fn append(
+        &self,
+        py: Python<'_>,
+        seq_id: SeqId,
+        new_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
         let new_tokens = tokens(new_tokens)?;
-        let now = if self.clock.is_some() { self.now(py)? } else { 0 };
+        let now = if self.clock.is_some() {
+            self.now(py)?
+        } else {
+            0
+        };
         Ok(self.inner.append(seq_id, new_tokens.as_slice(), now)?)
     }
 
@@ -137,12 +183,18 @@ impl PyKVCacheManager {
             arrays = Some((indptr, indices, last));
             out
         })?;
-        let (indptr, indices, last) = arrays.ok_or_else(|| kv_exception(py, "KVCoreError", "page table not built".into()))?;
+        let (indptr, indices, last) =
+            arrays.ok_or_else(|| kv_exception(py, "KVCoreError", "page table not built".into()))?;
         python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?.call1((indptr, indices, last))
     }
 
     /// The int64 slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`.
-    fn slot_mapping<'py>(&self, py: Python<'py>, seq_id: SeqId, num_tokens: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    fn slot_mapping<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: SeqId,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let n = count_arg(num_tokens, "num_tokens")?;
         let mut array = None;
         self.inner.slot_mapping(seq_id, n, |len| {
@@ -165,7 +217,13 @@ impl PyKVCacheManager {
 
     /// Keep the cached prefix of `tokens` resident for `ttl_s` seconds; returns pages pinned.
     #[pyo3(signature = (tokens, ttl_s, namespace = None))]
-    fn pin(&self, py: Python<'_>, tokens: &Bound<'_, PyAny>, ttl_s: f64, namespace: Option<&str>) -> PyResult<usize> {
+    fn pin(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        ttl_s: f64,
+        namespace: Option<&str>,
+    ) -> PyResult<usize> {
         let ids = super::convert::tokens(tokens)?;
         let ttl = seconds_to_micros(py, ttl_s, "ttl_s")?;
         let now = self.now(py)?;
@@ -181,15 +239,23 @@ impl PyKVCacheManager {
 
     /// Cached tokens a lookup of `tokens` would find now (whole pages; no side effects).
     #[pyo3(signature = (tokens, namespace = None))]
-    fn peek_prefix_len(&self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
+    fn peek_prefix_len(
+        &self,
+        tokens: &Bound<'_, PyAny>,
+        namespace: Option<&str>,
+    ) -> PyResult<usize> {
         let ids = super::convert::tokens(tokens)?;
         Ok(self.inner.peek_prefix_len(ids.as_slice(), namespace))
     }
 
     /// `[n, 2]` int32 `(src_page, dst_page)` copies queued by copy-on-write since the last call.
     fn take_pending_copies<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let pairs: Vec<Vec<i32>> =
-            self.inner.take_pending_copies().into_iter().map(|(s, d)| vec![s as i32, d as i32]).collect();
+        let pairs: Vec<Vec<i32>> = self
+            .inner
+            .take_pending_copies()
+            .into_iter()
+            .map(|(s, d)| vec![s as i32, d as i32])
+            .collect();
         if pairs.is_empty() {
             return Ok(PyArray2::<i32>::zeros(py, [0, 2], false));
         }
@@ -217,7 +283,9 @@ impl PyKVCacheManager {
     /// The stats in Prometheus text exposition format.
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
         let stats = self.stats(py)?;
-        python_attr(py, &METRICS_TEXT, "kvcore.metrics", "metrics_text")?.call1((stats,))?.extract()
+        python_attr(py, &METRICS_TEXT, "kvcore.metrics", "metrics_text")?
+            .call1((stats,))?
+            .extract()
     }
 
     /// Tokens of `seq_id`.
@@ -226,14 +294,30 @@ impl PyKVCacheManager {
     }
 
     /// The page table of one sequence (int32 copy).
-    fn seq_pages<'py>(&self, py: Python<'py>, seq_id: SeqId) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let pages: Vec<i32> = self.inner.seq_pages(seq_id)?.into_iter().map(|p| p as i32).collect();
+    fn seq_pages<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: SeqId,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let pages: Vec<i32> = self
+            .inner
+            .seq_pages(seq_id)?
+            .into_iter()
+            .map(|p| p as i32)
+            .collect();
         Ok(PyArray1::from_vec(py, pages))
     }
 
     /// Every page the prefix tree holds (int32, no particular order).
     fn cached_pages<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        PyArray1::from_vec(py, self.inner.cached_pages().into_iter().map(|p| p as i32).collect())
+        PyArray1::from_vec(
+            py,
+            self.inner
+                .cached_pages()
+                .into_iter()
+                .map(|p| p as i32)
+                .collect(),
+        )
     }
 
     /// Live sequence ids.
@@ -275,6 +359,10 @@ impl PyKVCacheManager {
     }
 
     fn __repr__(&self) -> String {
-        format!("KVCacheManager(num_pages={}, page_size={})", self.inner.num_pages(), self.inner.page_size())
+        format!(
+            "KVCacheManager(num_pages={}, page_size={})",
+            self.inner.num_pages(),
+            self.inner.page_size()
+        )
     }
 }

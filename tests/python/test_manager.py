@@ -210,7 +210,9 @@ def test_concurrent_callers_keep_the_books_exact() -> None:
         try:
             for i in range(300):
                 sid = tid * 10_000 + i
-                prompt = np.concatenate([shared, rng.integers(0, 50_000, rng.integers(1, 200))]).astype(np.int32)
+                prompt = np.concatenate([shared, rng.integers(0, 50_000, rng.integers(1, 200))]).astype(
+                    np.int32
+                )
                 if m.add_sequence(sid, prompt) is None:
                     continue
                 m.append(sid, rng.integers(0, 50_000, 20).astype(np.int32))

@@ -11,7 +11,12 @@ use proptest::prelude::*;
 
 /// Everything observable about an allocator: free count and every page's count.
 fn snapshot(a: &PageAllocator) -> (usize, Vec<u32>) {
-    (a.num_free(), (1..a.num_pages() as PageId).map(|p| a.ref_count(p).unwrap()).collect())
+    (
+        a.num_free(),
+        (1..a.num_pages() as PageId)
+            .map(|p| a.ref_count(p).unwrap())
+            .collect(),
+    )
 }
 
 #[test]
@@ -33,7 +38,11 @@ fn allocation_is_all_or_nothing() {
         let held = a.allocate(5).unwrap().unwrap();
         let before = snapshot(&a);
         assert_eq!(a.allocate(4).unwrap(), None, "{shards} shards");
-        assert_eq!(snapshot(&a), before, "a failed allocation took something ({shards} shards)");
+        assert_eq!(
+            snapshot(&a),
+            before,
+            "a failed allocation took something ({shards} shards)"
+        );
         assert_eq!(a.allocate(3).unwrap().map(|v| v.len()), Some(3));
         a.free(&held).unwrap();
         assert_eq!(a.num_free(), 5);
@@ -59,7 +68,10 @@ fn zero_pages_is_fine_and_too_many_is_an_error() {
     assert_eq!(a.allocate(0).unwrap(), Some(vec![]));
     assert!(matches!(a.allocate(5), Err(KvError::InvalidArgument(_))));
     assert_eq!(a.num_free(), 4);
-    assert!(matches!(PageAllocator::new(0), Err(KvError::InvalidArgument(_))));
+    assert!(matches!(
+        PageAllocator::new(0),
+        Err(KvError::InvalidArgument(_))
+    ));
     assert_eq!(PageAllocator::new(1).unwrap().num_free(), 0);
 }
 
@@ -70,13 +82,22 @@ fn bad_frees_change_nothing() {
     a.retain(&pages[..1]).unwrap(); // pages[0] has 2 references
     let before = snapshot(&a);
     let free_page = 7;
-    let cases: Vec<(Vec<PageId>, fn(&KvError) -> bool)> = vec![
+    type Case = (Vec<PageId>, fn(&KvError) -> bool);
+    let cases: Vec<Case> = vec![
         (vec![pages[1], 0], |e| matches!(e, KvError::InvalidPage(_))),
         (vec![pages[1], 8], |e| matches!(e, KvError::InvalidPage(_))),
-        (vec![pages[1], u32::MAX], |e| matches!(e, KvError::InvalidPage(_))),
-        (vec![pages[1], free_page], |e| matches!(e, KvError::DoubleFree(_))),
-        (vec![pages[2], pages[1], pages[1]], |e| matches!(e, KvError::DoubleFree(_))),
-        (vec![pages[0], pages[0], pages[0]], |e| matches!(e, KvError::DoubleFree(_))),
+        (vec![pages[1], u32::MAX], |e| {
+            matches!(e, KvError::InvalidPage(_))
+        }),
+        (vec![pages[1], free_page], |e| {
+            matches!(e, KvError::DoubleFree(_))
+        }),
+        (vec![pages[2], pages[1], pages[1]], |e| {
+            matches!(e, KvError::DoubleFree(_))
+        }),
+        (vec![pages[0], pages[0], pages[0]], |e| {
+            matches!(e, KvError::DoubleFree(_))
+        }),
     ];
     for (batch, is_expected) in cases {
         let err = a.free(&batch).unwrap_err();
@@ -94,8 +115,14 @@ fn bad_retains_change_nothing() {
     let a = PageAllocator::with_shards(8, 1).unwrap();
     let pages = a.allocate(2).unwrap().unwrap();
     let before = snapshot(&a);
-    assert!(matches!(a.retain(&[pages[0], 5]), Err(KvError::DoubleFree(_))));
-    assert!(matches!(a.retain(&[pages[0], 0]), Err(KvError::InvalidPage(_))));
+    assert!(matches!(
+        a.retain(&[pages[0], 5]),
+        Err(KvError::DoubleFree(_))
+    ));
+    assert!(matches!(
+        a.retain(&[pages[0], 0]),
+        Err(KvError::InvalidPage(_))
+    ));
     assert_eq!(snapshot(&a), before);
     a.retain(&[pages[0], pages[0], pages[1]]).unwrap();
     assert_eq!(a.ref_count(pages[0]).unwrap(), 3);
@@ -209,7 +236,10 @@ fn threads_never_share_a_page_and_every_page_returns() {
                     if x % 3 != 0 {
                         if let Some(pages) = a.allocate(n).unwrap() {
                             for &p in &pages {
-                                assert!(!owned[p as usize].swap(true, Ordering::SeqCst), "page {p} held twice");
+                                assert!(
+                                    !owned[p as usize].swap(true, Ordering::SeqCst),
+                                    "page {p} held twice"
+                                );
                             }
                             // Share then drop the extra reference: counts must balance.
                             a.retain(&pages).unwrap();

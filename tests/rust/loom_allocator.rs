@@ -99,12 +99,22 @@ fn cross_shard_allocations_never_duplicate() {
         let b = a.clone();
         let t = thread::spawn(move || {
             let mut out = [0; 2];
-            b.allocate_into_from(0, &mut out).unwrap().then_some(out.to_vec())
+            b.allocate_into_from(0, &mut out)
+                .unwrap()
+                .then_some(out.to_vec())
         });
         let mut out = [0; 1];
-        let mine = a.allocate_into_from(1, &mut out).unwrap().then_some(out.to_vec());
+        let mine = a
+            .allocate_into_from(1, &mut out)
+            .unwrap()
+            .then_some(out.to_vec());
         let theirs = t.join().unwrap();
-        let mut all: Vec<PageId> = mine.iter().chain(theirs.iter()).flatten().copied().collect();
+        let mut all: Vec<PageId> = mine
+            .iter()
+            .chain(theirs.iter())
+            .flatten()
+            .copied()
+            .collect();
         let total = all.len();
         all.sort_unstable();
         all.dedup();

@@ -1,0 +1,148 @@
+// kvcore: definitions shared by every kernel family (kernels/*.cu).
+//
+// Compiled at run time by NVRTC (see python/kvcore/kernels/_nvrtc.py): there are no libc headers, so
+// no <cstdint> and no INFINITY; 64-bit integers are `long long` and infinity is CUDART_INF_F.
+//
+// Pool addressing (python/kvcore/pool/kv_pool.py, PoolStrides): the element (layer, kv, page, kv_head,
+// offset, d) is at layer*layer_stride + kv*kv_stride + page*page_stride + kv_head*head_stride
+// + offset*token_stride + d. Every offset is computed in 64 bits: a 100 GiB pool overflows int32.
+//
+// Cache precisions (python/kvcore/pool/dtypes.py): fp16, bf16, fp8 e4m3 and int8; the quantized ones
+// store x / scale with one float scale per (layer, kv head), rounded exactly as the NumPy reference does.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <math_constants.h>
+
+namespace kv {
+
+typedef long long i64;
+
+// ------------------------------------------------------------------------------ cache precisions
+
+// Each tag names the stored element type and the tensor-core input type the kernels compute with.
+// fp8 and int8 widen exactly to fp16 (every e4m3 and int8 value is an fp16 value).
+struct CacheF16 {
+  typedef __half storage;
+  typedef __half compute;
+};
+struct CacheBF16 {
+  typedef __nv_bfloat16 storage;
+  typedef __nv_bfloat16 compute;
+};
+struct CacheFP8 {
+  typedef unsigned char storage;
+  typedef __half compute;
+};
+struct CacheI8 {
+  typedef signed char storage;
+  typedef __half compute;
+};
+
+template <typename Cache>
+struct is_quantized {
+  static constexpr bool value = sizeof(typename Cache::storage) == 1;
+};
+
+__device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float x) {
+  return __float2half_rn(x);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// Two floats as one 32-bit register of the compute type (low half = a), round to nearest even.
+template <typename T>
+__device__ __forceinline__ unsigned pack2(float a, float b);
+template <>
+__device__ __forceinline__ unsigned pack2<__half>(float a, float b) {
+  __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+template <>
+__device__ __forceinline__ unsigned pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  return *reinterpret_cast<unsigned*>(&h);
+}
+
+// Quantize one float already divided by its scale (x / scale, IEEE division done by the caller).
+__device__ __forceinline__ unsigned char quantize_fp8(float x) {
+  // Round to nearest even, saturate to +-448, NaN -> 0x7F: the rule of the NumPy reference.
+  return static_cast<unsigned char>(__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3));
+}
+__device__ __forceinline__ unsigned char quantize_int8(float x) {
+  int r = __float2int_rn(x);  // saturates outside the int range; then the symmetric clamp
+  r = r > 127 ? 127 : (r < -127 ? -127 : r);
+  return static_cast<unsigned char>(static_cast<signed char>(r));
+}
+
+template <typename Cache>
+__device__ __forceinline__ unsigned char quantize(float x);
+template <>
+__device__ __forceinline__ unsigned char quantize<CacheFP8>(float x) {
+  return quantize_fp8(x);
+}
+template <>
+__device__ __forceinline__ unsigned char quantize<CacheI8>(float x) {
+  return quantize_int8(x);
+}
+
+// Two 8-bit cache elements (low byte first, in the low 16 bits of `pair`) widened to an fp16x2 register.
+template <typename Cache>
+__device__ __forceinline__ unsigned widen2(unsigned pair);
+template <>
+__device__ __forceinline__ unsigned widen2<CacheFP8>(unsigned pair) {
+  __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
+  return static_cast<unsigned>(h.x) | (static_cast<unsigned>(h.y) << 16);
+}
+template <>
+__device__ __forceinline__ unsigned widen2<CacheI8>(unsigned pair) {
+  const float lo = static_cast<float>(static_cast<signed char>(pair & 0xFFu));
+  const float hi = static_cast<float>(static_cast<signed char>((pair >> 8) & 0xFFu));
+  return pack2<__half>(lo, hi);
+}
+
+// ------------------------------------------------------------------------------ math and memory
+
+__device__ __forceinline__ float fast_exp2(float x) {
+  float y;  // ex2.approx: 2 ulp, exp2(-inf) = +0, which the online softmax relies on
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ uint4 load16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
+
+__device__ __forceinline__ uint2 load8(const void* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+
+// D = A * B + D on tensor cores: m16n8k16, A row-major 16x16, B column-major 16x8, fp32 accumulators.
+// Fragments (PTX ISA, "mma.m16n8k16"): with g = lane / 4 and t = lane % 4,
+//   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
+//   b0 = B[2t..2t+1][g]     b1 = B[2t+8..2t+9][g]
+//   d[0..1] = D[g][2t..2t+1]  d[2..3] = D[g+8][2t..2t+1]
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                                         __half /*tag*/) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1,
+                                         __nv_bfloat16 /*tag*/) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace kv

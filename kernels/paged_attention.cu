@@ -1,0 +1,401 @@
+// kvcore: paged attention over FlashInfer CSR page tables, decode and prefill in one kernel, with
+// split-K and an LSE merge. NumPy reference: python/kvcore/kernels/reference.py::attention.
+//
+// Work partition (python/kvcore/kernels/plan.py, made on the host once per step):
+//   rows: a sequence with q_len query tokens has q_len * G rows per kv head (G = query heads per kv
+//     head); row r is query token r / G and query head kv_head * G + r % G. 16 rows form a tile: the
+//     M dimension of one mma.sync m16n8k16. Decode (q_len = 1) is one tile holding the G heads, so every
+//     K/V byte is read from memory once for all the query heads of its kv head (GQA).
+//   items [num_items, 5] int32: (seq, row_tile, kv_begin, kv_end, partial). One thread block per
+//     (item, kv head). partial = -1: the block writes the final output; otherwise it writes a normalized
+//     fp32 partial output and its base-2 log-sum-exp, and attention_merge combines the splits.
+//   causality: query token i of a sequence with kv_len keys sits at position kv_len - q_len + i and sees
+//     keys j <= kv_len - q_len + i.
+//
+// Block: 4 warps. Warp w takes the 16-key steps kv_begin + 16 * (w + 4k) with its own online softmax
+// (m, l, O in registers, exp2 domain); the 4 states are merged through shared memory at the end.
+//
+// Per 16-key step, a warp computes S[16 rows][16 keys] = Q K^T with D/16 x 2 mma (keys as the N
+// dimension, two blocks of 8), then O[16][D] += P V with D/8 mma (keys as the K dimension). The dot
+// product over head_dim does not care about the order of its terms, so every lane loads 16 contiguous
+// bytes of a key row and the Q fragments use the same permutation of d (see q_dim below); for P V each
+// lane owns D/8 contiguous elements of the output (out_dim below). All loads are 16-byte vector loads
+// (8 bytes for fp8/int8 V at head_dim 64), and each key's page id is looked up in the CSR indices.
+#include "common.cuh"
+
+namespace kv {
+
+constexpr int kWarps = 4;
+constexpr int kThreads = kWarps * 32;
+constexpr int kRows = 16;   // rows per tile
+constexpr int kStep = 16;   // keys per warp step
+
+template <typename Cache, int D>
+struct AttnShape {
+  typedef typename Cache::storage S;
+  static constexpr int kVec = 16 / sizeof(S);        // cache elements per 16-byte load: 8 or 16
+  static constexpr int kKLoads = D / (4 * kVec);     // 16-byte loads per key row per lane
+  static constexpr int kKBlocks = D / 16;            // mma k-blocks over head_dim (Q K^T)
+  static constexpr int kOutCols = D / 8;             // output columns per lane = P V mma count
+  static constexpr int kVWords = kOutCols * sizeof(S) / 4;  // 32-bit words of V per key per lane
+  static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
+};
+
+// The head_dim index of element e (0..3) of Q K^T k-block kb for lane quad position t: the same
+// permutation as the key loads (lane t of a quad loads elements [s*4*kVec + t*kVec, +kVec) of its row).
+template <int kVec>
+__device__ __forceinline__ int q_dim(int kb, int t, int e) {
+  const int per_load = kVec / 4;  // k-blocks fed by one 16-byte load
+  const int s = kb / per_load;
+  const int j = kb - s * per_load;
+  return s * 4 * kVec + t * kVec + 4 * j + e;
+}
+
+// The head_dim index of output column n (mma column, 0..7) of P V mma number j.
+template <int D>
+__device__ __forceinline__ int out_dim(int n, int j) {
+  return n * (D / 8) + j;
+}
+
+// Compute-type pair number `idx` of a 16-byte load of cache elements.
+template <typename Cache>
+__device__ __forceinline__ unsigned k_pair(const uint4& raw, int idx) {
+  const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
+  if constexpr (sizeof(typename Cache::storage) == 2) {
+    return w[idx];
+  } else {
+    return widen2<Cache>(w[idx >> 1] >> ((idx & 1) * 16));
+  }
+}
+
+// B fragment of P V mma j: V[key a][j] and V[key b][j] (a = 2t or 2t+8, b = a+1) as one compute pair.
+template <typename Cache, int NW>
+__device__ __forceinline__ unsigned v_pair(const unsigned (&va)[NW], const unsigned (&vb)[NW], int j) {
+  if constexpr (sizeof(typename Cache::storage) == 2) {
+    return __byte_perm(va[j >> 1], vb[j >> 1], (j & 1) ? 0x7632 : 0x5410);
+  } else {
+    const unsigned byte = j & 3;
+    return widen2<Cache>(__byte_perm(va[j >> 2], vb[j >> 2], byte | ((4 + byte) << 4)));
+  }
+}
+
+template <typename Act, typename Cache, int D>
+__device__ __forceinline__ void paged_attention_impl(
+    const Act* __restrict__ q,                          // [num_q_tokens, num_qo_heads, D] (strided rows)
+    i64 q_token_stride, i64 q_head_stride,              // elements
+    const typename Cache::storage* __restrict__ pool,   // this layer's K plane; V is at + kv_stride
+    i64 kv_stride, i64 page_stride, i64 head_stride, i64 token_stride,  // elements (PoolStrides)
+    const float* __restrict__ k_scale,                  // [num_kv_heads] this layer's K scales
+    const float* __restrict__ v_scale,                  // [num_kv_heads] this layer's V scales
+    const int* __restrict__ kv_indptr,                  // [batch + 1] int32
+    const int* __restrict__ kv_indices,                 // [kv_indptr[batch]] int32 page ids
+    const int* __restrict__ kv_len,                     // [batch] int32 keys per sequence
+    const int* __restrict__ q_indptr,                   // [batch + 1] int32
+    const int* __restrict__ items,                      // [num_items, 5] int32 (see the header)
+    Act* __restrict__ out,                              // [num_q_tokens, num_qo_heads, D] contiguous
+    float* __restrict__ o_part,                         // [num_partials, num_kv_heads, 16, D] fp32
+    float* __restrict__ lse_part,                       // [num_partials, num_kv_heads, 16] fp32, base 2
+    float sm_scale, int group_size, int num_kv_heads, int page_shift) {
+  typedef AttnShape<Cache, D> Shape;
+  typedef typename Cache::storage S;
+  typedef typename Cache::compute C;
+  constexpr int kVec = Shape::kVec;
+
+  __shared__ float s_o[kWarps][kRows][D + 1];  // +1: fewer bank conflicts on the column-strided stores
+  __shared__ float s_m[kWarps][kRows];
+  __shared__ float s_l[kWarps][kRows];
+
+  const int* item = items + 5 * blockIdx.x;
+  const int seq = item[0], tile = item[1], kv_begin = item[2], kv_end = item[3], partial = item[4];
+  const int kv_head = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int G = group_size;
+  const int q_begin = q_indptr[seq];
+  const int q_len = q_indptr[seq + 1] - q_begin;
+  const int rows = q_len * G;
+  const int ctx = kv_len[seq] - q_len;
+
+  // This lane's two rows (g and g + 8 of the tile) and the last key each may see (-1: padding row).
+  int row_id[2], limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_id[h] = tile * kRows + g + 8 * h;
+    limit[h] = row_id[h] < rows ? ctx + row_id[h] / G : -1;
+  }
+
+  // Q fragments in the compute type: qf[kb] = {row0 d..d+1, row1 d..d+1, row0 d+2..d+3, row1 d+2..d+3}.
+  unsigned qf[Shape::kKBlocks][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const bool valid = limit[h] >= 0;
+    const Act* qrow = q + (valid ? (q_begin + row_id[h] / G) * q_token_stride +
+                                       (kv_head * G + row_id[h] % G) * q_head_stride
+                                 : 0);
+#pragma unroll
+    for (int kb = 0; kb < Shape::kKBlocks; ++kb) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int d = q_dim<kVec>(kb, t, 2 * half);
+        const float a = valid ? to_float(qrow[d]) : 0.f;
+        const float b = valid ? to_float(qrow[d + 1]) : 0.f;
+        qf[kb][h + 2 * half] = pack2<C>(a, b);
+      }
+    }
+  }
+
+  const S* k_base = pool + kv_head * head_stride;
+  const S* v_base = k_base + kv_stride;
+  const int* pages = kv_indices + kv_indptr[seq];
+  const int page_mask = (1 << page_shift) - 1;
+  // Scores in the exp2 domain; the K scale of a quantized pool folds into the softmax scale.
+  const float score_scale = sm_scale * k_scale[kv_head] * 1.4426950408889634f;
+
+  float m[2] = {-CUDART_INF_F, -CUDART_INF_F};
+  float l[2] = {0.f, 0.f};  // this lane's partial row sums (reduced over the quad at the end)
+  float o[Shape::kOutCols][4];
+#pragma unroll
+  for (int j = 0; j < Shape::kOutCols; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+
+  for (int key0 = kv_begin + kStep * warp; key0 < kv_end; key0 += kStep * kWarps) {
+    // ---- loads: K rows key0 + 8 * nb + g, V rows key0 + {2t, 2t+1, 2t+8, 2t+9}; zero past kv_end.
+    uint4 k_raw[2][Shape::kKLoads];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      const int key = key0 + 8 * nb + g;
+      if (key < kv_end) {
+        const i64 page = pages[key >> page_shift];
+        const S* row = k_base + page * page_stride + (key & page_mask) * token_stride + t * kVec;
+#pragma unroll
+        for (int s = 0; s < Shape::kKLoads; ++s) k_raw[nb][s] = load16(row + s * 4 * kVec);
+      } else {
+#pragma unroll
+        for (int s = 0; s < Shape::kKLoads; ++s) k_raw[nb][s] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    unsigned v_raw[4][Shape::kVWords];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int key = key0 + 2 * t + (r & 1) + 8 * (r >> 1);
+      if (key < kv_end) {
+        const i64 page = pages[key >> page_shift];
+        const S* row = v_base + page * page_stride + (key & page_mask) * token_stride + g * Shape::kOutCols;
+        if constexpr (Shape::kVWords >= 4) {
+#pragma unroll
+          for (int w = 0; w < Shape::kVWords; w += 4) {
+            const uint4 x = load16(reinterpret_cast<const unsigned*>(row) + w);
+            v_raw[r][w] = x.x;
+            v_raw[r][w + 1] = x.y;
+            v_raw[r][w + 2] = x.z;
+            v_raw[r][w + 3] = x.w;
+          }
+        } else {
+          const uint2 x = load8(row);
+          v_raw[r][0] = x.x;
+          v_raw[r][1] = x.y;
+        }
+      } else {
+#pragma unroll
+        for (int w = 0; w < Shape::kVWords; ++w) v_raw[r][w] = 0u;
+      }
+    }
+
+    // ---- S = Q K^T for keys key0 .. key0 + 15 (two n-blocks of 8 keys).
+    float s_acc[2][4];
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+      s_acc[nb][0] = s_acc[nb][1] = s_acc[nb][2] = s_acc[nb][3] = 0.f;
+#pragma unroll
+      for (int s = 0; s < Shape::kKLoads; ++s) {
+#pragma unroll
+        for (int j = 0; j < kVec / 4; ++j) {
+          const int kb = s * (kVec / 4) + j;
+          mma16816(s_acc[nb], qf[kb], k_pair<Cache>(k_raw[nb][s], 2 * j), k_pair<Cache>(k_raw[nb][s], 2 * j + 1),
+                   C());
+        }
+      }
+    }
+
+    // ---- mask, online softmax (per row: lanes of a quad share a row, so reduce over the quad).
+    float p[2][4];
+    float row_max[2] = {-CUDART_INF_F, -CUDART_INF_F};
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = key0 + 8 * nb + 2 * t + (e & 1);
+        const int h = e >> 1;
+        const bool visible = key < kv_end && key <= limit[h];
+        p[nb][e] = visible ? s_acc[nb][e] * score_scale : -CUDART_INF_F;
+        row_max[h] = fmaxf(row_max[h], p[nb][e]);
+      }
+    }
+    float corr[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 1));
+      row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
+      const float m_new = fmaxf(m[h], row_max[h]);
+      const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // a row with nothing visible yet
+      corr[h] = fast_exp2(m[h] - m_use);
+      m[h] = m_new;
+      row_max[h] = m_use;
+    }
+#pragma unroll
+    for (int nb = 0; nb < 2; ++nb) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int h = e >> 1;
+        p[nb][e] = fast_exp2(p[nb][e] - row_max[h]);
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + p[0][2 * h] + p[0][2 * h + 1] + p[1][2 * h] + p[1][2 * h + 1];
+#pragma unroll
+    for (int j = 0; j < Shape::kOutCols; ++j) {
+      o[j][0] *= corr[0];
+      o[j][1] *= corr[0];
+      o[j][2] *= corr[1];
+      o[j][3] *= corr[1];
+    }
+
+    // ---- O += P V: P (16 rows x 16 keys) is already laid out as the A fragment.
+    const unsigned pa[4] = {pack2<C>(p[0][0], p[0][1]), pack2<C>(p[0][2], p[0][3]), pack2<C>(p[1][0], p[1][1]),
+                            pack2<C>(p[1][2], p[1][3])};
+#pragma unroll
+    for (int j = 0; j < Shape::kOutCols; ++j) {
+      mma16816(o[j], pa, v_pair<Cache>(v_raw[0], v_raw[1], j), v_pair<Cache>(v_raw[2], v_raw[3], j), C());
+    }
+  }
+
+  // ---- merge the 4 warps' states through shared memory.
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
+    l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
+  }
+  if (t == 0) {
+    s_m[warp][g] = m[0];
+    s_m[warp][g + 8] = m[1];
+    s_l[warp][g] = l[0];
+    s_l[warp][g + 8] = l[1];
+  }
+#pragma unroll
+  for (int j = 0; j < Shape::kOutCols; ++j) {
+    const int d0 = out_dim<D>(2 * t, j), d1 = out_dim<D>(2 * t + 1, j);
+    s_o[warp][g][d0] = o[j][0];
+    s_o[warp][g][d1] = o[j][1];
+    s_o[warp][g + 8][d0] = o[j][2];
+    s_o[warp][g + 8][d1] = o[j][3];
+  }
+  __syncthreads();
+
+  const float vs = v_scale[kv_head];
+  const int num_qo_heads = G * num_kv_heads;
+  for (int e = threadIdx.x; e < kRows * D; e += kThreads) {
+    const int r = e / D, d = e - (e / D) * D;
+    const int row = tile * kRows + r;
+    if (row >= rows) continue;
+    float mx = -CUDART_INF_F;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][r]);
+    float acc = 0.f, sum = 0.f;
+    if (mx != -CUDART_INF_F) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) {
+        const float wgt = fast_exp2(s_m[w][r] - mx);
+        acc += wgt * s_o[w][r][d];
+        sum += wgt * s_l[w][r];
+      }
+    }
+    const float val = sum > 0.f ? acc / sum * vs : 0.f;
+    if (partial < 0) {
+      const int token = q_begin + row / G, head = kv_head * G + row % G;
+      out[(static_cast<i64>(token) * num_qo_heads + head) * D + d] = from_float<Act>(val);
+    } else {
+      const i64 base = (static_cast<i64>(partial) * num_kv_heads + kv_head) * kRows + r;
+      o_part[base * D + d] = val;
+      if (d == 0) lse_part[base] = sum > 0.f ? mx + __log2f(sum) : -CUDART_INF_F;
+    }
+  }
+}
+
+// Combine the splits of every tile that has more than one: o = sum_i w_i o_i / sum_i w_i with
+// w_i = 2^(lse_i - max lse). Grid (num_merges, num_kv_heads), 128 threads.
+template <typename Act>
+__device__ __forceinline__ void attention_merge_impl(
+    const float* __restrict__ o_part,    // [num_partials, num_kv_heads, 16, head_dim] fp32
+    const float* __restrict__ lse_part,  // [num_partials, num_kv_heads, 16] fp32, base 2
+    const int* __restrict__ merges,      // [num_merges, 4] int32: (seq, row_tile, first_partial, count)
+    const int* __restrict__ q_indptr,    // [batch + 1] int32
+    Act* __restrict__ out,               // [num_q_tokens, num_qo_heads, head_dim] contiguous
+    int group_size, int num_kv_heads, int head_dim) {
+  const int* mg = merges + 4 * blockIdx.x;
+  const int seq = mg[0], tile = mg[1], first = mg[2], count = mg[3];
+  const int kv_head = blockIdx.y;
+  const int G = group_size;
+  const int q_begin = q_indptr[seq];
+  const int rows = (q_indptr[seq + 1] - q_begin) * G;
+  for (int e = threadIdx.x; e < kRows * head_dim; e += blockDim.x) {
+    const int r = e / head_dim, d = e - r * head_dim;
+    const int row = tile * kRows + r;
+    if (row >= rows) continue;
+    float mx = -CUDART_INF_F;
+    for (int i = 0; i < count; ++i) {
+      mx = fmaxf(mx, lse_part[(static_cast<i64>(first + i) * num_kv_heads + kv_head) * kRows + r]);
+    }
+    float acc = 0.f, sum = 0.f;
+    if (mx != -CUDART_INF_F) {
+      for (int i = 0; i < count; ++i) {
+        const i64 base = (static_cast<i64>(first + i) * num_kv_heads + kv_head) * kRows + r;
+        const float wgt = fast_exp2(lse_part[base] - mx);
+        acc += wgt * o_part[base * head_dim + d];
+        sum += wgt;
+      }
+    }
+    const int token = q_begin + row / G, head = kv_head * G + row % G;
+    out[(static_cast<i64>(token) * G * num_kv_heads + head) * head_dim + d] = from_float<Act>(sum > 0.f ? acc / sum : 0.f);
+  }
+}
+
+}  // namespace kv
+
+// One extern "C" entry point per (activation type, cache precision, head_dim) the runtime launches; the
+// names are listed in python/kvcore/kernels/_nvrtc.py (KERNEL_NAMES) and checked against the cubin by CI.
+#define KV_ATTENTION(NAME, ACT, CACHE, D)                                                                   \
+  extern "C" __global__ void __launch_bounds__(kv::kThreads)                                                \
+      NAME(const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                    \
+           const CACHE::storage* __restrict__ pool, long long kv_stride, long long page_stride,             \
+           long long head_stride, long long token_stride, const float* __restrict__ k_scale,                \
+           const float* __restrict__ v_scale, const int* __restrict__ kv_indptr,                            \
+           const int* __restrict__ kv_indices, const int* __restrict__ kv_len,                              \
+           const int* __restrict__ q_indptr, const int* __restrict__ items, ACT* __restrict__ out,          \
+           float* __restrict__ o_part, float* __restrict__ lse_part, float sm_scale, int group_size,        \
+           int num_kv_heads, int page_shift) {                                                              \
+    kv::paged_attention_impl<ACT, CACHE, D>(q, q_token_stride, q_head_stride, pool, kv_stride, page_stride, \
+                                            head_stride, token_stride, k_scale, v_scale, kv_indptr,         \
+                                            kv_indices, kv_len, q_indptr, items, out, o_part, lse_part,     \
+                                            sm_scale, group_size, num_kv_heads, page_shift);                \
+  }
+
+#define KV_ATTENTION_ALL_DIMS(ACTN, ACT, CACHEN, CACHE)                    \
+  KV_ATTENTION(paged_attention_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64)   \
+  KV_ATTENTION(paged_attention_##ACTN##_##CACHEN##_d128, ACT, CACHE, 128)
+
+KV_ATTENTION_ALL_DIMS(fp16, __half, fp16, kv::CacheF16)
+KV_ATTENTION_ALL_DIMS(bf16, __nv_bfloat16, bf16, kv::CacheBF16)
+KV_ATTENTION_ALL_DIMS(fp16, __half, fp8, kv::CacheFP8)
+KV_ATTENTION_ALL_DIMS(bf16, __nv_bfloat16, fp8, kv::CacheFP8)
+KV_ATTENTION_ALL_DIMS(fp16, __half, int8, kv::CacheI8)
+KV_ATTENTION_ALL_DIMS(bf16, __nv_bfloat16, int8, kv::CacheI8)
+
+#define KV_MERGE(NAME, ACT)                                                                                \
+  extern "C" __global__ void __launch_bounds__(128)                                                        \
+      NAME(const float* __restrict__ o_part, const float* __restrict__ lse_part,                           \
+           const int* __restrict__ merges, const int* __restrict__ q_indptr, ACT* __restrict__ out,        \
+           int group_size, int num_kv_heads, int head_dim) {                                               \
+    kv::attention_merge_impl<ACT>(o_part, lse_part, merges, q_indptr, out, group_size, num_kv_heads,      \
+                                  head_dim);                                                               \
+  }
+
+KV_MERGE(attention_merge_fp16, __half)
+KV_MERGE(attention_merge_bf16, __nv_bfloat16)

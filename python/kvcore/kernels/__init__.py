@@ -1,0 +1,137 @@
+"""The paged KV kernels (F11): one API, a NumPy reference and a CUDA kernel behind each operation.
+
+Each call dispatches on the pool's backend: ``numpy`` pools run :mod:`kvcore.kernels.reference` (the
+ground truth, what CPU users run), ``cupy`` pools run the CUDA kernels of ``kernels/*.cu``, compiled by
+NVRTC on first use (:mod:`kvcore.kernels.loader`). Page tables and slot mappings are the int32/int64
+arrays the Rust core produces (FlashInfer CSR; ``slot = page_id * page_size + offset``).
+
+Typical step of a model runner::
+
+    plan = plan_attention(pt, q_indptr, page_size=pool.page_size, num_qo_heads=Hq, num_kv_heads=Hkv)
+    for layer in range(num_layers):
+        append_kv(pool, layer, slots, k[layer], v[layer])
+        o = paged_prefill_attention(q[layer], pool, layer, pt, q_indptr, plan=plan)
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from kvcore.kernels.plan import AttentionPlan, PageTableArrays, PageTableLike, plan_attention
+from kvcore.pool import KVPool
+
+__all__ = [
+    "AttentionPlan",
+    "PageTableArrays",
+    "PageTableLike",
+    "append_kv",
+    "copy_pages",
+    "gather_pages",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "plan_attention",
+    "scatter_pages",
+]
+
+
+def _impl(pool: KVPool) -> ModuleType:
+    if pool.backend.name == "numpy":
+        from kvcore.kernels import reference
+
+        return reference
+    from kvcore.kernels import cuda  # imports nothing of CuPy itself: the pool already holds it
+
+    return cuda
+
+
+def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:
+    """Scatter new K/V rows into their slots (skip slot -1), quantizing for fp8/int8 pools.
+
+    Args:
+        pool: the KV pool.
+        layer: the layer written.
+        slot_mapping: int64 ``[num_tokens]``, ``slot = page_id * page_size + offset``, -1 = skip; distinct.
+        k: ``[num_tokens, num_kv_heads, head_dim]`` keys: float16, uint16 (bf16 bits) or float32/64.
+        v: same shape, values.
+    """
+    _impl(pool).append_kv(pool, layer, slot_mapping, k, v)
+
+
+def paged_decode_attention(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    page_table: PageTableLike | tuple[Any, Any, Any],
+    sm_scale: float | None = None,
+    *,
+    plan: AttentionPlan | None = None,
+    out: Any = None,
+) -> Any:
+    """One query token per sequence over its paged K/V (GQA, split-K with an LSE merge).
+
+    Args:
+        q: ``[batch, num_qo_heads, head_dim]``; query head ``h`` reads kv head ``h // G``.
+        pool: the pool, with this step's K/V already appended.
+        layer: the layer read.
+        page_table: ``PageTable(kv_indptr [batch+1], kv_indices [nnz], kv_last_page_len [batch])`` int32.
+        sm_scale: softmax scale, ``1/sqrt(head_dim)`` by default.
+        plan: :func:`plan_attention` of this batch, reused across layers (made on the fly otherwise).
+        out: optional output buffer shaped and typed like ``q``.
+
+    Returns:
+        ``[batch, num_qo_heads, head_dim]`` in the dtype of ``q``.
+    """
+    return _impl(pool).paged_decode_attention(q, pool, layer, page_table, sm_scale, plan=plan, out=out)
+
+
+def paged_prefill_attention(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    page_table: PageTableLike | tuple[Any, Any, Any],
+    q_indptr: Any,
+    sm_scale: float | None = None,
+    *,
+    plan: AttentionPlan | None = None,
+    out: Any = None,
+) -> Any:
+    """Causal attention of new tokens over their cached prefix plus themselves (prefix-cache hits).
+
+    Sequence ``b``'s query tokens ``q[q_indptr[b]:q_indptr[b+1]]`` are the last ``q_len`` of its
+    ``kv_len`` keys (append their K/V first); token ``i`` sees keys ``j <= kv_len - q_len + i``.
+
+    Args:
+        q: ``[q_indptr[-1], num_qo_heads, head_dim]``.
+        q_indptr: int32 ``[batch + 1]``.
+        pool, layer, page_table, sm_scale, plan, out: as :func:`paged_decode_attention`.
+
+    Returns:
+        ``[q_indptr[-1], num_qo_heads, head_dim]`` in the dtype of ``q``.
+    """
+    return _impl(pool).paged_prefill_attention(
+        q, pool, layer, page_table, q_indptr, sm_scale, plan=plan, out=out
+    )
+
+
+def copy_pages(pool: KVPool, pairs: Any) -> None:
+    """Copy whole pages (every layer, K and V) in one launch: copy-on-write and defrag.
+
+    Args:
+        pairs: ``[n, 2]`` int (src page, dst page); destinations distinct and never a source.
+    """
+    _impl(pool).copy_pages(pool, pairs)
+
+
+def gather_pages(pool: KVPool, page_ids: Any, out: Any) -> Any:
+    """Pack pages into a page-major buffer ``[n, num_layers, 2, *page_shape]`` (offload); returns ``out``.
+
+    ``out`` comes from :meth:`KVPool.host_buffer` (pinned on the GPU backend: the kernel writes it
+    directly), or is a device array of that shape.
+    """
+    return _impl(pool).gather_pages(pool, page_ids, out)
+
+
+def scatter_pages(pool: KVPool, page_ids: Any, src: Any) -> None:
+    """Unpack a page-major buffer ``[n, num_layers, 2, *page_shape]`` into pages (reload from offload)."""
+    _impl(pool).scatter_pages(pool, page_ids, src)

@@ -1,0 +1,212 @@
+"""Compile kvcore's CUDA sources to cubin with NVRTC: the one definition CI and the runtime share.
+
+Why one module: ``tools/check_cuda_kernels.py`` (CI, no GPU) and the run-time loader must compile with
+exactly the same options and see exactly the same kernel names, or CI would prove something other than
+what runs. This file imports only the standard library and ``cuda.bindings`` (lazily), so the CI tool
+loads it by path without the native extension or NumPy.
+
+Why cubin and not PTX: PTX from NVRTC 13.5 is ISA 9.5, which a CUDA 13.0 driver (580) refuses to JIT
+(``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``); a cubin for the device's exact SM loads on any driver of the
+13.x family (minor-version compatibility). So both CI and the runtime ask NVRTC for ``sm_XX`` cubins.
+
+Headers: NVRTC does not find ``cuda_fp16.h`` & co. by itself. They come from the ``nvidia-cuda-runtime``
+wheel (found by ``cuda.pathfinder``), or else from the copy NVRTC >= 13.3 carries
+(``nvrtcInstallBundledHeaders``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "ACTIVATIONS",
+    "CACHE_DTYPES",
+    "HEAD_DIMS",
+    "KERNEL_NAMES",
+    "CompileResult",
+    "compile_cubin",
+    "cuda_header_dirs",
+    "find_kernel_dir",
+    "include_dirs",
+    "missing_kernels",
+    "nvrtc_options",
+    "nvrtc_version",
+    "register_report",
+]
+
+# ------------------------------------------------------------------------------------ kernel names
+# Every entry point the runtime can launch, per source file. CI checks each one is in the cubin, so a
+# template instantiation the runtime needs can never be missing.
+
+ACTIVATIONS: tuple[str, ...] = ("fp16", "bf16")  # q/k/v/out types: __half, __nv_bfloat16
+CACHE_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp8", "int8")  # kvcore.pool.dtypes.KV_DTYPES
+HEAD_DIMS: tuple[int, ...] = (64, 128)  # head_dim values with an attention instantiation
+
+
+def activation_for(act: str, cache: str) -> bool:
+    """Whether (activation, cache) has kernels: 16-bit caches take their own type, 8-bit ones either."""
+    return cache in ("fp8", "int8") or act == cache
+
+
+KERNEL_NAMES: dict[str, tuple[str, ...]] = {
+    "append_kv": tuple(
+        f"append_kv_{a}_{c}" for c in CACHE_DTYPES for a in ACTIVATIONS if activation_for(a, c)
+    ),
+    "paged_attention": tuple(
+        f"paged_attention_{a}_{c}_d{d}"
+        for c in CACHE_DTYPES
+        for a in ACTIVATIONS
+        if activation_for(a, c)
+        for d in HEAD_DIMS
+    )
+    + tuple(f"attention_merge_{a}" for a in ACTIVATIONS),
+    "page_copy": ("copy_pages", "gather_pages", "scatter_pages"),
+}
+
+
+# ------------------------------------------------------------------------------------ locations
+
+
+def find_kernel_dir() -> Path:
+    """The folder holding ``common.cuh`` and the ``*.cu`` sources.
+
+    Looked for, in order: ``$KVCORE_KERNEL_DIR``; ``<repo>/kernels`` of a source checkout or an editable
+    install (this file is ``<repo>/python/kvcore/kernels/_nvrtc.py``); ``kvcore/kernels/cuda`` inside an
+    installed wheel (package data).
+
+    Raises:
+        FileNotFoundError: none of them holds ``common.cuh``.
+    """
+    here = Path(__file__).resolve()
+    candidates = [os.environ.get("KVCORE_KERNEL_DIR"), here.parents[3] / "kernels", here.parent / "cuda"]
+    for c in candidates:
+        if c and (Path(c) / "common.cuh").is_file():
+            return Path(c)
+    raise FileNotFoundError(
+        "kvcore CUDA sources not found (looked in $KVCORE_KERNEL_DIR, <repo>/kernels, kvcore/kernels/cuda)"
+    )
+
+
+def _nvrtc() -> Any:
+    from cuda.bindings import nvrtc  # the NVRTC wheel (nvidia-cuda-nvrtc) is loaded on first use
+
+    return nvrtc
+
+
+def _call(result: tuple[Any, ...]) -> Any:
+    """Unwrap a ``cuda.bindings`` return tuple ``(err, *values)``, raising on an error code."""
+    nvrtc = _nvrtc()
+    if result[0] != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise RuntimeError(f"NVRTC: {nvrtc.nvrtcGetErrorString(result[0])[1].decode()}")
+    return result[1] if len(result) == 2 else result[1:]
+
+
+def nvrtc_version() -> tuple[int, int]:
+    """(major, minor) of the NVRTC library ``cuda.bindings`` loads."""
+    major, minor = _call(_nvrtc().nvrtcVersion())
+    return int(major), int(minor)
+
+
+def cuda_header_dirs() -> list[str]:
+    """Folders holding ``cuda_fp16.h`` & co.: the runtime wheel's, else NVRTC's bundled copy.
+
+    Raises:
+        ImportError: the runtime wheel's headers are not found and ``cuda.bindings`` is missing.
+    """
+    try:
+        from cuda import pathfinder
+
+        found = pathfinder.find_nvidia_header_directory("cudart")
+    except Exception:  # pathfinder missing or unable to look: fall back to the bundle
+        found = None
+    if found and (Path(found) / "cuda_fp16.h").is_file():
+        return [str(found)]
+    major, minor = nvrtc_version()
+    bundle = Path(tempfile.gettempdir()) / f"kvcore-nvrtc-headers-{major}.{minor}"
+    if not (bundle / "cuda_fp16.h").is_file():
+        _call(_nvrtc().nvrtcInstallBundledHeaders(str(bundle).encode(), 0))
+    return [str(bundle), str(bundle / "cccl")]
+
+
+def include_dirs(kernel_dir: Path | None = None) -> list[str]:
+    """``-I`` folders: the kernel sources, then the CUDA headers (:func:`cuda_header_dirs`)."""
+    return [str(kernel_dir or find_kernel_dir()), *cuda_header_dirs()]
+
+
+# ------------------------------------------------------------------------------------ compiling
+
+
+def nvrtc_options(arch: str | None, includes: Sequence[str], *, verbose: bool = False) -> list[str]:
+    """THE NVRTC options of kvcore, for CI and run time alike.
+
+    Args:
+        arch: ``"sm_90"`` and the like (a cubin for exactly that SM); None leaves the architecture to
+            the caller (CuPy's own NVRTC path adds ``-arch=sm_XX`` itself).
+        includes: folders for ``-I`` (:func:`include_dirs`).
+        verbose: add ptxas's register/spill report to the log (changes no code).
+
+    No ``--use_fast_math``: the quantizing division ``x / scale`` must round like NumPy's (IEEE), so the
+    pool's bytes agree across backends; the softmax calls ``ex2.approx`` explicitly instead.
+    """
+    opts = ["-std=c++17", "-Werror=all-warnings", "-lineinfo"]
+    if arch is not None:
+        opts.insert(0, f"--gpu-architecture={arch}")
+    if verbose:
+        opts.append("--ptxas-options=-v")
+    return opts + [f"-I{d}" for d in includes]
+
+
+@dataclass(frozen=True)
+class CompileResult:
+    """The outcome of one NVRTC compilation."""
+
+    ok: bool  # True when NVRTC produced a cubin
+    cubin: bytes  # the cubin (empty on failure)
+    log: str  # NVRTC's program log (errors, warnings, ptxas report)
+    seconds: float  # wall time of the compilation
+
+
+def compile_cubin(
+    source: bytes, name: str, arch: str, includes: Sequence[str], *, verbose: bool = False
+) -> CompileResult:
+    """Compile one translation unit to a cubin for ``arch`` with :func:`nvrtc_options`. Needs no GPU."""
+    nvrtc = _nvrtc()
+    start = time.perf_counter()
+    prog = _call(nvrtc.nvrtcCreateProgram(source, name.encode(), 0, [], []))
+    try:
+        opts = [o.encode() for o in nvrtc_options(arch, includes, verbose=verbose)]
+        status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
+        log_size = _call(nvrtc.nvrtcGetProgramLogSize(prog))
+        log = b" " * log_size
+        nvrtc.nvrtcGetProgramLog(prog, log)
+        ok = status == nvrtc.nvrtcResult.NVRTC_SUCCESS
+        cubin = b""
+        if ok:
+            cubin = b" " * _call(nvrtc.nvrtcGetCUBINSize(prog))
+            nvrtc.nvrtcGetCUBIN(prog, cubin)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+    text = log.decode(errors="replace").rstrip("\x00 \n")
+    return CompileResult(ok, cubin, text, time.perf_counter() - start)
+
+
+def missing_kernels(cubin: bytes, names: Sequence[str]) -> list[str]:
+    """The entry points of ``names`` that the cubin does not define (each has a ``.text.<name>`` section)."""
+    return [n for n in names if b".text." + n.encode() + b"\x00" not in cubin]
+
+
+def register_report(log: str) -> list[tuple[str, int, int]]:
+    """(kernel, registers, spilled bytes) for every function in a ``--ptxas-options=-v`` log."""
+    out = []
+    for fn, spill, regs in re.findall(
+        r"function '(\w+)'.*?(\d+) bytes spill stores.*?Used (\d+) regi", log, re.S
+    ):
+        out.append((fn, int(regs), int(spill)))
+    return out

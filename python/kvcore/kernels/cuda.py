@@ -1,0 +1,441 @@
+"""GPU implementations of the kernel operations (``backend="cupy"`` pools): argument checks, then launches.
+
+Imported only when a CuPy pool calls a kernel. Every check runs before the first launch, so a rejected
+call changes nothing. Host inputs (the manager's NumPy page tables and slot mappings) are validated on the
+host and copied to the device; device inputs are checked for shape and dtype only (reading their values
+would synchronize).
+
+Activations: the kernels take fp16 (``float16``) or bf16 (``uint16`` bit patterns). A 16-bit pool takes its
+own type (a bf16 pool bf16, an fp16 pool fp16); an fp8/int8 pool takes either. Other inputs (float32, the
+other 16-bit type) are converted on the device first, and attention returns the dtype of ``q``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
+from kvcore.kernels import loader, reference
+from kvcore.kernels._nvrtc import HEAD_DIMS
+from kvcore.kernels.plan import AttentionPlan, PageTableLike
+from kvcore.pool import KVPool, dtypes
+
+__all__ = [
+    "append_kv",
+    "attention_launcher",
+    "copy_pages",
+    "gather_pages",
+    "occupancy",
+    "paged_decode_attention",
+    "paged_prefill_attention",
+    "scatter_pages",
+]
+
+_THREADS = 128  # attention, merge and append blocks (kernels/paged_attention.cu kThreads)
+_COPY_THREADS = 256  # page_copy.cu blocks
+
+
+def _i32(x: int) -> np.int32:
+    return np.int32(x)
+
+
+def _i64(x: int) -> np.int64:
+    return np.int64(x)
+
+
+def _launch(
+    pool: KVPool, family: str, name: str, grid: tuple[int, ...], block: int, args: tuple[Any, ...]
+) -> None:
+    kernel = loader.get_kernel(family, name, int(pool.data.device.id))
+    kernel(grid, (block,), args)
+
+
+def _act_name(dtype: Any) -> str | None:
+    return "fp16" if dtype == np.float16 else "bf16" if dtype == np.uint16 else None
+
+
+def _as_activation(x: Any, pool: KVPool, want: str | None = None) -> tuple[Any, str]:
+    """``x`` on the device in a kernel activation type (see the module docstring) and that type's name."""
+    cp = pool.xp
+    a = cp.asarray(x)
+    have = _act_name(a.dtype)
+    if want is None:
+        want = pool.kv_dtype if pool.kv_dtype in ("fp16", "bf16") else (have or "fp16")
+    if have == want:
+        return a, want
+    f = dtypes.to_float32(a, cp)
+    return (f.astype(cp.float16) if want == "fp16" else dtypes.float_to_bf16_bits(f, cp)), want
+
+
+def _convert(a: Any, dtype: Any, cp: Any) -> Any:
+    """Device array ``a`` (fp16 or bf16 bits) as ``dtype`` (float16, uint16 bf16 bits or a float type)."""
+    if a.dtype == dtype:
+        return a
+    f = dtypes.to_float32(a, cp)
+    return dtypes.float_to_bf16_bits(f, cp) if dtype == np.uint16 else f.astype(dtype)
+
+
+def _row_aligned(a: Any) -> bool:
+    """16-byte vector loads of whole rows are legal: unit stride on head_dim, 16-byte aligned rows."""
+    s = a.strides
+    return s[2] == a.itemsize and s[0] % 16 == 0 and s[1] % 16 == 0 and a.data.ptr % 16 == 0
+
+
+def _elem_strides(a: Any) -> tuple[np.int64, np.int64]:
+    if a.strides[2] != a.itemsize:
+        raise InvalidDTypeError("rows must be contiguous along head_dim")
+    return _i64(a.strides[0] // a.itemsize), _i64(a.strides[1] // a.itemsize)
+
+
+# ------------------------------------------------------------------------------------ append_kv
+
+
+def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:
+    """CUDA ``append_kv``; see :func:`kvcore.kernels.reference.append_kv`."""
+    cp = pool.xp
+    layer = pool.check_layer(layer)
+    if not hasattr(slot_mapping, "shape"):
+        slot_mapping = np.asarray(slot_mapping)
+    T = int(slot_mapping.shape[0])
+    reference.check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim)
+    reference.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
+    host = reference.check_slots(pool, slot_mapping, T)
+    if pool.head_dim % 8:
+        raise InvalidArgumentError(f"the CUDA append_kv needs head_dim % 8 == 0, got {pool.head_dim}")
+    if T == 0:
+        return
+    kd, act = _as_activation(k, pool)
+    vd, _ = _as_activation(v, pool, act)
+    kd = kd if _row_aligned(kd) else cp.ascontiguousarray(kd)
+    vd = vd if _row_aligned(vd) else cp.ascontiguousarray(vd)
+    slots = cp.asarray(host if host is not None else slot_mapping, dtype=cp.int64)
+    st = pool.strides
+    _launch(
+        pool,
+        "append_kv",
+        f"append_kv_{act}_{pool.kv_dtype}",
+        (T,),
+        _THREADS,
+        (
+            kd,
+            vd,
+            *_elem_strides(kd),
+            *_elem_strides(vd),
+            cp.ascontiguousarray(slots),
+            pool.data[layer],
+            _i64(st.kv),
+            _i64(st.page),
+            _i64(st.head),
+            _i64(st.token),
+            pool.k_scale[layer],
+            pool.v_scale[layer],
+            _i32(pool.num_kv_heads),
+            _i32(pool.head_dim),
+            _i32(pool.page_size),
+        ),
+    )
+
+
+# ------------------------------------------------------------------------------------ attention
+
+
+def occupancy(pool: KVPool, q: Any) -> dict[str, int]:
+    """``num_sms`` and ``blocks_per_sm`` of the attention kernel ``q`` would launch on the pool's device.
+
+    From CUDA's occupancy calculator (registers and shared memory of the compiled kernel); 2 blocks per
+    SM if it cannot be asked. These size the split-K partition (:func:`plan_attention`).
+    """
+    cp = pool.xp
+    dev = int(pool.data.device.id)
+    num_sms = int(cp.cuda.Device(dev).attributes["MultiProcessorCount"])
+    act = _act_name(q.dtype) or ("bf16" if pool.kv_dtype == "bf16" else "fp16")
+    if pool.kv_dtype in ("fp16", "bf16"):
+        act = pool.kv_dtype
+    blocks = 2
+    if pool.head_dim in HEAD_DIMS:
+        try:
+            kernel = loader.get_kernel(
+                "paged_attention", f"paged_attention_{act}_{pool.kv_dtype}_d{pool.head_dim}", dev
+            )
+            blocks = int(
+                cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _THREADS, 0)
+            )
+        except Exception:  # an older CuPy without the call: keep the conservative default
+            blocks = 2
+    return {"num_sms": num_sms, "blocks_per_sm": max(1, blocks)}
+
+
+def _device_plan(plan: AttentionPlan, pool: KVPool) -> dict[str, Any]:
+    """The plan's arrays on the pool's device (copied once per plan and device)."""
+    dev = int(pool.data.device.id)
+    arrays: dict[str, Any] | None = plan.device.get(dev)
+    if arrays is None:
+        cp = pool.xp
+        with cp.cuda.Device(dev):
+            pt = plan.page_table
+            arrays = {
+                "kv_indptr": cp.asarray(pt.kv_indptr),
+                "kv_indices": cp.asarray(pt.kv_indices if pt.kv_indices.size else np.zeros(1, np.int32)),
+                "kv_len": cp.asarray(plan.kv_len),
+                "q_indptr": cp.asarray(plan.q_indptr),
+                "items": cp.asarray(plan.items),
+                "merges": cp.asarray(plan.merges),
+            }
+        plan.device[dev] = arrays
+    return arrays
+
+
+def attention_launcher(
+    q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: float, out: Any
+) -> Callable[[], None]:
+    """A zero-argument callable that launches the attention (and merge) kernels, with no host decisions.
+
+    ``q`` and ``out`` are device arrays of the kernel activation type (float16, or uint16 bf16 bits; a
+    bf16 pool takes bf16, an fp16 pool fp16), ``out`` C-contiguous; every check is done here, once. The
+    callable suits per-layer replays and CUDA graph capture; the benchmark times it back to back.
+
+    Raises:
+        InvalidArgumentError: head_dim not in HEAD_DIMS, page_size not a power of two, or an activation
+            type the pool's kernels do not take.
+    """
+    cp = pool.xp
+    D = pool.head_dim
+    if D not in HEAD_DIMS:
+        raise InvalidArgumentError(f"the CUDA attention kernels support head_dim {HEAD_DIMS}, got {D}")
+    if pool.page_size & (pool.page_size - 1):
+        raise InvalidArgumentError(
+            f"the CUDA attention kernels need a power-of-two page_size, got {pool.page_size}"
+        )
+    act = _act_name(q.dtype)
+    if act is None or (pool.kv_dtype in ("fp16", "bf16") and act != pool.kv_dtype) or out.dtype != q.dtype:
+        raise InvalidArgumentError(
+            f"a {pool.kv_dtype} pool's kernels do not take {q.dtype} queries / {out.dtype} outputs"
+        )
+    if not out.flags.c_contiguous or tuple(out.shape) != tuple(q.shape):
+        raise InvalidDTypeError("out: must be C-contiguous and shaped like q")
+    if not plan.items.shape[0]:
+        return lambda: None
+    arrays = _device_plan(plan, pool)
+    Hkv = pool.num_kv_heads
+    key = f"partials_d{D}"
+    if key not in arrays:
+        n = max(plan.num_partials, 1)
+        arrays[key] = (cp.empty((n, Hkv, 16, D), cp.float32), cp.empty((n, Hkv, 16), cp.float32))
+    o_part, lse_part = arrays[key]
+    st = pool.strides
+    dev = int(pool.data.device.id)
+    attn = loader.get_kernel("paged_attention", f"paged_attention_{act}_{pool.kv_dtype}_d{D}", dev)
+    attn_args = (
+        q,
+        *_elem_strides(q),
+        pool.data[layer],
+        _i64(st.kv),
+        _i64(st.page),
+        _i64(st.head),
+        _i64(st.token),
+        pool.k_scale[layer],
+        pool.v_scale[layer],
+        arrays["kv_indptr"],
+        arrays["kv_indices"],
+        arrays["kv_len"],
+        arrays["q_indptr"],
+        arrays["items"],
+        out,
+        o_part,
+        lse_part,
+        np.float32(sm_scale),
+        _i32(plan.group_size),
+        _i32(Hkv),
+        _i32(pool.page_size.bit_length() - 1),
+    )
+    attn_grid = (int(plan.items.shape[0]), Hkv)
+    if not plan.merges.shape[0]:
+        return lambda: attn(attn_grid, (_THREADS,), attn_args)
+    merge = loader.get_kernel("paged_attention", f"attention_merge_{act}", dev)
+    merge_args = (
+        o_part,
+        lse_part,
+        arrays["merges"],
+        arrays["q_indptr"],
+        out,
+        _i32(plan.group_size),
+        _i32(Hkv),
+        _i32(D),
+    )
+    merge_grid = (int(plan.merges.shape[0]), Hkv)
+
+    def launch() -> None:
+        attn(attn_grid, (_THREADS,), attn_args)
+        merge(merge_grid, (_THREADS,), merge_args)
+
+    return launch
+
+
+def _attention(q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: float, out: Any) -> Any:
+    cp = pool.xp
+    result_dtype = np.dtype(q.dtype)
+    if out is not None:
+        reference.output_like(q, cp, out)
+    qd, _ = _as_activation(q, pool)
+    if qd.strides[2] != qd.itemsize:
+        qd = cp.ascontiguousarray(qd)
+    kernel_out = out if out is not None and out.dtype == qd.dtype and out.flags.c_contiguous else None
+    if kernel_out is None:
+        kernel_out = cp.empty(qd.shape, dtype=qd.dtype)
+    attention_launcher(qd, pool, layer, plan, sm_scale, kernel_out)()
+    result = _convert(kernel_out, result_dtype, cp)
+    if out is not None and result is not out:
+        out[...] = result
+        return out
+    return result
+
+
+def paged_decode_attention(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    page_table: PageTableLike | tuple[Any, Any, Any],
+    sm_scale: float | None = None,
+    *,
+    plan: AttentionPlan | None = None,
+    out: Any = None,
+) -> Any:
+    """CUDA decode attention; see :func:`kvcore.kernels.reference.paged_decode_attention`."""
+    layer, plan, scale = reference._prepare(
+        q,
+        pool,
+        layer,
+        page_table,
+        reference.decode_q_indptr(page_table),
+        sm_scale,
+        plan,
+        **occupancy(pool, q),
+    )
+    return _attention(q, pool, layer, plan, scale, out)
+
+
+def paged_prefill_attention(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    page_table: PageTableLike | tuple[Any, Any, Any],
+    q_indptr: Any,
+    sm_scale: float | None = None,
+    *,
+    plan: AttentionPlan | None = None,
+    out: Any = None,
+) -> Any:
+    """CUDA prefill attention; see :func:`kvcore.kernels.reference.paged_prefill_attention`."""
+    layer, plan, scale = reference._prepare(
+        q, pool, layer, page_table, q_indptr, sm_scale, plan, **occupancy(pool, q)
+    )
+    return _attention(q, pool, layer, plan, scale, out)
+
+
+# ------------------------------------------------------------------------------------ page copies
+
+
+def _byte_strides(pool: KVPool) -> tuple[np.int64, np.int64, np.int64, np.int64]:
+    """(layer, kv, page, plane bytes) strides in bytes; a page of one plane is contiguous in both layouts."""
+    b = pool.storage_dtype.itemsize
+    st = pool.strides
+    return _i64(st.layer * b), _i64(st.kv * b), _i64(st.page * b), _i64(st.page * b)
+
+
+def copy_pages(pool: KVPool, pairs: Any) -> None:
+    """CUDA ``copy_pages``: every pair, every layer, K and V, in one launch."""
+    p = reference.check_pairs(pool, pairs)
+    if p.shape[0] == 0:
+        return
+    cp = pool.xp
+    _launch(
+        pool,
+        "page_copy",
+        "copy_pages",
+        (p.shape[0], 2 * pool.num_layers),
+        _COPY_THREADS,
+        (pool.data, cp.asarray(p), *_byte_strides(pool)),
+    )
+
+
+def _pinned_device_pointer(a: np.ndarray, cp: Any) -> int | None:
+    """The device address of page-locked host memory (UVA), or None for ordinary host memory."""
+    try:
+        attrs = cp.cuda.runtime.pointerGetAttributes(a.ctypes.data)
+    except RuntimeError:
+        return None
+    if attrs.type != cp.cuda.runtime.memoryTypeHost:
+        return None
+    return int(attrs.devicePointer)
+
+
+def gather_pages(pool: KVPool, page_ids: Any, out: Any) -> Any:
+    """CUDA ``gather_pages``: into a device buffer, or straight into pinned host memory (zero-copy).
+
+    An ordinary (pageable) host ``out`` goes through a device staging buffer and one copy. With a host
+    ``out`` the call returns once the data is there; with a device ``out`` it is stream-ordered.
+    """
+    cp = pool.xp
+    ids = reference.check_page_ids(pool, page_ids)
+    reference.check_host_buffer(pool, out, ids.shape[0], "out")
+    if ids.shape[0] == 0:
+        return out
+    grid = (ids.shape[0], 2 * pool.num_layers)
+    ids_d = cp.asarray(ids)
+    if isinstance(out, cp.ndarray):
+        _launch(
+            pool,
+            "page_copy",
+            "gather_pages",
+            grid,
+            _COPY_THREADS,
+            (pool.data, ids_d, out, *_byte_strides(pool)),
+        )
+        return out
+    ptr = _pinned_device_pointer(out, cp)
+    if ptr is not None:
+        _launch(
+            pool,
+            "page_copy",
+            "gather_pages",
+            grid,
+            _COPY_THREADS,
+            (pool.data, ids_d, np.uint64(ptr), *_byte_strides(pool)),
+        )
+        pool.backend.synchronize()
+        return out
+    staging = cp.empty(out.shape, dtype=out.dtype)
+    _launch(
+        pool,
+        "page_copy",
+        "gather_pages",
+        grid,
+        _COPY_THREADS,
+        (pool.data, ids_d, staging, *_byte_strides(pool)),
+    )
+    staging.get(out=out)
+    return out
+
+
+def scatter_pages(pool: KVPool, page_ids: Any, src: Any) -> None:
+    """CUDA ``scatter_pages``: from a device buffer, pinned host memory (zero-copy) or pageable memory."""
+    cp = pool.xp
+    ids = reference.check_page_ids(pool, page_ids)
+    reference.check_host_buffer(pool, src, ids.shape[0], "src")
+    if ids.shape[0] == 0:
+        return
+    grid = (ids.shape[0], 2 * pool.num_layers)
+    ids_d = cp.asarray(ids)
+    if isinstance(src, cp.ndarray):
+        buf: Any = src
+    else:
+        ptr = _pinned_device_pointer(src, cp)
+        buf = np.uint64(ptr) if ptr is not None else cp.asarray(src)
+    _launch(
+        pool, "page_copy", "scatter_pages", grid, _COPY_THREADS, (pool.data, ids_d, buf, *_byte_strides(pool))
+    )
+    if not isinstance(src, cp.ndarray):
+        pool.backend.synchronize()  # the caller may reuse its host buffer as soon as we return

@@ -1,0 +1,235 @@
+"""Page tables in, a work partition out: the host-side "plan" of paged attention.
+
+Why a plan: FlashInfer's split between *plan* (once per scheduler step, on the CPU, from the batch
+composition) and *run* (once per layer, no host decisions). The plan cuts every sequence's query rows
+into tiles of :data:`ROWS_PER_TILE` rows and its keys into chunks of ``chunk_lens[seq]`` (split-K, so a
+few long sequences still fill every SM), and lists the work items and the LSE merges. The NumPy reference
+uses the same chunks, so the CPU exercises exactly the split logic the GPU runs.
+
+Split sizing: the thread blocks the device runs at once (``num_sms * blocks_per_sm``) are shared over the
+kv heads; a sequence is cut into ``floor(kv_len / chunk)`` even chunks, so a batch never needs a nearly
+empty extra wave (a few long sequences fill one wave; many short ones are left whole).
+
+Rows: a sequence with ``q_len`` query tokens and group size ``G = num_qo_heads // num_kv_heads`` has
+``q_len * G`` rows per kv head; row ``r`` is query token ``r // G`` and query head ``kv_head * G + r % G``.
+Query token ``i`` sits at absolute position ``kv_len - q_len + i`` and sees keys ``j <= kv_len - q_len + i``
+(causal with the cached prefix in front; decode is ``q_len == 1``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
+
+__all__ = [
+    "ROWS_PER_TILE",
+    "AttentionPlan",
+    "PageTableArrays",
+    "PageTableLike",
+    "kv_lengths",
+    "plan_attention",
+    "unpack_page_table",
+]
+
+# Query rows per work tile: the M dimension of one mma.sync m16n8k16 in the CUDA kernel.
+ROWS_PER_TILE = 16
+# Key chunks are multiples of this (4 warps x 16 keys per step in the CUDA kernel).
+CHUNK_ALIGN = 64
+# Below this many keys per chunk the merge costs more than the extra parallelism brings.
+MIN_CHUNK_LEN = 256
+
+
+class PageTableLike(Protocol):
+    """What :class:`kvcore.KVCacheManager.page_table` returns (FlashInfer's CSR page table)."""
+
+    kv_indptr: Any  # [batch + 1] int32
+    kv_indices: Any  # [kv_indptr[-1]] int32 page ids
+    kv_last_page_len: Any  # [batch] int32, in [1, page_size] (0 only for an empty sequence)
+
+
+class PageTableArrays(NamedTuple):
+    """A page table as three host arrays (the kernels' input)."""
+
+    kv_indptr: np.ndarray  # [batch + 1] int32, kv_indptr[0] == 0, non-decreasing
+    kv_indices: np.ndarray  # [kv_indptr[-1]] int32 page ids in [1, num_pages)
+    kv_last_page_len: np.ndarray  # [batch] int32 tokens used in each sequence's last page
+
+
+def _int32_1d(a: Any, name: str) -> np.ndarray:
+    arr = np.asarray(a)
+    if arr.ndim != 1 or arr.dtype.kind not in "iu":
+        raise InvalidDTypeError(f"{name}: expected a 1-D int32 array, got {arr.dtype}{list(arr.shape)}")
+    return np.ascontiguousarray(arr, dtype=np.int32)
+
+
+def unpack_page_table(page_table: PageTableLike | tuple[Any, Any, Any]) -> PageTableArrays:
+    """The three arrays of a page table (an object with the three attributes, or a 3-tuple), checked.
+
+    Host arrays only: device copies are made by the plan, once per step.
+
+    Raises:
+        InvalidDTypeError: an array is not 1-D integer, or the lengths disagree.
+        InvalidArgumentError: ``kv_indptr`` is not a CSR offset array.
+    """
+    if hasattr(page_table, "kv_indptr"):
+        pt: Any = page_table
+        raw = (pt.kv_indptr, pt.kv_indices, pt.kv_last_page_len)
+    else:
+        raw = tuple(page_table)
+        if len(raw) != 3:
+            raise InvalidDTypeError("page_table: expected (kv_indptr, kv_indices, kv_last_page_len)")
+    indptr = _int32_1d(raw[0], "kv_indptr")
+    indices = _int32_1d(raw[1], "kv_indices")
+    last = _int32_1d(raw[2], "kv_last_page_len")
+    if indptr.shape[0] != last.shape[0] + 1:
+        raise InvalidDTypeError(f"kv_indptr has {indptr.shape[0]} entries for a batch of {last.shape[0]}")
+    if indptr[0] != 0 or (np.diff(indptr) < 0).any() or indptr[-1] != indices.shape[0]:
+        raise InvalidArgumentError("kv_indptr: must start at 0, not decrease, and end at len(kv_indices)")
+    return PageTableArrays(indptr, indices, last)
+
+
+def kv_lengths(pt: PageTableArrays, page_size: int) -> np.ndarray:
+    """int32 [batch]: ``page_size * (num_pages - 1) + last_page_len`` (0 for a sequence with no pages).
+
+    Raises:
+        InvalidArgumentError: a last-page length outside ``[1, page_size]`` for a sequence with pages.
+    """
+    num_pages = np.diff(pt.kv_indptr)
+    last = pt.kv_last_page_len
+    has = num_pages > 0
+    if ((last[has] < 1) | (last[has] > page_size)).any():
+        raise InvalidArgumentError(f"kv_last_page_len: must be in [1, {page_size}] for every sequence")
+    return np.where(has, page_size * (num_pages - 1) + last, 0).astype(np.int32)
+
+
+@dataclass
+class AttentionPlan:
+    """The work partition of one batch for paged attention; reuse it for every layer of a step.
+
+    ``items`` and ``merges`` are what the CUDA kernels read; the NumPy reference only needs
+    ``chunk_lens``. Device copies of the arrays are cached in :attr:`device` by the GPU path.
+    """
+
+    batch_size: int  # number of sequences
+    num_qo_heads: int  # query heads
+    num_kv_heads: int  # kv heads; group_size = num_qo_heads // num_kv_heads
+    page_size: int  # tokens per page
+    page_table: PageTableArrays  # the host page table the plan was made from
+    kv_len: np.ndarray  # [batch] int32 keys per sequence (prefix + new tokens)
+    q_indptr: np.ndarray  # [batch + 1] int32 CSR offsets of each sequence's query tokens
+    chunk_lens: np.ndarray  # [batch] int32 keys per split (multiples of CHUNK_ALIGN): [k*chunk, (k+1)*chunk)
+    items: np.ndarray  # [num_items, 5] int32: (seq, row_tile, kv_begin, kv_end, partial or -1)
+    merges: np.ndarray  # [num_merges, 4] int32: (seq, row_tile, first_partial, num_partials)
+    num_partials: int  # rows of the fp32 partial-output buffers (items with a partial index)
+    device: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)  # GPU copies per device id
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per kv head (G)."""
+        return self.num_qo_heads // self.num_kv_heads
+
+    @property
+    def num_q_tokens(self) -> int:
+        """Query tokens over the batch (rows of ``q``)."""
+        return int(self.q_indptr[-1])
+
+
+def _ceil_div(a: Any, b: Any) -> Any:
+    return -(-a // b)
+
+
+def plan_attention(
+    page_table: PageTableLike | tuple[Any, Any, Any],
+    q_indptr: Any,
+    *,
+    page_size: int,
+    num_qo_heads: int,
+    num_kv_heads: int,
+    num_sms: int = 132,
+    blocks_per_sm: int = 2,
+    chunk_len: int | None = None,
+) -> AttentionPlan:
+    """Plan paged attention for one batch (decode: ``q_indptr = arange(batch + 1)``).
+
+    Args:
+        page_table: the batch's CSR page table (host arrays, as the manager returns them).
+        q_indptr: int32 ``[batch + 1]`` offsets of each sequence's query tokens in ``q``.
+        page_size: tokens per page of the pool.
+        num_qo_heads: query heads; a multiple of ``num_kv_heads``.
+        num_kv_heads: kv heads of the pool.
+        num_sms: streaming multiprocessors (132 on H100/H200); only changes the split count.
+        blocks_per_sm: attention thread blocks resident per SM (the GPU path asks the occupancy API).
+        chunk_len: force the keys per split for every sequence (a multiple of 64).
+
+    Raises:
+        InvalidArgumentError: inconsistent shapes, a sequence with more query tokens than keys, or a
+            bad head count / chunk length.
+    """
+    pt = unpack_page_table(page_table)
+    qi = _int32_1d(q_indptr, "q_indptr")
+    batch = pt.kv_last_page_len.shape[0]
+    if qi.shape[0] != batch + 1 or qi[0] != 0 or (np.diff(qi) < 0).any():
+        raise InvalidArgumentError(f"q_indptr: expected [{batch + 1}] offsets from 0, non-decreasing")
+    if num_kv_heads < 1 or num_qo_heads < 1 or num_qo_heads % num_kv_heads:
+        raise InvalidArgumentError(
+            f"num_qo_heads ({num_qo_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
+        )
+    kv_len = kv_lengths(pt, page_size)
+    q_len = np.diff(qi).astype(np.int64)
+    if (q_len > kv_len).any():
+        raise InvalidArgumentError("a sequence has more query tokens than keys: append K/V first")
+    G = num_qo_heads // num_kv_heads
+
+    # One entry per (sequence, row tile): the keys its last row may see (causal limit + 1).
+    tiles_per_seq = _ceil_div(q_len * G, ROWS_PER_TILE)
+    seq = np.repeat(np.arange(batch, dtype=np.int64), tiles_per_seq)
+    first_tile = np.repeat(np.cumsum(tiles_per_seq) - tiles_per_seq, tiles_per_seq)
+    tile = np.arange(seq.shape[0], dtype=np.int64) - first_tile
+    last_row = np.minimum((tile + 1) * ROWS_PER_TILE, q_len[seq] * G) - 1
+    keys = kv_len[seq] - q_len[seq] + last_row // G + 1
+
+    kv64 = kv_len.astype(np.int64)
+    if chunk_len is None:
+        per_head = max(1, _ceil_div(num_sms * blocks_per_sm, num_kv_heads))  # blocks of one wave per kv head
+        chunk = max(MIN_CHUNK_LEN, int(_ceil_div(int(keys.sum()), per_head)))
+        splits = np.maximum(1, kv64 // chunk)  # floor: never more blocks than one wave holds
+        chunk_lens = _ceil_div(_ceil_div(np.maximum(kv64, 1), splits), CHUNK_ALIGN) * CHUNK_ALIGN
+    elif chunk_len < CHUNK_ALIGN or chunk_len % CHUNK_ALIGN:
+        raise InvalidArgumentError(
+            f"chunk_len: expected a positive multiple of {CHUNK_ALIGN}, got {chunk_len}"
+        )
+    else:
+        chunk_lens = np.full(batch, chunk_len, dtype=np.int64)
+
+    tile_chunk = chunk_lens[seq]
+    n_splits = np.maximum(1, _ceil_div(keys, tile_chunk))
+    n_items = int(n_splits.sum())
+    owner = np.repeat(np.arange(seq.shape[0]), n_splits)  # tile index of every item
+    k = np.arange(n_items) - np.repeat(np.cumsum(n_splits) - n_splits, n_splits)  # split index in its tile
+    begin = k * tile_chunk[owner]
+    end = np.minimum(begin + tile_chunk[owner], keys[owner])
+    split_tile = n_splits[owner] > 1
+    partial = np.full(n_items, -1, dtype=np.int64)
+    partial[split_tile] = np.arange(int(split_tile.sum()))
+    items = np.stack([seq[owner], tile[owner], begin, end, partial], axis=1).astype(np.int32)
+
+    multi = n_splits > 1
+    first = np.cumsum(np.where(multi, n_splits, 0)) - np.where(multi, n_splits, 0)
+    merges = np.stack([seq[multi], tile[multi], first[multi], n_splits[multi]], axis=1).astype(np.int32)
+    return AttentionPlan(
+        batch_size=batch,
+        num_qo_heads=num_qo_heads,
+        num_kv_heads=num_kv_heads,
+        page_size=page_size,
+        page_table=pt,
+        kv_len=kv_len,
+        q_indptr=qi,
+        chunk_lens=chunk_lens.astype(np.int32),
+        items=items.reshape(-1, 5),
+        merges=merges.reshape(-1, 4),
+        num_partials=int(split_tile.sum()),
+    )

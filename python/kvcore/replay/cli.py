@@ -1,0 +1,227 @@
+"""``kvcore replay``: hit rate, memory and evictions of a workload at a given capacity.
+
+Runs a Mooncake-format trace (or the built-in workload) through the real manager, once per policy,
+optionally over a capacity sweep, and prints a report; the plot (and ``report.json``) go to ``--out``.
+Every error a user can cause (malformed trace line, unknown preset, contradictory capacity, missing
+file) prints one line on stderr and exits with code 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+_DEFAULT_OUT = "kvcore-replay"
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``replay`` sub-command to an argparse subparsers object (sets ``func``: args -> exit code)."""
+    p = subparsers.add_parser(
+        "replay",
+        help="replay a workload through the cache: hit rate, memory, evictions per policy and capacity",
+        description=(
+            "Replay a Mooncake-format JSONL trace (or, without TRACE, the built-in workload: shared system "
+            "prompts and tools, multi-turn chats, RAG documents) through kvcore's KVCacheManager and report "
+            "hit rates, the usage split, evictions and refusals per eviction policy."
+        ),
+    )
+    p.add_argument(
+        "trace", nargs="?", metavar="TRACE", help="Mooncake JSONL trace (default: built-in workload)"
+    )
+    src = p.add_argument_group("workload")
+    src.add_argument(
+        "--trace-block-size",
+        type=int,
+        default=512,
+        metavar="N",
+        help="tokens per hash id in TRACE (default 512)",
+    )
+    src.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    src.add_argument(
+        "--requests", type=int, metavar="N", help="built-in workload: number of requests (default 4000)"
+    )
+    src.add_argument(
+        "--seed", type=int, default=0, metavar="N", help="built-in workload: random seed (default 0)"
+    )
+    src.add_argument("--save-trace", metavar="PATH", help="also write the workload as Mooncake JSONL")
+    cap = p.add_argument_group("capacity (default: what kvcore plan gives llama-3.1-8b on H100-80G)")
+    cap.add_argument("--capacity-pages", type=int, metavar="N", help="usable pages of the cache")
+    cap.add_argument(
+        "--capacity-tokens", metavar="T", help="tokens of cache, e.g. 3000000 or 512k (k = 1024)"
+    )
+    cap.add_argument("--capacity-bytes", metavar="B", help="bytes of pool memory, e.g. 40GiB (needs --model)")
+    cap.add_argument(
+        "--model", help="model preset or config.json: bytes per page, and with --gpu the page count"
+    )
+    cap.add_argument("--gpu", help="GPU preset (H100-80G, H200-141G, A100-80G, L40S, L4, ...)")
+    cap.add_argument(
+        "--kv-dtype", default="bf16", metavar="DTYPE", help="cache precision for --model (default bf16)"
+    )
+    cap.add_argument(
+        "--tp", type=int, default=1, metavar="N", help="tensor-parallel degree for --model/--gpu (default 1)"
+    )
+    cap.add_argument(
+        "--page-size",
+        type=int,
+        default=16,
+        metavar="N",
+        help="tokens per page (default 16; 512 = Mooncake blocks)",
+    )
+    run = p.add_argument_group("replay")
+    run.add_argument(
+        "--mode",
+        choices=("sequential", "timed"),
+        help="sequential: trace order, one request at a time, prompts only (Mooncake Figure 9); "
+        "timed: arrivals at timestamps, decoding holds pages (default: timed when the trace has timestamps)",
+    )
+    run.add_argument(
+        "--policy",
+        default="lru,lfu,priority",
+        help="eviction policies, comma-separated (default lru,lfu,priority)",
+    )
+    run.add_argument(
+        "--sweep",
+        action="store_true",
+        help="also sweep capacities (8 halvings of the workload's footprint): the hit-rate curve and its PNG",
+    )
+    run.add_argument(
+        "--sweep-tokens",
+        metavar="T,T,...",
+        help="sweep these capacities instead, in tokens (e.g. 3000000,50000000; k = 1024); implies --sweep",
+    )
+    run.add_argument(
+        "--prefill-rate",
+        type=float,
+        default=10_000.0,
+        metavar="TOK_S",
+        help="timed: prefill tokens/s per request",
+    )
+    run.add_argument(
+        "--decode-rate", type=float, default=50.0, metavar="TOK_S", help="timed: decode tokens/s per request"
+    )
+    run.add_argument(
+        "--decode-chunk", type=int, default=32, metavar="N", help="timed: tokens reserved per decode step"
+    )
+    run.add_argument(
+        "--max-queue-wait",
+        type=float,
+        default=60.0,
+        metavar="S",
+        help="timed: seconds a request may wait before it is refused",
+    )
+    out = p.add_argument_group("output")
+    out.add_argument(
+        "--out",
+        default=_DEFAULT_OUT,
+        metavar="DIR",
+        help=f"directory for the plot and report.json (default ./{_DEFAULT_OUT})",
+    )
+    out.add_argument("--no-plot", action="store_true", help="write no PNG")
+    out.add_argument("--json", action="store_true", help="print the report as JSON")
+    prog = out.add_mutually_exclusive_group()
+    prog.add_argument(
+        "--progress", dest="progress", action="store_true", default=None, help="always draw progress"
+    )
+    prog.add_argument("--no-progress", dest="progress", action="store_false", help="never draw progress")
+    p.set_defaults(func=_main)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from kvcore.exceptions import KVCoreError
+
+    try:
+        return _run(args)
+    except (KVCoreError, ValueError, OSError) as exc:
+        print(f"kvcore replay: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _tokens(text: str, what: str) -> int:
+    from kvcore.sizing import parse_tokens
+
+    return parse_tokens(text, what)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvcore.exceptions import ConfigError
+    from kvcore.replay.capacity import resolve_capacity
+    from kvcore.replay.engine import POLICIES, ReplayConfig, default_sweep_pages, run_replay
+    from kvcore.replay.generator import WorkloadConfig, generate_workload
+    from kvcore.replay.plot import matplotlib_available, plot_sweep, plot_timeline
+    from kvcore.replay.report import format_report
+    from kvcore.replay.trace import read_trace, write_trace
+    from kvcore.sizing import parse_bytes
+
+    policies = [p.strip().lower() for p in args.policy.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise ConfigError(f"--policy: expected some of {', '.join(POLICIES)}, got {args.policy!r}")
+    if args.trace is not None:
+        if args.requests is not None:
+            raise ConfigError("--requests sizes the built-in workload; with a TRACE use --limit")
+        trace = read_trace(args.trace, block_size=args.trace_block_size, limit=args.limit)
+    else:
+        trace = generate_workload(WorkloadConfig(seed=args.seed, num_requests=args.requests or 4000))
+        if args.limit is not None:
+            trace = trace.head(args.limit)
+    capacity = resolve_capacity(
+        page_size=args.page_size,
+        capacity_pages=args.capacity_pages,
+        capacity_tokens=_tokens(args.capacity_tokens, "--capacity-tokens") if args.capacity_tokens else None,
+        capacity_bytes=parse_bytes(args.capacity_bytes, "--capacity-bytes") if args.capacity_bytes else None,
+        model=args.model,
+        gpu=args.gpu,
+        kv_dtype=args.kv_dtype,
+        tp=args.tp,
+    )
+    mode = args.mode or ("timed" if trace.timestamps_ms is not None else "sequential")
+    if mode == "timed" and trace.timestamps_ms is None:
+        raise ConfigError("--mode timed needs a trace with timestamps")
+    config = ReplayConfig(
+        capacity_pages=capacity.pages,
+        page_size=capacity.page_size,
+        policy=policies[0],
+        mode=mode,
+        prefill_rate=args.prefill_rate,
+        decode_rate=args.decode_rate,
+        decode_chunk=args.decode_chunk,
+        max_queue_wait_s=args.max_queue_wait,
+    )
+    sweep_pages: list[int] = []
+    if args.sweep_tokens:
+        for item in args.sweep_tokens.split(","):
+            pages = _tokens(item.strip(), "--sweep-tokens") // capacity.page_size
+            if pages < 1:
+                raise ConfigError(f"--sweep-tokens: {item.strip()!r} is less than one page")
+            sweep_pages.append(pages)
+        sweep_pages = sorted(set(sweep_pages) | {capacity.pages})
+    elif args.sweep:
+        sweep_pages = default_sweep_pages(trace, capacity.pages, capacity.page_size)
+    out_dir = Path(args.out)
+    if args.save_trace:
+        write_trace(trace, args.save_trace)
+    report = run_replay(
+        trace, config, policies=policies, capacity=capacity, sweep_pages=sweep_pages, progress=args.progress
+    )
+    notes: list[str] = []
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if not args.no_plot:
+        if matplotlib_available():
+            report.plots.append(str(plot_timeline(report, out_dir / f"timeline-{mode}.png")))
+            if report.sweep:
+                report.plots.append(str(plot_sweep(report, out_dir / f"sweep-{mode}.png")))
+        else:
+            notes.append("no plot: matplotlib is not installed (pip install 'kvcore[plot]')")
+    (out_dir / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
+    if args.json:
+        print(report.to_json())
+    else:
+        print(format_report(report))
+        print(f"report written: {out_dir / 'report.json'}")
+    for note in notes:
+        print(note, file=sys.stderr)
+    return 0

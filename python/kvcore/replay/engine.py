@@ -1,0 +1,569 @@
+"""The replay engine: a workload through the real :class:`kvcore.KVCacheManager`, one policy at a time.
+
+Why the real manager and not a model of it: the question is what *kvcore* will do with this traffic at
+this capacity (its page-granular matching, its eviction order, its refusals), so every admission,
+decode step and release is a manager call, and every figure comes from the manager's answers.
+
+Two modes:
+
+**sequential** (Mooncake's Figure 9): requests in trace order, one at a time. Each takes its longest
+cached prefix (``add_sequence``), its prompt's full pages are cached, and it is freed at once; outputs
+are not generated, so not cached. The manager's eviction policy decides what goes when the cache is
+full (LRU: least recently used leaves first). Only a prompt larger than the whole cache is refused.
+
+**timed**: simulated time, no sleeping. Requests arrive at their timestamps and queue (first come,
+first served). The head of the queue is admitted when ``add_sequence`` finds room (evicting cached
+pages as needed); a request that waits longer than ``max_queue_wait_s`` is refused, and so is one that
+cannot fit even when nothing else runs. An admitted request computes its uncached prompt tokens at
+``prefill_rate`` tokens/s, then decodes ``output_length`` tokens at ``decode_rate`` tokens/s, reserving
+``decode_chunk`` slots per ``append`` (pages that fill are cached, so a later turn can hit them), and is
+freed after its last token. When an ``append`` finds no room, the youngest running request is
+**preempted** (freed, its full pages stay cached, and requeued at the front, vLLM's recompute
+preemption); it comes back when a running request finishes, recomputing its prompt and the tokens
+generated so far (mostly cache hits). A request alone in the cache that still cannot grow is refused.
+Every request ends served or refused; none is lost.
+
+Hit accounting (see :mod:`kvcore.replay.report`): ``hit_tokens`` are uncapped. ``add_sequence`` caps
+its answer at ``prompt_len - 1``; the two differ only for a page-aligned prompt, so the engine asks
+``peek_prefix_len`` (no side effects) first for those prompts only, about one in ``page_size`` of
+them, which costs almost nothing.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from itertools import count
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcore import CacheStats, KVCacheManager
+from kvcore.replay.capacity import Capacity
+from kvcore.replay.progress import Progress
+from kvcore.replay.report import PolicyResult, ReplayReport, Timeline, UsageSplit, WorkloadSummary
+from kvcore.replay.tokens import TokenSource
+from kvcore.replay.trace import Trace
+
+__all__ = ["MODES", "POLICIES", "Observer", "ReplayConfig", "default_sweep_pages", "replay", "run_replay"]
+
+POLICIES = ("lru", "lfu", "priority")
+MODES = ("sequential", "timed")
+
+#: Called after every change of the cache's usage with (simulated time or request index, stats).
+Observer = Callable[[float, CacheStats], None]
+
+_TIMELINE_POINTS = 2000  # samples kept for the plot, at most about this many
+
+
+@dataclass(frozen=True)
+class ReplayConfig:
+    """One replay's settings. The timed-mode knobs are ignored in sequential mode."""
+
+    capacity_pages: int  # usable pages, >= 1 (the manager is built with one more: the null page)
+    page_size: int = 16  # tokens per page, >= 1 (512 reproduces Mooncake's blocks)
+    policy: str = "lru"  # eviction policy: one of POLICIES
+    mode: str = "sequential"  # one of MODES
+    prefill_rate: float = 10_000.0  # timed: uncached prompt tokens computed per second per request, > 0
+    decode_rate: float = 50.0  # timed: tokens generated per second per request, > 0
+    decode_chunk: int = 32  # timed: tokens reserved per append, >= 1 (coarser is faster to simulate)
+    max_queue_wait_s: float = 60.0  # timed: longest wait for admission before a request is refused, >= 0
+
+    def __post_init__(self) -> None:
+        if self.capacity_pages < 1 or self.page_size < 1 or self.decode_chunk < 1:
+            raise ValueError("capacity_pages, page_size and decode_chunk must be >= 1")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
+        if not (self.prefill_rate > 0 and self.decode_rate > 0 and self.max_queue_wait_s >= 0):
+            raise ValueError("prefill_rate and decode_rate must be > 0, max_queue_wait_s >= 0")
+
+
+class _Usage:
+    """Integrates the usage split over time, keeps its extremes, its per-sample sums and the plot's samples.
+
+    Scalars rather than lists: this runs after every change of usage (tens of thousands of times).
+    """
+
+    def __init__(self, m: KVCacheManager, t0: float, span: float, observer: Observer | None, x_label: str):
+        self.stats = m.stats
+        self.observer = observer
+        self.t = t0
+        total = m.num_pages - 1
+        self.u = self.c = self.p = 0  # in use, cached, pinned now (an empty cache)
+        self.f = total  # free now
+        self.area_u = self.area_c = self.area_p = self.area_f = 0.0  # time integrals
+        self.max_u = self.max_c = self.max_p = 0
+        self.min_f = total
+        self.sum_u = self.sum_c = self.sum_p = self.sum_f = 0  # over samples
+        self.count = 0
+        self.timeline = Timeline(x_label=x_label)
+        self.step = span / _TIMELINE_POINTS if span > 0 else 0.0
+        self.next_point = t0
+
+    def sample(self, t: float, hit_rate: float) -> None:
+        s = self.stats()
+        u, c, p, f = s.num_pages_in_use, s.num_pages_cached, s.num_pages_pinned, s.num_pages_free
+        dt = t - self.t
+        if dt > 0:
+            self.area_u += self.u * dt
+            self.area_c += self.c * dt
+            self.area_p += self.p * dt
+            self.area_f += self.f * dt
+            self.t = t
+        self.u, self.c, self.p, self.f = u, c, p, f
+        if u > self.max_u:
+            self.max_u = u
+        if c > self.max_c:
+            self.max_c = c
+        if p > self.max_p:
+            self.max_p = p
+        if f < self.min_f:
+            self.min_f = f
+        self.sum_u += u
+        self.sum_c += c
+        self.sum_p += p
+        self.sum_f += f
+        self.count += 1
+        if self.observer is not None:
+            self.observer(t, s)
+        if t >= self.next_point:
+            self.next_point = t + self.step
+            tl = self.timeline
+            tl.x.append(t)
+            tl.in_use.append(u)
+            tl.cached.append(c)
+            tl.pinned.append(p)
+            tl.free.append(f)
+            tl.hit_rate.append(hit_rate)
+
+    def close(self, t_end: float) -> None:
+        """Extend the last sample to ``t_end`` (the end of the run) in the time integrals."""
+        self.sample(t_end, self.timeline.hit_rate[-1] if self.timeline.hit_rate else 0.0)
+
+    def extremes(self) -> UsageSplit:
+        return UsageSplit(self.max_u, self.max_c, self.max_p, self.min_f)
+
+    def sample_mean(self) -> UsageSplit:
+        n = max(self.count, 1)
+        return UsageSplit(self.sum_u / n, self.sum_c / n, self.sum_p / n, self.sum_f / n)
+
+    def time_mean(self, span: float) -> UsageSplit:
+        if span <= 0:
+            return UsageSplit(self.u, self.c, self.p, self.f)
+        return UsageSplit(self.area_u / span, self.area_c / span, self.area_p / span, self.area_f / span)
+
+
+def _counters(n: int) -> dict[str, int | float]:
+    """The counters of a PolicyResult, zeroed (the engines update them in place)."""
+    return dict(
+        num_requests=n,
+        num_served=0,
+        num_refused=0,
+        num_refused_too_large=0,
+        num_refused_timeout=0,
+        num_admission_failures=0,
+        num_preemptions=0,
+        num_append_failures=0,
+        prompt_tokens=0,
+        hit_tokens=0,
+        prefill_tokens_saved=0,
+        recomputed_tokens=0,
+        prompt_pages=0,
+        hit_pages=0,
+        peak_running=0,
+        queue_wait_mean_s=0.0,
+        queue_wait_p50_s=0.0,
+        queue_wait_p99_s=0.0,
+        queue_wait_max_s=0.0,
+        simulated_s=0.0,
+    )
+
+
+def _by_priority(trace: Trace, got: list[int], looked_up: npt.NDArray[np.bool_]) -> dict[str, float]:
+    """Hit rate (tokens) per retention priority, when the workload has priorities."""
+    if trace.priorities is None:
+        return {}
+    hits = np.asarray(got, dtype=np.int64)
+    out = {}
+    for p in np.unique(trace.priorities[looked_up]).tolist():
+        mask = looked_up & (trace.priorities == p)
+        out[str(p)] = float(hits[mask].sum() / max(int(trace.input_lens[mask].sum()), 1))
+    return out
+
+
+def _sequential(
+    trace: Trace, cfg: ReplayConfig, src: TokenSource, progress: Progress | None, observer: Observer | None
+) -> PolicyResult:
+    start = time.perf_counter()
+    ps = cfg.page_size
+    m = KVCacheManager(cfg.capacity_pages + 1, page_size=ps, eviction=cfg.policy)
+    n = trace.num_requests
+    lens: list[int] = trace.input_lens.tolist()
+    prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
+    served = np.zeros(n, dtype=bool)
+    full_hit = np.zeros(n, dtype=bool)  # page-aligned prompt entirely cached: one more page in use
+    got = [0] * n  # uncapped hit tokens per request
+    every = 1 if observer is not None else max(1, n // _TIMELINE_POINTS)
+    usage = _Usage(m, 0.0, float(n), observer, "requests")
+    add, free, peek, build = m.add_sequence, m.free_sequence, m.peek_prefix_len, src.prompt
+    hits = saved = 0
+    queried = 0
+    for i in range(n):
+        tokens = build(i)
+        length = lens[i]
+        whole = peek(tokens) if length % ps == 0 else -1
+        hit = add(i, tokens, None, prios[i])
+        if hit is None:
+            continue
+        served[i] = True
+        saved += hit
+        queried += length
+        if whole >= 0:
+            full_hit[i] = whole == length
+            hit = whole
+        hits += hit
+        got[i] = hit
+        if i % every == 0:
+            usage.sample(float(i), hits / max(queried, 1))
+            if progress is not None:
+                progress.update(i)
+        free(i)
+    stats = m.stats()
+    pages = -(-trace.input_lens // ps)
+    in_use = pages + full_hit  # the live request's pages, plus the cached copy of a recomputed last page
+    extremes = usage.extremes()
+    # Exact, not sampled: the one live request holds all in-use pages.
+    peak = replace(extremes, in_use=float(in_use[served].max()) if served.any() else 0.0)
+    num_served = int(served.sum())
+    out = _counters(n)
+    out.update(
+        num_served=num_served,
+        num_refused=n - num_served,
+        num_refused_too_large=n - num_served,
+        num_admission_failures=n - num_served,
+        prompt_tokens=int(trace.input_lens[served].sum()),
+        hit_tokens=hits,
+        prefill_tokens_saved=saved,
+        prompt_pages=int(pages[served].sum()),
+        hit_pages=hits // ps,
+        peak_running=1 if num_served else 0,
+    )
+    return PolicyResult(
+        priority_hit_rates=_by_priority(trace, got, served),
+        policy=cfg.policy,
+        mode=cfg.mode,
+        capacity_pages=cfg.capacity_pages,
+        page_size=ps,
+        num_evicted_pages=stats.num_evicted_pages,
+        peak=peak,
+        mean=usage.sample_mean(),
+        elapsed_s=time.perf_counter() - start,
+        timeline=usage.timeline,
+        **out,  # type: ignore[arg-type]
+    )
+
+
+class _Timed:
+    """State of one timed replay (a class so the hot paths read attributes, not closures' cells)."""
+
+    def __init__(self, trace: Trace, cfg: ReplayConfig, src: TokenSource, observer: Observer | None) -> None:
+        if trace.timestamps_ms is None:
+            raise ValueError("timed mode needs a trace with timestamps")
+        self.cfg = cfg
+        self.src = src
+        self.ps = cfg.page_size
+        self.m = KVCacheManager(cfg.capacity_pages + 1, page_size=cfg.page_size, eviction=cfg.policy)
+        n = self.n = trace.num_requests
+        self.arrival: list[float] = (trace.timestamps_ms / 1000.0).tolist()
+        self.order: list[int] = np.argsort(trace.timestamps_ms, kind="stable").tolist()
+        self.in_lens: list[int] = trace.input_lens.tolist()
+        self.out_lens: list[int] = trace.output_lens.tolist()
+        self.prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
+        self.generated = [0] * n  # output tokens reserved so far, per request
+        self.epoch = [0] * n  # bumped at each preemption: older heap events are stale
+        self.outputs: dict[int, np.ndarray] = {}  # answer tokens of admitted (or preempted) requests
+        self.running: dict[int, None] = {}  # live requests in admission order (last = youngest)
+        self.heap: list[tuple[float, int, int, int]] = []  # (time, tie-break, request, epoch)
+        self.tie = count()
+        self.waiting: deque[int] = deque()  # new arrivals, first come first served
+        self.preempted: deque[int] = deque()  # requeued requests, served before new arrivals
+        self.blocked_on = -1  # the queue head that failed to fit, until something is released
+        self.waits: list[float] = []  # arrival to first admission, per admitted request
+        self.got = [0] * n  # uncapped hit tokens at first admission, per request
+        self.looked_up = np.zeros(n, dtype=bool)  # admitted at least once
+        self.c = _counters(n)
+        t0 = self.arrival[self.order[0]] if n else 0.0
+        span = (max(self.arrival) - t0) if n else 0.0
+        self.usage = _Usage(self.m, t0, span, observer, "simulated seconds")
+        self.done = 0
+
+    def hit_rate(self) -> float:
+        c = self.c
+        return c["hit_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
+
+    def admit(self, idx: int, t: float) -> bool:
+        c, ps, src = self.c, self.ps, self.src
+        first = idx not in self.outputs
+        g = self.generated[idx]
+        tokens = src.prompt(idx) if g == 0 else src.prompt_and_output(idx, self.outputs[idx][:g])
+        length = len(tokens)
+        whole = self.m.peek_prefix_len(tokens) if first and length % ps == 0 else -1
+        hit = self.m.add_sequence(idx, tokens, None, self.prios[idx])
+        if hit is None:
+            c["num_admission_failures"] += 1
+            return False
+        if first:
+            self.outputs[idx] = src.output(idx)
+            got = whole if whole >= 0 else hit
+            self.got[idx] = got
+            self.looked_up[idx] = True
+            c["prompt_tokens"] += length
+            c["hit_tokens"] += got
+            c["hit_pages"] += got // ps
+            c["prompt_pages"] += -(-length // ps)
+            c["prefill_tokens_saved"] += hit
+            self.waits.append(t - self.arrival[idx])
+        else:
+            c["recomputed_tokens"] += length - hit
+        self.running[idx] = None
+        if len(self.running) > c["peak_running"]:
+            c["peak_running"] = len(self.running)
+        heapq.heappush(
+            self.heap, (t + (length - hit) / self.cfg.prefill_rate, next(self.tie), idx, self.epoch[idx])
+        )
+        self.usage.sample(t, self.hit_rate())
+        return True
+
+    def refuse(self, idx: int, reason: str) -> None:
+        self.c[reason] += 1
+        self.c["num_refused"] += 1
+        self.outputs.pop(idx, None)
+        self.done += 1
+
+    def try_admit(self, t: float) -> None:
+        """Admit from the queue head while there is room; refuse what waited too long or can never fit."""
+        waiting, preempted, limit = self.waiting, self.preempted, self.cfg.max_queue_wait_s
+        while True:
+            while waiting and t - self.arrival[waiting[0]] > limit:
+                self.refuse(waiting.popleft(), "num_refused_timeout")
+            queue = preempted if preempted else waiting
+            if not queue:
+                return
+            idx = queue[0]
+            if idx == self.blocked_on:  # it failed, and nothing was released since
+                return
+            if self.admit(idx, t):
+                queue.popleft()
+                continue
+            if not self.running:  # an empty cache cannot hold it: it never will
+                queue.popleft()
+                self.refuse(idx, "num_refused_too_large")
+                continue
+            self.blocked_on = idx
+            return
+
+    def release(self, idx: int, t: float) -> None:
+        self.m.free_sequence(idx)
+        del self.running[idx]
+        self.blocked_on = -1
+        self.usage.sample(t, self.hit_rate())
+
+    def preempt(self, idx: int, t: float) -> None:
+        self.release(idx, t)
+        self.epoch[idx] += 1
+        self.preempted.appendleft(idx)
+        self.c["num_preemptions"] += 1
+
+    def step(self, t: float, idx: int) -> None:
+        """Request ``idx``'s next event: reserve its next decode chunk, or finish."""
+        g, out = self.generated[idx], self.out_lens[idx]
+        if g >= out:
+            self.release(idx, t)
+            self.outputs.pop(idx, None)
+            self.c["num_served"] += 1
+            self.done += 1
+            self.try_admit(t)
+            return
+        size = min(self.cfg.decode_chunk, out - g)
+        chunk = self.outputs[idx][g : g + size]
+        append = self.m.append
+        while not append(idx, chunk):
+            self.c["num_append_failures"] += 1
+            if len(self.running) == 1:  # alone and still no room: this request can never finish here
+                self.release(idx, t)
+                self.refuse(idx, "num_refused_too_large")
+                self.try_admit(t)
+                return
+            victim = next(reversed(self.running))
+            self.preempt(victim, t)
+            if victim == idx:
+                return
+        self.generated[idx] = g + size
+        heapq.heappush(self.heap, (t + size / self.cfg.decode_rate, next(self.tie), idx, self.epoch[idx]))
+        length = self.in_lens[idx] + g
+        if -(-(length + size) // self.ps) != -(-length // self.ps):  # new pages: usage changed
+            self.usage.sample(t, self.hit_rate())
+
+    def run(self, progress: Progress | None) -> float:
+        """Process every event; returns the simulated end time."""
+        heap, order, arrival, n = self.heap, self.order, self.arrival, self.n
+        ai = 0
+        t = arrival[order[0]] if n else 0.0
+        events = 0
+        inf = float("inf")
+        while True:
+            t_arrive = arrival[order[ai]] if ai < n else inf
+            if heap and heap[0][0] <= t_arrive:
+                t, _, idx, ep = heapq.heappop(heap)
+                if ep == self.epoch[idx]:
+                    self.step(t, idx)
+            elif ai < n:
+                t = t_arrive
+                idx = order[ai]
+                ai += 1
+                self.waiting.append(idx)
+                if not self.preempted:  # a preempted request comes back when a request finishes
+                    self.try_admit(t)
+            else:
+                break
+            events += 1
+            if progress is not None and events & 63 == 0:
+                progress.update(self.done)
+        if self.waiting or self.preempted or self.running:
+            raise AssertionError("timed replay ended with requests still queued or running")
+        return t
+
+
+def _timed(
+    trace: Trace, cfg: ReplayConfig, src: TokenSource, progress: Progress | None, observer: Observer | None
+) -> PolicyResult:
+    start = time.perf_counter()
+    sim = _Timed(trace, cfg, src, observer)
+    t_end = sim.run(progress)
+    usage = sim.usage
+    usage.close(t_end)
+    t0 = sim.arrival[sim.order[0]] if sim.n else 0.0
+    span = t_end - t0
+    c = sim.c
+    if sim.waits:
+        waits = np.asarray(sim.waits)
+        c.update(
+            queue_wait_mean_s=float(waits.mean()),
+            queue_wait_p50_s=float(np.percentile(waits, 50)),
+            queue_wait_p99_s=float(np.percentile(waits, 99)),
+            queue_wait_max_s=float(waits.max()),
+        )
+    c["simulated_s"] = span
+    if c["num_served"] + c["num_refused"] != sim.n:
+        raise AssertionError("timed replay lost requests")
+    return PolicyResult(
+        priority_hit_rates=_by_priority(trace, sim.got, sim.looked_up),
+        policy=cfg.policy,
+        mode=cfg.mode,
+        capacity_pages=cfg.capacity_pages,
+        page_size=cfg.page_size,
+        num_evicted_pages=sim.m.stats().num_evicted_pages,
+        peak=usage.extremes(),
+        mean=usage.time_mean(span),
+        elapsed_s=time.perf_counter() - start,
+        timeline=usage.timeline,
+        **c,  # type: ignore[arg-type]
+    )
+
+
+def replay(
+    trace: Trace,
+    config: ReplayConfig,
+    *,
+    tokens: TokenSource | None = None,
+    progress: Progress | None = None,
+    observer: Observer | None = None,
+) -> PolicyResult:
+    """Replay ``trace`` through a fresh :class:`~kvcore.KVCacheManager` (see the module docs).
+
+    ``tokens`` reuses the token source of an earlier replay of the same trace (it costs a little to
+    build). ``observer(t, stats)`` is called after every change of usage (timed) or after every
+    admission (sequential), for invariant checks; it slows the replay down.
+
+    Raises:
+        ValueError: timed mode on a trace without timestamps.
+    """
+    src = tokens if tokens is not None else TokenSource(trace)
+    if config.mode == "sequential":
+        result = _sequential(trace, config, src, progress, observer)
+    else:
+        result = _timed(trace, config, src, progress, observer)
+    if progress is not None:
+        progress.close(trace.num_requests)
+    return result
+
+
+def default_sweep_pages(trace: Trace, capacity_pages: int, page_size: int, num_points: int = 8) -> list[int]:
+    """Capacities for a hit-rate curve: ``num_points`` halvings down from the workload's footprint (the
+    pages of every distinct block: beyond it the curve is flat), plus ``capacity_pages`` itself."""
+    per_block = trace.block_size / page_size
+    footprint = max(1, int(np.ceil(trace.num_unique_blocks * per_block)))
+    points = {max(1, footprint >> k) for k in range(num_points)}
+    points.add(capacity_pages)
+    return sorted(points)
+
+
+def run_replay(
+    trace: Trace,
+    config: ReplayConfig,
+    *,
+    policies: Sequence[str] = ("lru",),
+    capacity: Capacity | None = None,
+    sweep_pages: Sequence[int] = (),
+    progress: bool | None = None,
+) -> ReplayReport:
+    """Replay ``trace`` once per policy at ``config.capacity_pages``, then (if ``sweep_pages``) once
+    per policy and capacity; the report holds every result. ``capacity`` only describes the capacity
+    for the report (default: "given"). ``progress``: draw bars on stderr (None: if it is a terminal).
+    """
+    if capacity is None:
+        capacity = Capacity(
+            config.capacity_pages, config.page_size, f"{config.capacity_pages:,} pages (given)"
+        )
+    if capacity.pages != config.capacity_pages or capacity.page_size != config.page_size:
+        raise ValueError("capacity does not describe config")
+    src = TokenSource(trace)
+
+    def bar(label: str) -> Progress:
+        return Progress(trace.num_requests, label, enabled=progress)
+
+    results = [
+        replay(trace, replace(config, policy=p), tokens=src, progress=bar(f"{p:>8}")) for p in policies
+    ]
+    sweep: list[PolicyResult] = []
+    by_key = {(r.capacity_pages, r.policy): r for r in results}
+    for pages in sweep_pages:
+        for p in policies:
+            if (pages, p) in by_key:
+                sweep.append(by_key[(pages, p)])
+                continue
+            label = f"{p:>8} @ {pages:,} pages"
+            sweep.append(
+                replay(
+                    trace, replace(config, policy=p, capacity_pages=pages), tokens=src, progress=bar(label)
+                )
+            )
+    settings = {
+        "prefill_rate": config.prefill_rate,
+        "decode_rate": config.decode_rate,
+        "decode_chunk": config.decode_chunk,
+        "max_queue_wait_s": config.max_queue_wait_s,
+    }
+    return ReplayReport(
+        workload=WorkloadSummary.of(trace),
+        capacity=capacity,
+        mode=config.mode,
+        settings=settings,
+        results=results,
+        sweep=sweep,
+    )

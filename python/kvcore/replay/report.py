@@ -1,0 +1,285 @@
+"""What a replay measured, as dataclasses, JSON and a readable text report.
+
+Why a separate module: the engine only counts; how counts become rates, tables and JSON is kept in one
+place so the CLI, the tests and the benchmark all read the same definitions:
+
+- ``hit_rate_tokens``: prompt tokens found cached at lookup / prompt tokens looked up, counted in whole
+  pages and *not* capped (a fully cached prompt counts fully). This is the cache's hit rate, the way
+  Mooncake counts hit blocks, so the figures compare with the paper.
+- ``prefill_tokens_saved``: what the engine does not compute. ``add_sequence`` caps a hit at
+  ``prompt_len - 1`` tokens (the last token must run to give logits), so this is at most the hits; the
+  difference only arises for a fully cached, page-aligned prompt.
+- ``hit_rate_pages``: pages found cached / ``ceil(prompt_len / page_size)`` pages per prompt (a partial
+  last page never hits: the manager caches whole pages only).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from kvcore.replay.capacity import Capacity
+
+__all__ = [
+    "PolicyResult",
+    "ReplayReport",
+    "Timeline",
+    "UsageSplit",
+    "WorkloadSummary",
+    "format_report",
+]
+
+
+@dataclass(frozen=True)
+class UsageSplit:
+    """Pages per class (the manager's honest split); fractional when averaged. As a peak, each class is
+    its own extreme (``free`` its minimum), so the four need not sum to the total."""
+
+    in_use: float  # held by live sequences or locked by them
+    cached: float  # cached and evictable
+    pinned: float  # cached and protected by a TTL pin
+    free: float  # in the allocator's free pool
+
+
+@dataclass
+class Timeline:
+    """Usage over the replay, for the plot (not in the JSON): parallel lists, one entry per sample."""
+
+    x: list[float] = field(default_factory=list)  # simulated seconds (timed) or requests done (sequential)
+    in_use: list[int] = field(default_factory=list)  # pages in use at that sample
+    cached: list[int] = field(default_factory=list)  # pages cached (evictable)
+    pinned: list[int] = field(default_factory=list)  # pages pinned
+    free: list[int] = field(default_factory=list)  # pages free
+    hit_rate: list[float] = field(default_factory=list)  # cumulative hit_rate_tokens so far, in [0, 1]
+    x_label: str = "requests"  # what x counts
+
+
+@dataclass
+class PolicyResult:
+    """One replay: one workload, one policy, one capacity. Counts are exact unless marked sampled."""
+
+    policy: str  # eviction policy: "lru", "lfu" or "priority"
+    mode: str  # "sequential" or "timed"
+    capacity_pages: int  # usable pages of the cache, >= 1
+    page_size: int  # tokens per page
+    num_requests: int  # requests in the workload; == num_served + num_refused
+    num_served: int  # requests admitted and (timed mode) run to their last token
+    num_refused: int  # requests never served: num_refused_too_large + num_refused_timeout
+    num_refused_too_large: int  # could not fit even in an otherwise empty cache (prompt, or prompt + output)
+    num_refused_timeout: int  # timed: waited longer than max_queue_wait_s for admission
+    num_admission_failures: int  # add_sequence calls answered None (a queued request may fail several times)
+    num_preemptions: int  # timed: running requests freed and requeued to make room for a decode step
+    num_append_failures: int  # timed: append calls answered False (each followed by a preemption)
+    prompt_tokens: int  # prompt tokens of the served requests, at their first admission
+    hit_tokens: int  # of those, found cached (whole pages, uncapped; see the module docs)
+    prefill_tokens_saved: int  # of those, not computed (hits capped at prompt_len - 1)
+    recomputed_tokens: int  # timed: tokens computed again when preempted requests came back
+    prompt_pages: int  # sum of ceil(prompt_len / page_size) over the served requests
+    hit_pages: int  # of those, found cached
+    num_evicted_pages: int  # pages evicted from the prefix cache during the replay
+    peak: UsageSplit  # largest in_use, cached, pinned and *smallest* free, each on its own (the tightest)
+    mean: UsageSplit  # timed: time-weighted mean; sequential: mean over sampled admissions
+    peak_running: int  # most sequences live at once (1 in sequential mode)
+    queue_wait_mean_s: float  # timed: mean wait from arrival to first admission of served requests
+    queue_wait_p50_s: float  # timed: median of the same
+    queue_wait_p99_s: float  # timed: 99th percentile of the same
+    queue_wait_max_s: float  # timed: longest of the same
+    simulated_s: float  # timed: simulated time from the first arrival to the last release; 0 sequential
+    elapsed_s: float  # wall-clock seconds the replay took
+    priority_hit_rates: dict[str, float] = field(
+        default_factory=dict
+    )  # hit_rate_tokens per priority ("0", "1")
+    timeline: Timeline = field(default_factory=Timeline, repr=False)  # samples for the plot
+
+    @property
+    def hit_rate_tokens(self) -> float:
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def hit_rate_pages(self) -> float:
+        return self.hit_pages / self.prompt_pages if self.prompt_pages else 0.0
+
+    @property
+    def prefill_saved_fraction(self) -> float:
+        return self.prefill_tokens_saved / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """Flat JSON-ready dict: the rates first, then every counter (the timeline is left out)."""
+        out: dict[str, Any] = {
+            "hit_rate_tokens": self.hit_rate_tokens,
+            "hit_rate_pages": self.hit_rate_pages,
+            "prefill_saved_fraction": self.prefill_saved_fraction,
+        }
+        for name, value in asdict(self).items():
+            if name != "timeline":
+                out[name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class WorkloadSummary:
+    """The replayed workload at a glance."""
+
+    name: str  # file name, or "generated (seed N)"
+    num_requests: int  # requests
+    prompt_tokens: int  # sum of prompt lengths
+    output_tokens: int  # sum of output lengths
+    block_size: int  # tokens per hash id
+    unique_blocks: int  # distinct hash ids
+    ideal_block_hit_rate: float  # 1 - unique / total blocks: an infinite cache's block hit rate
+    ideal_token_hit_rate: float  # the same in tokens (partial last blocks weigh their tokens)
+    duration_s: float  # first to last arrival (0 when untimed)
+
+    @classmethod
+    def of(cls, trace: Any) -> WorkloadSummary:
+        return cls(
+            name=trace.name,
+            num_requests=trace.num_requests,
+            prompt_tokens=int(trace.input_lens.sum()),
+            output_tokens=int(trace.output_lens.sum()),
+            block_size=trace.block_size,
+            unique_blocks=trace.num_unique_blocks,
+            ideal_block_hit_rate=trace.ideal_block_hit_rate,
+            ideal_token_hit_rate=trace.ideal_token_hit_rate,
+            duration_s=trace.duration_s,
+        )
+
+
+@dataclass
+class ReplayReport:
+    """Everything one ``kvcore replay`` run produced."""
+
+    workload: WorkloadSummary  # what was replayed
+    capacity: Capacity  # the cache size of ``results`` (the sweep varies it)
+    mode: str  # "sequential" or "timed"
+    settings: dict[str, Any]  # the engine knobs used (rates, chunk, queue wait), for the record
+    results: list[PolicyResult]  # one per policy, at ``capacity``
+    sweep: list[PolicyResult] = field(default_factory=list)  # one per (capacity, policy), capacity ascending
+    plots: list[str] = field(default_factory=list)  # PNG files written
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document: ``results`` maps each policy to its flat result."""
+        return {
+            "workload": asdict(self.workload),
+            "capacity": self.capacity.to_dict(),
+            "mode": self.mode,
+            "settings": self.settings,
+            "results": {r.policy: r.to_dict() for r in self.results},
+            "sweep": [r.to_dict() for r in self.sweep],
+            "plots": self.plots,
+        }
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:5.1f} %"
+
+
+def _tokens(n: float) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= size:
+            return f"{n / size:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _table(rows: list[list[str]], header: list[str]) -> list[str]:
+    """Left-aligned first column, right-aligned others."""
+    widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
+
+    def line(r: list[str]) -> str:
+        return "  " + "  ".join(v.ljust(widths[c]) if c == 0 else v.rjust(widths[c]) for c, v in enumerate(r))
+
+    return [line(header), "  " + "  ".join("-" * w for w in widths)] + [line(r) for r in rows]
+
+
+def _peak_mean(peak: float, mean: float, total: int) -> str:
+    return f"{_pct(peak / total).strip()} / {_pct(mean / total).strip()}"
+
+
+def _sweep_cell(r: PolicyResult | None) -> str:
+    if r is None:
+        return ""
+    return _pct(r.hit_rate_tokens) + (f" ({r.num_refused:,} refused)" if r.num_refused else "")
+
+
+def format_report(report: ReplayReport) -> str:
+    """The human-readable report: workload, capacity, one column per policy, the sweep table, the plots."""
+    w, cap = report.workload, report.capacity
+    lines = [
+        f"kvcore replay: {w.name}, {report.mode} mode",
+        f"  workload   {w.num_requests:,} requests, {_tokens(w.prompt_tokens)} prompt tokens"
+        f" ({_tokens(w.output_tokens)} output), {w.unique_blocks:,} distinct blocks of {w.block_size}"
+        + (f", over {w.duration_s:,.0f} s" if w.duration_s else ""),
+        f"  best case  {_pct(w.ideal_token_hit_rate).strip()} of prompt tokens"
+        f" ({_pct(w.ideal_block_hit_rate).strip()} of blocks) repeat earlier prompts: an infinite cache hits",
+        f"  capacity   {cap.pages:,} pages x {cap.page_size} tokens = {_tokens(cap.tokens)} tokens"
+        + (f" ({cap.bytes / 2**30:,.1f} GiB)" if cap.bytes is not None else "")
+        + f"  [{cap.source}]",
+    ]
+    if report.mode == "timed":
+        s = report.settings
+        lines.append(
+            f"  engine     prefill {s['prefill_rate']:,.0f} tok/s, decode {s['decode_rate']:,.0f} tok/s per"
+            f" request, {s['decode_chunk']}-token steps, queue wait <= {s['max_queue_wait_s']:g} s"
+        )
+    lines.append("")
+    res = report.results
+    header = ["", *[r.policy for r in res]]
+    rows: list[list[str]] = []
+
+    def row(label: str, values: list[str]) -> None:
+        rows.append([label, *values])
+
+    row("hit rate (tokens)", [_pct(r.hit_rate_tokens) for r in res])
+    row("hit rate (pages)", [_pct(r.hit_rate_pages) for r in res])
+    for prio in sorted({p for r in res for p in r.priority_hit_rates}, key=int):
+        row(f"  priority {prio} (tokens)", [_pct(r.priority_hit_rates.get(prio, 0.0)) for r in res])
+    row(
+        "prefill tokens saved",
+        [f"{_tokens(r.prefill_tokens_saved)} ({_pct(r.prefill_saved_fraction).strip()})" for r in res],
+    )
+    row("requests served", [f"{r.num_served:,}" for r in res])
+    row("refused", [f"{r.num_refused:,}" for r in res])
+    if report.mode == "timed":
+        row("  waited too long", [f"{r.num_refused_timeout:,}" for r in res])
+        row("  too large", [f"{r.num_refused_too_large:,}" for r in res])
+        row("admission failures", [f"{r.num_admission_failures:,}" for r in res])
+        row("preemptions", [f"{r.num_preemptions:,}" for r in res])
+        row("recomputed tokens", [_tokens(r.recomputed_tokens) for r in res])
+        row("queue wait mean/p99", [f"{r.queue_wait_mean_s:.2f}/{r.queue_wait_p99_s:.2f} s" for r in res])
+        row("peak running", [f"{r.peak_running:,}" for r in res])
+    row("evicted pages", [f"{r.num_evicted_pages:,}" for r in res])
+    total = max(cap.pages, 1)
+    for name in ("in_use", "cached", "pinned", "free"):
+        label = "free min/mean" if name == "free" else f"{name.replace('_', ' ')} peak/mean"
+        row(label, [_peak_mean(getattr(r.peak, name), getattr(r.mean, name), total) for r in res])
+    row("replay time", [f"{r.elapsed_s:.2f} s" for r in res])
+    lines += _table(rows, header)
+    if report.mode == "sequential":
+        lines.append("  (usage split sampled at admissions; in use = the one live request)")
+    if report.sweep:
+        lines += ["", "hit rate (tokens) vs capacity"]
+        policies = list(dict.fromkeys(r.policy for r in report.sweep))
+        caps = sorted({r.capacity_pages for r in report.sweep})
+        by_key = {(r.capacity_pages, r.policy): r for r in report.sweep}
+        sweep_rows = []
+        for c in caps:
+            marker = " *" if c == cap.pages else ""
+            sweep_rows.append(
+                [f"{c:,} pages ({_tokens(c * cap.page_size)} tok){marker}"]
+                + [_sweep_cell(by_key.get((c, p))) for p in policies]
+            )
+        lines += _table(sweep_rows, ["capacity", *policies])
+        best = _pct(w.ideal_token_hit_rate).strip()
+        lines.append(f"  infinite cache, prompts only: {best};  * = the capacity above")
+        if report.mode == "timed":
+            lines.append(
+                "  (timed mode also caches answers, which later turns may hit; refused requests do not count)"
+            )
+    if report.plots:
+        lines.append("")
+        lines += [f"plot written: {p}" for p in report.plots]
+    return "\n".join(lines)

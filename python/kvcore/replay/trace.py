@@ -1,0 +1,315 @@
+"""Workload traces: the Mooncake JSONL format, read into columns and written back.
+
+Why columns: a replay touches every request once per policy and capacity, and the real traces hold
+hundreds of thousands of hash ids. Keeping them as NumPy arrays (CSR, like a page table) lets the
+replay build token ids with a handful of vectorized operations instead of walking Python dicts.
+
+Format (one JSON object per line, FAST'25 release of Mooncake):
+
+- ``timestamp``: arrival time in ms, relative, ``>= 0`` (optional, but on every line or on none);
+- ``input_length``: prompt tokens, ``>= 1``;
+- ``output_length``: generated tokens, ``>= 0``;
+- ``hash_ids``: one id per ``block_size`` prompt tokens (512 in Mooncake's traces), prefix chained: an
+  id names a block *and everything before it*, so two requests share a prefix exactly as far as their
+  ids agree. There must be ``ceil(input_length / block_size)`` of them: a wrong count almost always
+  means a wrong ``--trace-block-size``.
+
+Two optional fields are kvcore's own (the generator writes them; other tools ignore them):
+``priority`` (retention priority for the ``priority`` policy, an int) and ``output_hash_ids`` (the
+ids of the answer's blocks, ``ceil(output_length / block_size)`` of them, so a later turn that
+repeats the answer can find it cached in timed mode).
+
+Every malformed line raises :class:`~kvcore.exceptions.TraceFormatError` naming the line (1-based)
+and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcore.exceptions import TraceFormatError
+
+__all__ = ["MOONCAKE_BLOCK_SIZE", "Trace", "read_trace", "write_trace"]
+
+# Tokens per hash id in Mooncake's traces ("hashing token blocks (with a block size of 512)").
+MOONCAKE_BLOCK_SIZE = 512
+
+_I64 = npt.NDArray[np.int64]
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """A workload in request order, as columns. Immutable; build with :func:`read_trace` or the generator.
+
+    Request ``i``'s prompt is described by ``hash_ids[hash_indptr[i]:hash_indptr[i + 1]]``: block ``j``
+    covers prompt tokens ``[j * block_size, (j + 1) * block_size)``, the last block possibly partial.
+    """
+
+    input_lens: _I64  # [num_requests] prompt tokens, each >= 1
+    output_lens: _I64  # [num_requests] tokens to generate, each >= 0
+    hash_indptr: _I64  # [num_requests + 1] CSR offsets into hash_ids; [0] == 0, non-decreasing
+    hash_ids: _I64  # [hash_indptr[-1]] prefix-chained block ids, >= 0; ceil(input_len / block_size) each
+    block_size: int  # tokens per hash id, >= 1 (Mooncake: 512)
+    timestamps_ms: npt.NDArray[np.float64] | None = None  # [num_requests] arrivals in ms, >= 0; None: untimed
+    priorities: npt.NDArray[np.int32] | None = None  # [num_requests] retention priority; None: all 0
+    output_indptr: _I64 | None = None  # [num_requests + 1] CSR offsets into output_ids; None: no answer ids
+    output_ids: _I64 | None = None  # [output_indptr[-1]] answer block ids, ceil(output_len / block_size) each
+    name: str = "trace"  # where the workload came from (a file name, "generated"), for reports
+
+    def __post_init__(self) -> None:
+        n = len(self.input_lens)
+        if self.block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
+        if len(self.output_lens) != n or len(self.hash_indptr) != n + 1:
+            raise ValueError("input_lens, output_lens and hash_indptr disagree on the number of requests")
+        if self.hash_indptr[-1] != len(self.hash_ids):
+            raise ValueError("hash_indptr[-1] must equal len(hash_ids)")
+        expected = -(-self.input_lens // self.block_size)
+        if not np.array_equal(np.diff(self.hash_indptr), expected):
+            raise ValueError("each request needs ceil(input_len / block_size) hash ids")
+        for name, column in (("timestamps_ms", self.timestamps_ms), ("priorities", self.priorities)):
+            if column is not None and len(column) != n:
+                raise ValueError(f"{name} must have one entry per request")
+        if (self.output_indptr is None) != (self.output_ids is None):
+            raise ValueError("output_indptr and output_ids go together")
+        if self.output_indptr is not None and self.output_ids is not None:
+            out_expected = -(-self.output_lens // self.block_size)
+            if len(self.output_indptr) != n + 1 or not np.array_equal(
+                np.diff(self.output_indptr), out_expected
+            ):
+                raise ValueError("each request needs ceil(output_len / block_size) output ids")
+            if self.output_indptr[-1] != len(self.output_ids):
+                raise ValueError("output_indptr[-1] must equal len(output_ids)")
+
+    @property
+    def num_requests(self) -> int:
+        return len(self.input_lens)
+
+    def __len__(self) -> int:
+        return len(self.input_lens)
+
+    @property
+    def num_prompt_tokens(self) -> int:
+        return int(self.input_lens.sum())
+
+    @property
+    def num_unique_blocks(self) -> int:
+        """Distinct hash ids: the cache footprint in blocks of an infinite cache."""
+        return int(np.unique(self.hash_ids).size)
+
+    @property
+    def ideal_block_hit_rate(self) -> float:
+        """Block hit rate of an infinite cache in trace order: ``1 - unique / total`` blocks.
+
+        Valid because ids are prefix chained (the same id always sits behind the same prefix); this is
+        how Mooncake's "cache ratio" counts, the partial last block included.
+        """
+        total = len(self.hash_ids)
+        return 1.0 - self.num_unique_blocks / total if total else 0.0
+
+    @property
+    def ideal_token_hit_rate(self) -> float:
+        """Token hit rate of an infinite cache in trace order: the tokens of every block whose id was
+        seen before (a partial last block counts its own tokens), over all prompt tokens."""
+        ids = self.hash_ids
+        if not len(ids):
+            return 0.0
+        repeated = np.ones(len(ids), dtype=bool)
+        repeated[np.unique(ids, return_index=True)[1]] = False
+        tokens = np.full(len(ids), self.block_size, dtype=np.int64)  # [len(ids)] tokens of each block
+        counts = np.diff(self.hash_indptr)
+        tokens[self.hash_indptr[1:] - 1] = self.input_lens - (counts - 1) * self.block_size
+        return float(tokens[repeated].sum() / self.input_lens.sum())
+
+    @property
+    def duration_s(self) -> float:
+        """Time from the first to the last arrival (0 when untimed)."""
+        if self.timestamps_ms is None or not len(self.timestamps_ms):
+            return 0.0
+        return float(self.timestamps_ms.max() - self.timestamps_ms.min()) / 1000.0
+
+    def prompt_ids(self, i: int) -> _I64:
+        """Hash ids of request ``i``'s prompt, ``[ceil(input_len / block_size)]`` int64 (a view)."""
+        return self.hash_ids[self.hash_indptr[i] : self.hash_indptr[i + 1]]
+
+    def head(self, num_requests: int) -> Trace:
+        """The first ``num_requests`` requests (all of them if there are fewer)."""
+        k = min(num_requests, self.num_requests)
+        out_indptr = self.output_indptr[: k + 1] if self.output_indptr is not None else None
+        return Trace(
+            input_lens=self.input_lens[:k],
+            output_lens=self.output_lens[:k],
+            hash_indptr=self.hash_indptr[: k + 1],
+            hash_ids=self.hash_ids[: self.hash_indptr[k]],
+            block_size=self.block_size,
+            timestamps_ms=self.timestamps_ms[:k] if self.timestamps_ms is not None else None,
+            priorities=self.priorities[:k] if self.priorities is not None else None,
+            output_indptr=out_indptr,
+            output_ids=(
+                self.output_ids[: out_indptr[-1]]
+                if self.output_ids is not None and out_indptr is not None
+                else None
+            ),
+            name=self.name,
+        )
+
+
+def _fail(line_no: int, field: str | None, message: str) -> TraceFormatError:
+    where = f"line {line_no}" + (f", field {field!r}" if field else "")
+    return TraceFormatError(f"{where}: {message}")
+
+
+def _int_field(obj: dict[str, Any], field: str, line_no: int, minimum: int) -> int:
+    if field not in obj:
+        raise _fail(line_no, field, "missing")
+    value = obj[field]
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise _fail(line_no, field, f"expected an integer, got {value!r}")
+    if value < minimum:
+        raise _fail(line_no, field, f"must be >= {minimum}, got {value}")
+    return value
+
+
+def _id_list(obj: dict[str, Any], field: str, line_no: int, expected: int) -> list[int]:
+    ids = obj[field]
+    if not isinstance(ids, list):
+        raise _fail(line_no, field, f"expected a list of integers, got {type(ids).__name__}")
+    for k, h in enumerate(ids):
+        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
+            raise _fail(line_no, field, f"item {k} must be a non-negative integer, got {h!r}")
+    if len(ids) != expected:
+        raise _fail(
+            line_no,
+            field,
+            f"{len(ids)} ids, expected ceil(length / block_size) = {expected}"
+            " (is the trace block size right? see --trace-block-size)",
+        )
+    return ids
+
+
+def read_trace(
+    path: str | os.PathLike[str],
+    *,
+    block_size: int = MOONCAKE_BLOCK_SIZE,
+    limit: int | None = None,
+) -> Trace:
+    """Read a Mooncake-format JSONL trace (see the module docs) into a :class:`Trace`.
+
+    Blank lines are skipped; line numbers in errors count them. ``limit`` keeps the first requests
+    only (for quick looks at long traces).
+
+    Raises:
+        TraceFormatError: a malformed line (the message names the line and the field), or an empty trace.
+        OSError: the file cannot be read.
+    """
+    if block_size < 1:
+        raise TraceFormatError(f"block_size must be >= 1, got {block_size}")
+    inputs: list[int] = []
+    outputs: list[int] = []
+    stamps: list[float] = []
+    prios: list[int] = []
+    id_lists: list[list[int]] = []
+    line_nos: list[int] = []  # of each request, for errors found after the loop
+    out_lists: list[list[int]] = []
+    timed: bool | None = None  # decided by the first request
+    has_prio = has_out = False
+    first_line = 0
+    with open(path, encoding="utf-8") as f:
+        for line_no, line in enumerate(f, start=1):
+            if limit is not None and len(inputs) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise _fail(line_no, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict):
+                raise _fail(line_no, None, f"expected a JSON object, got {type(obj).__name__}")
+            n_in = _int_field(obj, "input_length", line_no, 1)
+            n_out = _int_field(obj, "output_length", line_no, 0)
+            if "hash_ids" not in obj:
+                raise _fail(line_no, "hash_ids", "missing")
+            id_lists.append(_id_list(obj, "hash_ids", line_no, -(-n_in // block_size)))
+            stamp = obj.get("timestamp")
+            if timed is None:
+                timed, first_line = stamp is not None, line_no
+            if (stamp is not None) != timed:
+                state = "has" if timed else "has no"
+                raise _fail(line_no, "timestamp", f"missing or extra: line {first_line} {state} timestamp")
+            if stamp is not None:
+                if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not stamp >= 0:
+                    raise _fail(line_no, "timestamp", f"expected a number of ms >= 0, got {stamp!r}")
+                stamps.append(float(stamp))
+            prio = obj.get("priority", 0)
+            if isinstance(prio, bool) or not isinstance(prio, int) or not -(2**31) <= prio < 2**31:
+                raise _fail(line_no, "priority", f"expected a 32-bit integer, got {prio!r}")
+            has_prio |= prio != 0
+            prios.append(prio)
+            if "output_hash_ids" in obj:
+                has_out = True
+                out_lists.append(_id_list(obj, "output_hash_ids", line_no, -(-n_out // block_size)))
+            else:
+                out_lists.append([])
+            line_nos.append(line_no)
+            inputs.append(n_in)
+            outputs.append(n_out)
+    if not inputs:
+        raise TraceFormatError(f"{path}: no requests")
+    out_counts = [len(x) for x in out_lists]
+    if has_out:
+        for k, (count, n_out) in enumerate(zip(out_counts, outputs, strict=True)):
+            if count != -(-n_out // block_size):
+                raise _fail(line_nos[k], "output_hash_ids", "missing (other lines have it)")
+    counts = np.fromiter((len(x) for x in id_lists), dtype=np.int64, count=len(id_lists))
+    indptr = np.zeros(len(counts) + 1, dtype=np.int64)
+    np.cumsum(counts, out=indptr[1:])
+    ids = np.fromiter(chain.from_iterable(id_lists), dtype=np.int64, count=int(indptr[-1]))
+    out_indptr = out_ids = None
+    if has_out:
+        out_indptr = np.zeros(len(out_counts) + 1, dtype=np.int64)
+        np.cumsum(out_counts, out=out_indptr[1:])
+        out_ids = np.fromiter(chain.from_iterable(out_lists), dtype=np.int64, count=int(out_indptr[-1]))
+    return Trace(
+        input_lens=np.asarray(inputs, dtype=np.int64),
+        output_lens=np.asarray(outputs, dtype=np.int64),
+        hash_indptr=indptr,
+        hash_ids=ids,
+        block_size=block_size,
+        timestamps_ms=np.asarray(stamps, dtype=np.float64) if timed else None,
+        priorities=np.asarray(prios, dtype=np.int32) if has_prio else None,
+        output_indptr=out_indptr,
+        output_ids=out_ids,
+        name=Path(path).name,
+    )
+
+
+def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
+    """Write ``trace`` as Mooncake JSONL (plus kvcore's optional fields when set); :func:`read_trace`
+    with the same ``block_size`` reads it back unchanged."""
+    ids = trace.hash_ids.tolist()
+    indptr = trace.hash_indptr.tolist()
+    out_ids = trace.output_ids.tolist() if trace.output_ids is not None else None
+    out_indptr = trace.output_indptr.tolist() if trace.output_indptr is not None else None
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(trace.num_requests):
+            row: dict[str, Any] = {}
+            if trace.timestamps_ms is not None:
+                stamp = float(trace.timestamps_ms[i])
+                row["timestamp"] = int(stamp) if stamp.is_integer() else stamp
+            row["input_length"] = int(trace.input_lens[i])
+            row["output_length"] = int(trace.output_lens[i])
+            row["hash_ids"] = ids[indptr[i] : indptr[i + 1]]
+            if trace.priorities is not None:
+                row["priority"] = int(trace.priorities[i])
+            if out_ids is not None and out_indptr is not None:
+                row["output_hash_ids"] = out_ids[out_indptr[i] : out_indptr[i + 1]]
+            f.write(json.dumps(row, separators=(", ", ": ")) + "\n")

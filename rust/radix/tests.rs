@@ -1,0 +1,107 @@
+//! Unit tests of the tree's internals; the behaviour is tested against a model in
+//! `tests/rust/radix.rs`.
+
+use super::*;
+
+fn pages_of(t: &RadixTree, node: NodeId) -> Vec<PageId> {
+    t.nodes[node as usize].pages.clone()
+}
+
+#[test]
+fn page_set_tracks_membership() {
+    let mut s = PageSet::default();
+    assert!(!s.contains(5));
+    assert!(s.insert(5));
+    assert!(!s.insert(5));
+    assert!(s.insert(200));
+    assert!(s.contains(5) && s.contains(200) && !s.contains(6));
+    assert_eq!(s.len(), 2);
+    s.remove(5);
+    s.remove(100_000); // beyond the bitmap: nothing to do
+    assert!(!s.contains(5));
+    assert_eq!(s.len(), 1);
+}
+
+#[test]
+fn freed_slots_are_reused_with_their_capacity() {
+    let mut t = RadixTree::new(4, EvictionPolicy::Lru).unwrap();
+    let tokens: Vec<u32> = (0..64).collect();
+    let pages: Vec<PageId> = (1..=16).collect();
+    let a = t.insert(0, &tokens, &pages, 0, 0).unwrap().node;
+    let cap = t.nodes[a as usize].tokens.capacity();
+    let mut out = Vec::new();
+    assert_eq!(t.evict(16, 1, &mut out), 16);
+    assert_eq!(t.free_ids, [a]);
+    let b = t.insert(0, &tokens[..8], &[40, 41], 0, 2).unwrap().node;
+    assert_eq!(b, a, "the slot is reused");
+    assert!(
+        t.nodes[b as usize].tokens.capacity() >= cap,
+        "and its vector kept"
+    );
+    assert_eq!(pages_of(&t, b), [40, 41]);
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn split_moves_the_head_into_a_new_parent() {
+    let mut t = RadixTree::new(2, EvictionPolicy::Lfu).unwrap();
+    let x = t
+        .insert(3, &[1, 1, 2, 2, 3, 3], &[1, 2, 3], 5, 0)
+        .unwrap()
+        .node;
+    let hits = t.nodes[x as usize].hits;
+    let mut out = Vec::new();
+    let r = t.match_prefix(3, &[1, 1, 2, 2, 9, 9], 0, 1, &mut out);
+    let p = r.node;
+    assert_eq!(pages_of(&t, p), [1, 2]);
+    assert_eq!(pages_of(&t, x), [3]);
+    assert_eq!(t.nodes[x as usize].parent, p);
+    assert_eq!(t.nodes[p as usize].parent, ROOT);
+    assert_eq!(t.nodes[p as usize].num_children, 1);
+    assert_eq!(t.nodes[p as usize].priority, 5);
+    assert_eq!(
+        t.nodes[p as usize].hits,
+        hits + 1,
+        "inherited, then touched by the match"
+    );
+    assert_eq!(
+        t.nodes[x as usize].hits, hits,
+        "the deeper part was not matched"
+    );
+    t.check_invariants().unwrap();
+}
+
+#[test]
+fn collision_chains_survive_splits_and_removals() {
+    let mut t = RadixTree::new(1, EvictionPolicy::Lru).unwrap();
+    t.force_hash_collisions_for_tests().unwrap();
+    // Everything lands on key 0: one chain through every node, across parents and namespaces.
+    t.insert(0, &[1, 2, 3], &[1, 2, 3], 0, 0).unwrap();
+    t.insert(0, &[2, 3], &[4, 5], 0, 0).unwrap();
+    t.insert(7, &[1, 2, 3], &[6, 7, 8], 0, 0).unwrap();
+    t.insert(0, &[1, 2, 4], &[9, 10, 11], 0, 0).unwrap(); // splits [1,2,3]
+    assert_eq!(t.children.len(), 1);
+    t.check_invariants().unwrap();
+    assert_eq!(t.peek_prefix_len(0, &[1, 2, 3]), 3);
+    assert_eq!(t.peek_prefix_len(0, &[1, 2, 4]), 3);
+    assert_eq!(t.peek_prefix_len(7, &[1, 2, 4]), 2);
+    assert_eq!(t.peek_prefix_len(8, &[1, 2, 4]), 0);
+    let mut out = Vec::new();
+    while t.evict(1, 1, &mut out) == 1 {
+        t.check_invariants().unwrap();
+    }
+    assert!(t.children.is_empty());
+}
+
+#[test]
+fn lru_touch_moves_the_path_behind_its_descendants() {
+    let mut t = RadixTree::new(1, EvictionPolicy::Lru).unwrap();
+    t.insert(0, &[1, 2], &[1, 2], 0, 0).unwrap();
+    t.insert(0, &[1, 3], &[3, 4], 0, 0).unwrap(); // [1] -> {[2], [3]}
+    t.insert(0, &[9], &[5], 0, 0).unwrap();
+    let mut out = Vec::new();
+    t.match_prefix(0, &[1, 2], 0, 1, &mut out);
+    let order: Vec<Vec<PageId>> = t.index.iter().map(|id| pages_of(&t, id)).collect();
+    assert_eq!(order, [vec![4], vec![5], vec![2], vec![1]]);
+    t.check_invariants().unwrap();
+}

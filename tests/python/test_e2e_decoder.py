@@ -1,0 +1,259 @@
+"""End to end: a tiny random-weight decoder generates with the paged cache and matches a no-cache run.
+
+The model (NumPy, float64, 3 layers, GQA 4 query / 2 kv heads, RoPE) is run two ways:
+- paged: a manager (``kv_helpers.make_manager``, the swap point for ``kvcore.KVCacheManager``) hands out
+  slots and page tables; ``append_kv`` writes K/V, ``paged_prefill_attention`` / ``paged_decode_attention``
+  read them back; requests hit cached prefixes, fork (copy-on-write through ``copy_pages``), are freed and
+  evicted, and evicted pages are reused by later requests;
+- no cache: every step recomputes full causal attention over the sequence's whole history.
+The cache stores K/V in its precision, so the no-cache model rounds K/V the same way (through
+``kvcore.pool.dtypes``): the model's KV precision is part of the model. The logits then agree to float
+rounding, and greedy generation picks the same tokens.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from kv_helpers import make_manager, take_copies
+
+from kvcore import kernels as K
+from kvcore.kernels import plan_attention
+from kvcore.pool import KVPool, dtypes
+
+VOCAB, D_MODEL, LAYERS, HQ, HKV, HEAD_DIM, FFN = 64, 48, 3, 4, 2, 16, 96
+
+
+class TinyDecoder:
+    """Pre-norm decoder: RMSNorm, GQA attention with RoPE, SiLU MLP, tied-free LM head. float64."""
+
+    def __init__(self, seed: int, kv_dtype: str) -> None:
+        rng = np.random.default_rng(seed)
+
+        def w(*shape: int) -> np.ndarray:
+            return rng.normal(size=shape) / np.sqrt(shape[0])
+
+        self.embed = rng.normal(size=(VOCAB, D_MODEL))
+        self.layers = [
+            {
+                "wq": w(D_MODEL, HQ * HEAD_DIM),
+                "wk": w(D_MODEL, HKV * HEAD_DIM),
+                "wv": w(D_MODEL, HKV * HEAD_DIM),
+                "wo": w(HQ * HEAD_DIM, D_MODEL),
+                "w1": w(D_MODEL, FFN),
+                "w2": w(FFN, D_MODEL),
+            }
+            for _ in range(LAYERS)
+        ]
+        self.head = w(D_MODEL, VOCAB)
+        self.kv_dtype = kv_dtype
+        self.k_scale = np.ones((LAYERS, HKV), np.float32)
+        self.v_scale = np.ones((LAYERS, HKV), np.float32)
+        if dtypes.is_quantized(kv_dtype):  # static per-head scales from a calibration run
+            sample = rng.integers(0, VOCAB, 64)
+            ks, vs = self._calibration_kv(sample)
+            qmax = dtypes.qmax(kv_dtype)
+            for layer in range(LAYERS):
+                self.k_scale[layer] = 1.25 * np.abs(ks[layer]).max(axis=(0, 2)) / qmax
+                self.v_scale[layer] = 1.25 * np.abs(vs[layer]).max(axis=(0, 2)) / qmax
+
+    @staticmethod
+    def _norm(x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-6)
+        return out
+
+    @staticmethod
+    def _rope(x: np.ndarray, pos: np.ndarray) -> np.ndarray:
+        """x [T, H, D], pos [T]: rotate pairs (d, d + D/2) by pos * 10000^(-2d/D)."""
+        half = x.shape[-1] // 2
+        ang = pos[:, None] * 10000.0 ** (-np.arange(half) / half)
+        c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
+        a, b = x[..., :half], x[..., half:]
+        return np.concatenate([a * c - b * s, a * s + b * c], axis=-1)
+
+    def qkv(self, layer: int, x: np.ndarray, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q [T, HQ, D], k/v [T, HKV, D] (float64) of hidden states x [T, D_MODEL] at positions pos [T]."""
+        p = self.layers[layer]
+        h = self._norm(x)
+        q = self._rope((h @ p["wq"]).reshape(-1, HQ, HEAD_DIM), pos)
+        k = self._rope((h @ p["wk"]).reshape(-1, HKV, HEAD_DIM), pos)
+        return q, k, (h @ p["wv"]).reshape(-1, HKV, HEAD_DIM)
+
+    def finish_layer(self, layer: int, x: np.ndarray, attn: np.ndarray) -> np.ndarray:
+        p = self.layers[layer]
+        x = x + attn.reshape(x.shape[0], -1) @ p["wo"]
+        hmid = self._norm(x) @ p["w1"]
+        out: np.ndarray = x + (hmid / (1 + np.exp(-hmid))) @ p["w2"]
+        return out
+
+    def logits(self, x: np.ndarray) -> np.ndarray:
+        out: np.ndarray = self._norm(x) @ self.head
+        return out
+
+    def stored(self, x: np.ndarray, layer: int, kv: int) -> np.ndarray:
+        """K (kv=0) or V (kv=1) values as the cache holds them (the model's KV precision)."""
+        scale = (self.k_scale if kv == 0 else self.v_scale)[layer][None, :, None]
+        out: np.ndarray = dtypes.decode(dtypes.encode(x, self.kv_dtype, scale), self.kv_dtype, scale)
+        return out
+
+    def _calibration_kv(self, tokens: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        x, pos, ks, vs = self.embed[tokens], np.arange(len(tokens)), [], []
+        for layer in range(LAYERS):
+            q, k, v = self.qkv(layer, x, pos)
+            ks.append(k)
+            vs.append(v)
+            x = self.finish_layer(layer, x, self._dense(q, k, v))
+        return ks, vs
+
+    @staticmethod
+    def _dense(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+        T = q.shape[0]
+        G = HQ // HKV
+        s = np.einsum("qhd,khd->hqk", q, np.repeat(k, G, axis=1)) / np.sqrt(HEAD_DIM)
+        s = np.where(np.tril(np.ones((T, T), bool))[None], s, -np.inf)
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+        out: np.ndarray = np.einsum("hqk,khd->qhd", p, np.repeat(v, G, axis=1))
+        return out
+
+    def no_cache_logits(self, tokens: list[int]) -> np.ndarray:
+        """Logits [VOCAB] of the last token, recomputing everything from scratch (no cache at all)."""
+        x, pos = self.embed[np.asarray(tokens)], np.arange(len(tokens), dtype=np.float64)
+        for layer in range(LAYERS):
+            q, k, v = self.qkv(layer, x, pos)
+            x = self.finish_layer(
+                layer, x, self._dense(q, self.stored(k, layer, 0), self.stored(v, layer, 1))
+            )
+        return self.logits(x[-1:])[0]
+
+
+class PagedRunner:
+    """Runs the model over the paged cache: the sequences' tokens, the manager, the pool."""
+
+    def __init__(self, model: TinyDecoder, num_pages: int, page_size: int) -> None:
+        self.model = model
+        self.manager = make_manager(num_pages, page_size, seed=7)
+        self.pool = KVPool(
+            num_layers=LAYERS,
+            num_pages=num_pages,
+            num_kv_heads=HKV,
+            head_dim=HEAD_DIM,
+            page_size=page_size,
+            kv_dtype=model.kv_dtype,
+        )
+        if dtypes.is_quantized(model.kv_dtype):
+            for layer in range(LAYERS):
+                self.pool.set_scales(layer, model.k_scale[layer], model.v_scale[layer])
+        self.tokens: dict[int, list[int]] = {}
+        self.hits: dict[int, int] = {}
+
+    def admit(self, seq_id: int, prompt: list[int]) -> int:
+        """Add a request; returns how many prompt tokens its K/V was found cached for."""
+        hit = self.manager.add_sequence(seq_id, prompt)
+        assert hit is not None and hit < len(prompt)
+        self.tokens[seq_id] = list(prompt)
+        self.hits[seq_id] = hit
+        return int(hit)
+
+    def append(self, seq_id: int, token: int) -> None:
+        assert self.manager.append(seq_id, [token])
+        self.tokens[seq_id].append(token)
+
+    def fork(self, parent: int, child: int) -> None:
+        self.manager.fork(parent, child)
+        self.tokens[child] = list(self.tokens[parent])
+
+    def free(self, seq_id: int) -> None:
+        self.manager.free_sequence(seq_id)
+        del self.tokens[seq_id]
+
+    def step(self, work: dict[int, int], *, decode: bool = False) -> dict[int, np.ndarray]:
+        """Compute the last ``work[seq]`` tokens of each sequence (slots reserved); last-token logits."""
+        pairs = take_copies(self.manager)  # copy-on-write before anything writes the new pages
+        if pairs.shape[0]:
+            K.copy_pages(self.pool, pairs)
+        ids = list(work)
+        pt = self.manager.page_table(ids)
+        q_indptr = np.concatenate([[0], np.cumsum([work[s] for s in ids])]).astype(np.int32)
+        toks = np.concatenate([self.tokens[s][-work[s] :] for s in ids])
+        pos = np.concatenate(
+            [np.arange(len(self.tokens[s]) - work[s], len(self.tokens[s])) for s in ids]
+        ).astype(np.float64)
+        slots = np.concatenate([self.manager.slot_mapping(s, work[s]) for s in ids])
+        plan = plan_attention(
+            pt, q_indptr, page_size=self.pool.page_size, num_qo_heads=HQ, num_kv_heads=HKV, chunk_len=64
+        )
+        x = self.model.embed[toks]
+        for layer in range(LAYERS):
+            q, k, v = self.model.qkv(layer, x, pos)
+            K.append_kv(self.pool, layer, slots, k, v)
+            if decode:
+                attn = K.paged_decode_attention(q, self.pool, layer, pt, plan=plan)
+            else:
+                attn = K.paged_prefill_attention(q, self.pool, layer, pt, q_indptr, plan=plan)
+            x = self.model.finish_layer(layer, x, attn)
+        last = self.model.logits(x[q_indptr[1:] - 1])
+        return {s: last[i] for i, s in enumerate(ids)}
+
+
+def check(runner: PagedRunner, logits: dict[int, np.ndarray]) -> None:
+    for seq_id, got in logits.items():
+        want = runner.model.no_cache_logits(runner.tokens[seq_id])
+        assert np.abs(got - want).max() < 2e-3 * max(1.0, np.abs(want).max()), f"sequence {seq_id}"
+        assert int(np.argmax(got)) == int(np.argmax(want))
+
+
+@pytest.mark.parametrize(("kv_dtype", "page_size"), [("fp16", 4), ("bf16", 2), ("fp8", 4), ("int8", 3)])
+def test_paged_generation_matches_no_cache(kv_dtype: str, page_size: int) -> None:
+    model = TinyDecoder(seed=1, kv_dtype=kv_dtype)
+    runner = PagedRunner(model, num_pages=64, page_size=page_size)
+    rng = np.random.default_rng(2)
+    system = rng.integers(0, VOCAB, 10).tolist()
+    prompt_a = system + rng.integers(0, VOCAB, 7).tolist()
+    prompt_b = system + rng.integers(0, VOCAB, 5).tolist()
+
+    # A: a cold prefill. B: a prefix hit on the system prompt's full pages, prefilling only its tail.
+    assert runner.admit(0, prompt_a) == 0
+    logits = runner.step({0: len(prompt_a)})
+    check(runner, logits)
+    first_a = logits[0]
+    hit = runner.admit(1, prompt_b)
+    assert hit == len(system) // page_size * page_size > 0
+    logits.update(runner.step({1: len(prompt_b) - hit}))
+    check(runner, logits)
+
+    def decode(seqs: list[int], steps: int) -> None:
+        for _ in range(steps):
+            for s in seqs:
+                runner.append(s, int(np.argmax(logits[s])))
+            logits.update(runner.step(dict.fromkeys(seqs, 1), decode=True))
+            check(runner, {s: logits[s] for s in seqs})
+
+    decode([0, 1], 3)
+    while len(runner.tokens[1]) % page_size == 0:  # fork when B's last page is partial: CoW follows
+        decode([0, 1], 1)
+
+    # Parallel sampling: C forks B and takes B's second-best token; B's append copies the shared page.
+    runner.fork(1, 2)
+    order = np.argsort(logits[1])
+    runner.append(1, int(order[-1]))
+    pairs = take_copies(runner.manager)  # applied here, before any K/V write, as step() would
+    assert pairs.shape == (1, 2)
+    K.copy_pages(runner.pool, pairs)
+    runner.append(2, int(order[-2]))  # C now owns the old page alone: no copy
+    assert take_copies(runner.manager).shape[0] == 0
+    logits.update(runner.step({1: 1, 2: 1}, decode=True))
+    check(runner, {1: logits[1], 2: logits[2]})
+    decode([0, 1, 2], 3)
+
+    # A finishes; its unshared cached pages are evicted; D re-sends A's prompt: only the system prompt
+    # (kept alive by B and C) hits, and D's tail lands in reused pages.
+    runner.free(0)
+    assert runner.manager.evict(10_000) > 0
+    assert runner.admit(3, prompt_a) == hit
+    logits.update(runner.step({3: len(prompt_a) - hit}))
+    check(runner, {3: logits[3]})
+    assert np.abs(logits[3] - first_a).max() < 2e-3 * max(1.0, np.abs(first_a).max())
+    decode([1, 2, 3], 3)
+    for s in (1, 2, 3):
+        runner.free(s)

@@ -1,0 +1,121 @@
+"""``kvcore replay`` from the command line: the report, --json, the plot, and errors on stderr with exit
+code 2. The sub-command is registered on a parser of our own, as the top-level ``kvcore`` does."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from kvcore.replay.cli import register
+
+
+def run(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="kvcore")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["replay", *argv])
+    code: int = args.func(args)
+    return code
+
+
+def write_trace(path: Path, rows: list[dict[str, object]]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+ROWS = [
+    {"timestamp": 0, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 3]},
+    {"timestamp": 100, "input_length": 40, "output_length": 4, "hash_ids": [1, 2, 4]},
+    {"timestamp": 200, "input_length": 20, "output_length": 4, "hash_ids": [1, 5]},
+]
+
+
+def test_json_report_on_a_trace(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    argv = [str(trace), "--trace-block-size", "16", "--page-size", "4", "--capacity-pages", "100"]
+    code = run([*argv, "--mode", "sequential", "--json", "--out", str(tmp_path / "out"), "--no-plot"])
+    assert code == 0
+    doc = json.loads(capsys.readouterr().out)
+    lru = doc["results"]["lru"]
+    # Request 1 shares 32 tokens (blocks 1 and 2 = 8 pages); request 2 shares block 1 (16 tokens).
+    assert lru["hit_rate_tokens"] == pytest.approx((32 + 16) / 100)
+    assert lru["hit_rate_pages"] == pytest.approx((8 + 4) / 25)
+    assert (lru["num_requests"], lru["num_refused"], lru["num_evicted_pages"]) == (3, 0, 0)
+    assert set(doc["results"]) == {"lru", "lfu", "priority"}
+    assert doc["mode"] == "sequential" and doc["capacity"]["pages"] == 100
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["results"]["lru"] == lru
+
+
+def test_built_in_workload_with_sweep_writes_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "plots"
+    argv = [
+        "--requests",
+        "150",
+        "--policy",
+        "lru",
+        "--capacity-tokens",
+        "40000",
+        "--sweep-tokens",
+        "10000,80000",
+    ]
+    assert run([*argv, "--out", str(out), "--progress"]) == 0
+    captured = capsys.readouterr()
+    text = captured.out
+    assert "kvcore replay: built-in workload (seed 0), timed mode" in text
+    assert "hit rate (tokens) vs capacity" in text
+    for name in ("timeline-timed.png", "sweep-timed.png"):
+        png = out / name
+        assert f"plot written: {png}" in text
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "requests" in captured.err  # the progress bar, forced on
+
+
+def test_save_trace_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    saved = tmp_path / "gen.jsonl"
+    common = ["--policy", "lru", "--capacity-pages", "3000", "--json", "--no-plot", "--out", str(tmp_path)]
+    assert run(["--requests", "100", "--save-trace", str(saved), *common]) == 0
+    first = json.loads(capsys.readouterr().out)["results"]["lru"]
+    assert run([str(saved), "--trace-block-size", "16", *common]) == 0
+    second = json.loads(capsys.readouterr().out)["results"]["lru"]
+    for key in ("hit_tokens", "num_evicted_pages", "num_preemptions", "prompt_tokens", "simulated_s"):
+        assert first[key] == second[key]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["{trace}", "--trace-block-size", "8"], "line 1, field 'hash_ids'"),
+        (["{missing}"], "No such file"),
+        (["{trace}", "--trace-block-size", "16", "--policy", "fifo"], "--policy"),
+        (["{trace}", "--trace-block-size", "16", "--capacity-bytes", "1GiB"], "needs --model"),
+        (["{trace}", "--trace-block-size", "16", "--model", "nope-7b", "--gpu", "H100-80G"], "nope-7b"),
+        (
+            ["{trace}", "--trace-block-size", "16", "--capacity-pages", "5", "--capacity-tokens", "80"],
+            "one of",
+        ),
+        (["--requests", "10", "--capacity-tokens", "lots"], "--capacity-tokens"),
+    ],
+)
+def test_errors_go_to_stderr_with_code_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    argv = [a.format(trace=trace, missing=tmp_path / "missing.jsonl") for a in argv]
+    assert run([*argv, "--out", str(tmp_path / "o"), "--no-plot"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("kvcore replay: error: ") and message in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_timed_mode_needs_timestamps(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [{k: v for k, v in r.items() if k != "timestamp"} for r in ROWS]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    argv = [str(trace), "--trace-block-size", "16", "--mode", "timed", "--out", str(tmp_path), "--no-plot"]
+    assert run(argv) == 2
+    assert "timestamps" in capsys.readouterr().err
