@@ -21,7 +21,9 @@ struct MutexFreeList {
 
 impl MutexFreeList {
     fn new(num_pages: usize) -> Self {
-        Self { free: Mutex::new((1..num_pages as u32).rev().collect()) }
+        Self {
+            free: Mutex::new((1..num_pages as u32).rev().collect()),
+        }
     }
     fn allocate_into(&self, out: &mut [u32]) -> bool {
         let mut free = self.free.lock().unwrap();
