@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from kvcore import __version__
 
 # Modules that contribute sub-commands, in the order `kvcore --help` lists them.
-_COMMAND_MODULES = ("kvcore.demo", "kvcore.sizing.cli")
+_COMMAND_MODULES = ("kvcore.replay.cli", "kvcore.sizing.cli", "kvcore.demo")
 
 
 def build_parser() -> argparse.ArgumentParser:
