@@ -1,11 +1,15 @@
 //! Criterion benchmarks of the page allocator, next to a `Mutex<Vec<u32>>` free list measured in the
 //! same run. Run: `cargo bench --bench allocator`.
 //!
+//! `alloc_free/bare_treiber_floor/1` is the cost of one CAS to pop and one to push on a shared stack,
+//! with nothing else: the floor under any lock-free free list on this machine.
+//!
 //! `contention/*/T`: T threads hammer one allocator with allocate(1)+free; one iteration is one
 //! allocate+free pair done by *some* thread, so the time per iteration is the inverse of the total
 //! throughput (lower is better, comparable across thread counts).
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Barrier, Mutex};
 use std::time::{Duration, Instant};
 
@@ -40,6 +44,25 @@ impl MutexFreeList {
     }
 }
 
+/// The floor of any design built on one shared stack: a bare Treiber stack (one CAS to pop, one to
+/// push), with no reference counts, no validation and no sharding. Single-threaded use only here.
+struct BareTreiber {
+    head: AtomicU64,
+    next: Vec<AtomicU64>,
+}
+
+impl BareTreiber {
+    fn new(num_pages: usize) -> Self {
+        let next = (0..num_pages)
+            .map(|i| AtomicU64::new(if i + 1 < num_pages { i as u64 + 1 } else { 0 }))
+            .collect();
+        Self {
+            head: AtomicU64::new(1),
+            next,
+        }
+    }
+}
+
 trait Pool: Send + Sync + 'static {
     fn alloc_free(&self, out: &mut [u32]);
 }
@@ -49,6 +72,27 @@ impl Pool for PageAllocator {
     fn alloc_free(&self, out: &mut [u32]) {
         assert!(self.allocate_into(out).unwrap());
         self.free(out).unwrap();
+    }
+}
+
+impl Pool for BareTreiber {
+    #[inline]
+    fn alloc_free(&self, out: &mut [u32]) {
+        let head = self.head.load(Ordering::Acquire);
+        let top = head & 0xFFFF_FFFF;
+        let next = self.next[top as usize].load(Ordering::Relaxed);
+        let popped = ((head >> 32) + 1) << 32 | next;
+        assert!(self
+            .head
+            .compare_exchange(head, popped, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok());
+        out[0] = top as u32;
+        self.next[top as usize].store(next, Ordering::Relaxed);
+        let pushed = ((popped >> 32) + 1) << 32 | top;
+        assert!(self
+            .head
+            .compare_exchange(popped, pushed, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok());
     }
 }
 
@@ -72,6 +116,12 @@ fn single_thread(c: &mut Criterion) {
         group.bench_with_input(BenchmarkId::new("mutex_vec", n), &n, |b, _| {
             b.iter(|| m.alloc_free(black_box(&mut out)))
         });
+        if n == 1 {
+            let t = BareTreiber::new(POOL);
+            group.bench_with_input(BenchmarkId::new("bare_treiber_floor", n), &n, |b, _| {
+                b.iter(|| t.alloc_free(black_box(&mut out)))
+            });
+        }
     }
     group.finish();
 }

@@ -27,20 +27,25 @@
 //! stacks give O(n) allocation and an exact per-shard length for free.
 //!
 //! # Reference counts and validation
-//! `ref_cnt[page]` is 0 exactly when the page is free or being freed. `free` first checks every id,
-//! then drops one reference per listed page; pages that reach zero are linked into a private chain
-//! and published only when the whole batch has succeeded. If any page fails (a double free, or a
-//! page listed more times than it has references) the decrements already made are undone, so a
-//! failed call changes nothing. `retain` works the same way upward, with a CAS that refuses to
-//! revive a free page.
+//! `ref_cnt[page]` is 0 exactly when the page is free or being freed. `free` checks every id, then
+//! drops one reference per listed page; pages that reach zero are linked into a private chain and
+//! published only when the whole batch has succeeded. `retain` increments with a CAS that refuses
+//! to revive a free page and undoes its increments if a later page fails (safe: an increment we
+//! hold back can only delay a page's release, never publish it).
 //!
 //! A shared page (count > 1) is released with a CAS, so owners releasing it at once stay exact. The
 //! sole owner of a page (count 1) releases it with a plain store: no legitimate call can touch that
 //! count concurrently (a `retain` needs a reference, and the releasing thread holds the only one),
 //! and an atomic read-modify-write per page would cost more than everything else `free` does (about
 //! 7 ns each on the reference machine). What this gives up: two threads freeing the *same* singly
-//! owned page at the *same* instant (a double free racing itself) may both succeed. A double free in
-//! any other order is detected and raises.
+//! owned page at the *same* instant (a double free racing itself) may both succeed, and the page is
+//! then pushed twice and later handed out twice. A double free in any other order is detected and
+//! raises.
+//!
+//! `free` validates the whole batch before its first decrement (every page held, no page listed
+//! more times than it has references), because undoing a decrement is unsafe: a co-owner may free
+//! the page to zero in between. Only a caller race (another thread releasing references this call
+//! was given) can make the decrement pass fail; it then undoes what it did, best effort.
 //!
 //! # Linearizability
 //! On one shard, allocate/free are linearizable at the head CAS. Across shards, near exhaustion, two
@@ -249,6 +254,7 @@ impl PageAllocator {
     #[doc(hidden)]
     pub fn free_from(&self, home: usize, pages: &[PageId]) -> KvResult<()> {
         self.check_pages(pages)?;
+        self.check_releasable(pages)?;
         let shard = &self.shards[self.reduce(home)];
         // Pages reaching zero are linked privately, each on top of the previous one, with depths
         // computed against the head seen now; if the head is unchanged at publication (the common
@@ -297,7 +303,9 @@ impl PageAllocator {
             }
             // The page is ours alone now (count 0, on no stack).
             let next = if len == 0 { lo(head) } else { first };
-            self.link[page as usize].store(pack(base + len + 1, next), Ordering::Relaxed);
+            // A stale `base` (the head moved) is harmless: the CAS below fails and the chain is redone.
+            self.link[page as usize]
+                .store(pack(base.wrapping_add(len + 1), next), Ordering::Relaxed);
             first = page;
             len += 1;
         }
@@ -315,7 +323,43 @@ impl PageAllocator {
         Ok(())
     }
 
-    /// Give back the references a failed `free` dropped (pages at zero are still ours, unpublished).
+    /// Validate a `free` before it mutates anything: every listed page must hold at least as many
+    /// references as it is listed. Undoing decrements afterwards would not be safe: a co-owner may
+    /// take a page we decremented to zero (and publish it) before the undo.
+    fn check_releasable(&self, pages: &[PageId]) -> KvResult<()> {
+        // Acquire: pairs with other owners' releases, like the decrement that follows.
+        if let Some(i) = pages
+            .iter()
+            .position(|&p| self.ref_cnt[p as usize].load(Ordering::Acquire) == 0)
+        {
+            return Err(KvError::DoubleFree(format!(
+                "page {} (position {i}) is already free",
+                pages[i]
+            )));
+        }
+        if !has_duplicates(pages, self.num_pages as usize) {
+            return Ok(());
+        }
+        // Rare: the batch lists a page more than once. Count exactly.
+        let mut listed: std::collections::HashMap<PageId, u32> = std::collections::HashMap::new();
+        for &p in pages {
+            *listed.entry(p).or_default() += 1;
+        }
+        for (i, &p) in pages.iter().enumerate() {
+            let held = self.ref_cnt[p as usize].load(Ordering::Acquire);
+            if listed[&p] > held {
+                return Err(KvError::DoubleFree(format!(
+                    "page {p} (position {i}) is listed {} times but has {held} references \
+                     (listed more times than it has references)",
+                    listed[&p]
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Give back the references a failed `free` dropped. Only reached when another thread released
+    /// references this call was given (a race in the caller): best effort, see `check_releasable`.
     fn undo_free(&self, pages: &[PageId]) {
         for &page in pages {
             self.ref_cnt[page as usize].fetch_add(1, Ordering::Relaxed);
@@ -468,7 +512,8 @@ impl PageAllocator {
                 } else {
                     lo(self.link[page as usize].load(Ordering::Relaxed))
                 };
-                self.link[page as usize].store(pack(base + len - k, next), Ordering::Relaxed);
+                self.link[page as usize]
+                    .store(pack(base.wrapping_add(len - k), next), Ordering::Relaxed);
                 page = next;
             }
             debug_assert!(len == 0 || page == top);
@@ -532,5 +577,45 @@ impl PageAllocator {
     #[cfg(loom)]
     fn home_shard(&self) -> usize {
         0
+    }
+}
+
+/// Whether `pages` lists some page twice. Small batches compare pairwise; larger ones mark a
+/// per-thread bitmap (one bit per page id, cleared again before returning).
+fn has_duplicates(pages: &[PageId], num_pages: usize) -> bool {
+    if pages.len() <= 16 || cfg!(loom) {
+        return pages
+            .iter()
+            .enumerate()
+            .any(|(i, p)| pages[i + 1..].contains(p));
+    }
+    #[cfg(not(loom))]
+    {
+        use std::cell::RefCell;
+        thread_local! {
+            static SEEN: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+        }
+        SEEN.with(|seen| {
+            let mut seen = seen.borrow_mut();
+            let words = num_pages.div_ceil(64);
+            if seen.len() < words {
+                seen.resize(words, 0);
+            }
+            let mut dup = false;
+            for &p in pages {
+                let (word, bit) = ((p >> 6) as usize, 1u64 << (p & 63));
+                dup |= seen[word] & bit != 0;
+                seen[word] |= bit;
+            }
+            for &p in pages {
+                seen[(p >> 6) as usize] = 0;
+            }
+            dup
+        })
+    }
+    #[cfg(loom)]
+    {
+        let _ = num_pages;
+        unreachable!()
     }
 }

@@ -25,8 +25,10 @@
 //!
 //! # Failure
 //! Caller mistakes return `Err` before anything changes. Running out of pages returns `None` /
-//! `false` with the sequences, the allocator and the cached pages unchanged (a refused admission
-//! may still have refreshed the recency of the prefix it looked up).
+//! `false` with the sequences, the allocator and the cached pages unchanged. An admission that cannot
+//! fit even after evicting everything evictable is refused before its lookup touches anything; one
+//! that fails only because its own matched prefix counted as evictable (a rare edge) may have
+//! refreshed that prefix's recency, hit count and priority.
 
 use std::collections::HashMap;
 
@@ -37,6 +39,9 @@ use crate::error::{KvError, KvResult};
 use crate::eviction::EvictionPolicy;
 use crate::radix::{Namespace, NodeId, RadixTree, DEFAULT_NAMESPACE, PUBLIC_NAMESPACE};
 use crate::PageId;
+
+/// Largest page size: `kv_last_page_len` is int32, and no engine uses pages of more tokens.
+pub const MAX_PAGE_SIZE: usize = 1 << 20;
 
 /// A sequence id chosen by the caller.
 pub type SeqId = i64;
@@ -120,14 +125,15 @@ pub struct KVCacheManager {
     state: Mutex<State>,
 }
 
-/// Output buffers for [`KVCacheManager::page_table`]: FlashInfer's CSR page table.
-pub struct PageTableOut<'a> {
+/// FlashInfer's CSR page table of a batch, built by [`KVCacheManager::page_table`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageTable {
     /// `[batch + 1]` int32.
-    pub kv_indptr: &'a mut [i32],
+    pub kv_indptr: Vec<i32>,
     /// `[kv_indptr[batch]]` int32.
-    pub kv_indices: &'a mut [i32],
+    pub kv_indices: Vec<i32>,
     /// `[batch]` int32, each in `1..=page_size`.
-    pub kv_last_page_len: &'a mut [i32],
+    pub kv_last_page_len: Vec<i32>,
 }
 
 fn internal(err: KvError) -> KvError {
@@ -138,6 +144,15 @@ fn internal(err: KvError) -> KvError {
 impl KVCacheManager {
     /// A manager over a fresh pool.
     pub fn new(config: ManagerConfig) -> KvResult<Self> {
+        if config.page_size > MAX_PAGE_SIZE
+            || (config.num_pages as u128) * (config.page_size as u128) > i64::MAX as u128
+        {
+            return Err(KvError::InvalidArgument(format!(
+                "page_size must be in 1..={MAX_PAGE_SIZE} and num_pages * page_size must fit int64 (slots), \
+                 got {} pages of {}",
+                config.num_pages, config.page_size
+            )));
+        }
         let alloc = PageAllocator::new(config.num_pages)?;
         let mut tree = RadixTree::new(config.page_size, config.policy)?;
         if let Some(budget) = config.pin_budget_pages {
@@ -202,10 +217,19 @@ impl KVCacheManager {
         let ns = st.namespace(namespace);
         let ps = self.page_size;
         let num_pages = prompt.len().div_ceil(ps);
+        let lookup = &prompt[..prompt.len() - 1];
+        if num_pages > self.alloc.num_free() {
+            // The pool may be short: refuse now if even evicting everything evictable cannot make
+            // room, before the lookup touches recency, hit counts or priorities.
+            st.tree.expire_pins(now);
+            let need = num_pages - st.tree.peek_prefix_len(ns, lookup);
+            if need > self.alloc.num_free() + st.tree.num_evictable_pages() {
+                st.stats.num_refused += 1;
+                return Ok(None);
+            }
+        }
         let mut pages = Vec::with_capacity(num_pages);
-        let hit = st
-            .tree
-            .match_prefix(ns, &prompt[..prompt.len() - 1], priority, now, &mut pages);
+        let hit = st.tree.match_prefix(ns, lookup, priority, now, &mut pages);
         st.tree.lock(hit.node).map_err(internal)?;
         if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
             st.tree.unlock(hit.node).map_err(internal)?;
@@ -321,13 +345,8 @@ impl KVCacheManager {
         Ok(())
     }
 
-    /// Write the page table of `seq_ids` (in order; repeats allowed) into buffers obtained from
-    /// `out(batch, num_indices)`. Unknown ids fail before `out` is called.
-    pub fn page_table<'a>(
-        &self,
-        seq_ids: &[SeqId],
-        out: impl FnOnce(usize, usize) -> PageTableOut<'a>,
-    ) -> KvResult<()> {
+    /// The page table of `seq_ids` (in order; repeats allowed). Unknown ids fail.
+    pub fn page_table(&self, seq_ids: &[SeqId]) -> KvResult<PageTable> {
         let guard = self.state.lock();
         let mut total = 0usize;
         for &id in seq_ids {
@@ -338,32 +357,27 @@ impl KVCacheManager {
                 "page table of {total} pages exceeds int32"
             )));
         }
-        let buf = out(seq_ids.len(), total);
         let ps = self.page_size;
-        let mut at = 0usize;
-        buf.kv_indptr[0] = 0;
-        for (i, id) in seq_ids.iter().enumerate() {
+        let mut table = PageTable {
+            kv_indptr: Vec::with_capacity(seq_ids.len() + 1),
+            kv_indices: Vec::with_capacity(total),
+            kv_last_page_len: Vec::with_capacity(seq_ids.len()),
+        };
+        table.kv_indptr.push(0);
+        for id in seq_ids {
             let seq = &guard.seqs[id];
-            let n = seq.pages.len();
-            // SAFETY-free cast: page ids are < num_pages <= i32::MAX.
-            for (dst, &page) in buf.kv_indices[at..at + n].iter_mut().zip(&seq.pages) {
-                *dst = page as i32;
-            }
-            at += n;
-            buf.kv_indptr[i + 1] = at as i32;
-            buf.kv_last_page_len[i] = (seq.tokens.len() - (n - 1) * ps) as i32;
+            // Page ids are < num_pages <= i32::MAX, and total <= i32::MAX (checked above).
+            table.kv_indices.extend(seq.pages.iter().map(|&p| p as i32));
+            table.kv_indptr.push(table.kv_indices.len() as i32);
+            table
+                .kv_last_page_len
+                .push((seq.tokens.len() - (seq.pages.len() - 1) * ps) as i32);
         }
-        Ok(())
+        Ok(table)
     }
 
-    /// The slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`,
-    /// written into `out(num_tokens)`.
-    pub fn slot_mapping<'a>(
-        &self,
-        seq_id: SeqId,
-        num_tokens: usize,
-        out: impl FnOnce(usize) -> &'a mut [i64],
-    ) -> KvResult<()> {
+    /// The slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`.
+    pub fn slot_mapping(&self, seq_id: SeqId, num_tokens: usize) -> KvResult<Vec<i64>> {
         let guard = self.state.lock();
         let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let len = seq.tokens.len();
@@ -373,11 +387,10 @@ impl KVCacheManager {
             )));
         }
         let ps = self.page_size;
-        let buf = out(num_tokens);
-        for (dst, t) in buf.iter_mut().zip(len - num_tokens..len) {
-            *dst = i64::from(seq.pages[t / ps]) * ps as i64 + (t % ps) as i64;
-        }
-        Ok(())
+        // No overflow: new() checks num_pages * page_size fits i64.
+        Ok((len - num_tokens..len)
+            .map(|t| i64::from(seq.pages[t / ps]) * ps as i64 + (t % ps) as i64)
+            .collect())
     }
 
     /// Evict up to `num_pages` cached pages (policy order); returns how many were evicted.
@@ -403,14 +416,17 @@ impl KVCacheManager {
     /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
     pub fn unpin(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
         let mut guard = self.state.lock();
-        let ns = guard.namespace(namespace);
-        guard.tree.unpin(ns, tokens)
+        match guard.known_namespace(namespace) {
+            Some(ns) => guard.tree.unpin(ns, tokens),
+            None => 0,
+        }
     }
 
     /// Cached prompt tokens a lookup of `tokens` would find now (no side effects).
     pub fn peek_prefix_len(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
-        let mut guard = self.state.lock();
-        let ns = guard.namespace(namespace);
+        let guard = self.state.lock();
+        // A namespace never seen has no pages of its own, but sees the public ones.
+        let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
         guard.tree.peek_prefix_len(ns, tokens) * self.page_size
     }
 
@@ -429,7 +445,7 @@ impl KVCacheManager {
         let pinned = guard.tree.num_pinned_pages();
         CacheStats {
             num_pages_total: total,
-            num_pages_in_use: total - free - cached - pinned,
+            num_pages_in_use: total.saturating_sub(free + cached + pinned),
             num_pages_cached: cached,
             num_pages_pinned: pinned,
             num_pages_free: free,
@@ -508,7 +524,20 @@ impl KVCacheManager {
     }
 }
 
+/// Stands for a namespace name never used to cache anything: it owns no node.
+const UNSEEN_NAMESPACE: Namespace = u64::MAX - 1;
+
 impl State {
+    /// The id of a namespace name, without interning a new one.
+    fn known_namespace(&self, name: Option<&str>) -> Option<Namespace> {
+        match name {
+            None => Some(DEFAULT_NAMESPACE),
+            Some(PUBLIC_NAMESPACE_NAME) => Some(PUBLIC_NAMESPACE),
+            Some(name) => self.namespaces.get(name).copied(),
+        }
+    }
+
+    /// The id of a namespace name, interned on first use.
     fn namespace(&mut self, name: Option<&str>) -> Namespace {
         match name {
             None => DEFAULT_NAMESPACE,

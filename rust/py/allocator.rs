@@ -45,7 +45,9 @@ impl PyPageAllocator {
                 ),
             ));
         }
-        let (array, out) = new_page_array(py, n);
+        // SAFETY: `allocate_into` writes every element when it returns true; on false (or an
+        // error) the array is dropped without being exposed.
+        let (array, out) = unsafe { new_page_array(py, n) };
         let ok = if n >= DETACH_MIN_PAGES {
             py.detach(|| self.inner.allocate_into(out))?
         } else {

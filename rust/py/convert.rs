@@ -1,42 +1,55 @@
 //! Argument conversion shared by the bindings: page-id arrays in, page-id arrays out.
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
 
 use super::error::kv_exception;
 use crate::PageId;
 
-/// Page ids borrowed from a contiguous `int32` NumPy array (no copy), or converted from a list.
+/// Page ids: a view of a small contiguous `int32` NumPy array (no copy), or an owned copy (large
+/// arrays, which the caller reads while detached from the interpreter, and lists).
 pub(crate) enum PageIds<'py> {
-    /// A small array, read in place while the caller stays attached to the interpreter.
-    Attached(Bound<'py, PyArray1<i32>>),
-    /// A large array, borrowed through rust-numpy's tracked read-only borrow so it may be read
-    /// while detached.
-    Tracked(PyReadonlyArray1<'py, i32>),
-    Vec(Vec<i32>),
+    /// A view of `len` ids at `ptr`, valid while `_array` lives and the caller stays attached.
+    Attached {
+        _array: Bound<'py, PyArray1<i32>>,
+        ptr: *const PageId,
+        len: usize,
+    },
+    Owned(Vec<PageId>),
 }
 
-/// Arrays at least this long are borrowed with tracking (the caller detaches while reading them).
+/// Batches at least this long are copied and processed detached from the interpreter. The copy
+/// (about 1 ns per id) is what makes reading them without the interpreter safe: Python threads may
+/// write to the array meanwhile.
 pub(crate) const DETACH_MIN_PAGES: usize = 4096;
 
 impl PageIds<'_> {
     /// The ids as `PageId`s. Negative ids become huge values, which the core rejects as out of range.
     pub(crate) fn as_slice(&self) -> &[PageId] {
-        let ids: &[i32] = match self {
-            // SAFETY: `page_ids` checked the array is contiguous. The view is used only while the
-            // caller is attached and runs no Python code, so no Python code can write to the array
-            // meanwhile; the tracked borrow (rust-numpy) costs more than a whole small `free`, which
-            // is why small arrays skip it.
-            PageIds::Attached(a) => unsafe { a.as_slice() }.unwrap_or(&[]),
-            // The array was checked contiguous in `page_ids`.
-            PageIds::Tracked(a) => a.as_slice().unwrap_or(&[]),
-            PageIds::Vec(v) => v,
-        };
-        // SAFETY: i32 and u32 have the same size and alignment and every bit pattern is valid for
-        // both; the borrow keeps the source alive and read-only for the slice's lifetime.
-        unsafe { std::slice::from_raw_parts(ids.as_ptr().cast::<PageId>(), ids.len()) }
+        match self {
+            // SAFETY: `page_ids` checked that the array is 1-D, contiguous and aligned, and took
+            // `ptr`/`len` from it; the array is kept alive by `_array`. The view is only used while
+            // the caller is attached and runs no Python code, so nothing can write to or resize the
+            // array meanwhile. i32 -> u32 is a valid reinterpretation (same layout).
+            PageIds::Attached { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+            PageIds::Owned(v) => v,
+        }
     }
+}
+
+/// A contiguous, aligned view of a 1-D NumPy array, or None.
+fn view<T: numpy::Element>(array: &Bound<'_, PyArray1<T>>) -> Option<(*const T, usize)> {
+    let ptr = array.data() as *const T;
+    (array.is_contiguous() && ptr.is_aligned()).then(|| (ptr, array.len()))
+}
+
+fn not_contiguous(py: Python<'_>, what: &str) -> PyErr {
+    kv_exception(
+        py,
+        "InvalidDTypeError",
+        format!("{what} must be a contiguous, aligned array"),
+    )
 }
 
 /// Accept a 1-D contiguous `int32` array (zero copy) or a list/tuple of ints; anything else raises
@@ -44,17 +57,19 @@ impl PageIds<'_> {
 pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
     let py = obj.py();
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
-        if !array.is_contiguous() {
-            return Err(kv_exception(
-                py,
-                "InvalidDTypeError",
-                "page ids must be a contiguous array".into(),
+        let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "page ids"))?;
+        let ptr = ptr.cast::<PageId>();
+        if len >= DETACH_MIN_PAGES {
+            // SAFETY: as in `as_slice` (checked, attached, no Python runs during the copy).
+            return Ok(PageIds::Owned(
+                unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec(),
             ));
         }
-        if array.len() >= DETACH_MIN_PAGES {
-            return Ok(PageIds::Tracked(array.readonly()));
-        }
-        return Ok(PageIds::Attached(array.clone()));
+        return Ok(PageIds::Attached {
+            _array: array.clone(),
+            ptr,
+            len,
+        });
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         let message = format!(
@@ -69,13 +84,16 @@ pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
         return Err(kv_exception(py, "InvalidDTypeError", message));
     }
     if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return obj.extract::<Vec<i32>>().map(PageIds::Vec).map_err(|_| {
-            kv_exception(
-                py,
-                "InvalidDTypeError",
-                "page ids must be integers that fit int32".into(),
-            )
-        });
+        return obj
+            .extract::<Vec<i32>>()
+            .map(|v| PageIds::Owned(v.into_iter().map(|p| p as PageId).collect()))
+            .map_err(|_| {
+                kv_exception(
+                    py,
+                    "InvalidDTypeError",
+                    "page ids must be integers that fit int32".into(),
+                )
+            });
     }
     let type_name = obj
         .get_type()
@@ -109,7 +127,11 @@ pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
 }
 
 /// A fresh, uninitialised `int32` array of `len` elements and a mutable view of it as `PageId`s.
-pub(crate) fn new_page_array<'py>(
+///
+/// # Safety
+/// The caller must write every element through the returned slice before the array is exposed to
+/// Python, and must not use the slice after that.
+pub(crate) unsafe fn new_page_array<'py>(
     py: Python<'py>,
     len: usize,
 ) -> (Bound<'py, PyArray1<i32>>, &'py mut [PageId]) {
@@ -125,27 +147,25 @@ pub(crate) fn new_page_array<'py>(
     (array, slice)
 }
 
-/// Token ids borrowed from a contiguous 1-D `int32`/`uint32` array (no copy), or converted from an
-/// `int64` array or a list of ints (checked to fit `0..2**32`).
+/// Token ids: a view of a contiguous 1-D `int32`/`uint32` array (no copy), or an owned copy
+/// (`int64` arrays, lists).
 pub(crate) enum Tokens<'py> {
-    Attached(Bound<'py, PyArray1<i32>>),
-    AttachedU32(Bound<'py, PyArray1<u32>>),
-    Vec(Vec<u32>),
+    /// A view of `len` ids at `ptr`, valid while `_array` lives and the caller stays attached.
+    Attached {
+        _array: Bound<'py, PyAny>,
+        ptr: *const u32,
+        len: usize,
+    },
+    Owned(Vec<u32>),
 }
 
 impl Tokens<'_> {
     pub(crate) fn as_slice(&self) -> &[u32] {
         match self {
-            // SAFETY: checked contiguous and non-negative in `tokens`; read only while the caller is
-            // attached and runs no Python code (as for `PageIds::Attached`). i32 -> u32 is a valid
-            // reinterpretation (same layout).
-            Tokens::Attached(a) => unsafe {
-                let ids = a.as_slice().unwrap_or(&[]);
-                std::slice::from_raw_parts(ids.as_ptr().cast::<u32>(), ids.len())
-            },
-            // SAFETY: as above.
-            Tokens::AttachedU32(a) => unsafe { a.as_slice() }.unwrap_or(&[]),
-            Tokens::Vec(v) => v,
+            // SAFETY: as for `PageIds::Attached`: checked contiguous and aligned, kept alive by
+            // `_array`, read only while attached with no Python code running.
+            Tokens::Attached { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+            Tokens::Owned(v) => v,
         }
     }
 }
@@ -169,24 +189,27 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
         )
     };
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
-        if !array.is_contiguous() {
-            return Err(bad_tokens(py, "a non-contiguous array"));
-        }
-        // SAFETY: contiguous (checked), read while attached.
-        if unsafe { array.as_slice() }
-            .unwrap_or(&[])
+        let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "token ids"))?;
+        // SAFETY: checked contiguous and aligned; read while attached.
+        if unsafe { std::slice::from_raw_parts(ptr, len) }
             .iter()
             .any(|&t| t < 0)
         {
             return Err(negative());
         }
-        return Ok(Tokens::Attached(array.clone()));
+        return Ok(Tokens::Attached {
+            _array: obj.clone(),
+            ptr: ptr.cast::<u32>(),
+            len,
+        });
     }
     if let Ok(array) = obj.cast::<PyArray1<u32>>() {
-        if !array.is_contiguous() {
-            return Err(bad_tokens(py, "a non-contiguous array"));
-        }
-        return Ok(Tokens::AttachedU32(array.clone()));
+        let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "token ids"))?;
+        return Ok(Tokens::Attached {
+            _array: obj.clone(),
+            ptr,
+            len,
+        });
     }
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         let view = array.readonly();
@@ -200,7 +223,7 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
                 }
             })?);
         }
-        return Ok(Tokens::Vec(out));
+        return Ok(Tokens::Owned(out));
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         let dtype = array
@@ -227,7 +250,7 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
                 }
             })?);
         }
-        return Ok(Tokens::Vec(out));
+        return Ok(Tokens::Owned(out));
     }
     let type_name = obj
         .get_type()

@@ -2,7 +2,7 @@
 
 use std::time::Instant;
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::PyDict;
@@ -10,7 +10,7 @@ use pyo3::types::PyDict;
 use super::convert::{count_arg, page_ids, tokens};
 use super::error::kv_exception;
 use crate::eviction::EvictionPolicy;
-use crate::manager::{KVCacheManager, ManagerConfig, PageTableOut, SeqId};
+use crate::manager::{KVCacheManager, ManagerConfig, SeqId};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static CACHE_STATS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -142,11 +142,7 @@ impl PyKVCacheManager {
         new_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
         let new_tokens = tokens(new_tokens)?;
-        let now = if self.clock.is_some() {
-            self.now(py)?
-        } else {
-            0
-        };
+        let now = self.now(py)?;
         Ok(self.inner.append(seq_id, new_tokens.as_slice(), now)?)
     }
 
@@ -162,29 +158,11 @@ impl PyKVCacheManager {
 
     /// `PageTable(kv_indptr, kv_indices, kv_last_page_len)` (int32) of the listed sequences.
     fn page_table<'py>(&self, py: Python<'py>, seq_ids: Vec<SeqId>) -> PyResult<Bound<'py, PyAny>> {
-        let mut arrays = None;
-        self.inner.page_table(&seq_ids, |batch, total| {
-            // SAFETY: fresh arrays, not yet visible to Python; the core writes every element.
-            let (indptr, indices, last) = unsafe {
-                (
-                    PyArray1::<i32>::new(py, batch + 1, false),
-                    PyArray1::<i32>::new(py, total, false),
-                    PyArray1::<i32>::new(py, batch, false),
-                )
-            };
-            // SAFETY: fresh contiguous arrays, no other view exists; they live for 'py.
-            let out = unsafe {
-                PageTableOut {
-                    kv_indptr: std::slice::from_raw_parts_mut(indptr.data(), batch + 1),
-                    kv_indices: std::slice::from_raw_parts_mut(indices.data(), total),
-                    kv_last_page_len: std::slice::from_raw_parts_mut(last.data(), batch),
-                }
-            };
-            arrays = Some((indptr, indices, last));
-            out
-        })?;
-        let (indptr, indices, last) =
-            arrays.ok_or_else(|| kv_exception(py, "KVCoreError", "page table not built".into()))?;
+        // Built under the manager's lock into Rust vectors, handed to NumPy without a copy after.
+        let table = self.inner.page_table(&seq_ids)?;
+        let indptr = PyArray1::from_vec(py, table.kv_indptr);
+        let indices = PyArray1::from_vec(py, table.kv_indices);
+        let last = PyArray1::from_vec(py, table.kv_last_page_len);
         python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?.call1((indptr, indices, last))
     }
 
@@ -196,16 +174,7 @@ impl PyKVCacheManager {
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let n = count_arg(num_tokens, "num_tokens")?;
-        let mut array = None;
-        self.inner.slot_mapping(seq_id, n, |len| {
-            // SAFETY: a fresh array, not yet visible to Python; the core writes every element.
-            let a = unsafe { PyArray1::<i64>::new(py, len, false) };
-            // SAFETY: fresh and contiguous; lives for 'py.
-            let out = unsafe { std::slice::from_raw_parts_mut(a.data(), len) };
-            array = Some(a);
-            out
-        })?;
-        array.ok_or_else(|| kv_exception(py, "KVCoreError", "slot mapping not built".into()))
+        Ok(PyArray1::from_vec(py, self.inner.slot_mapping(seq_id, n)?))
     }
 
     /// Evict up to `num_pages` cached pages; returns how many were evicted.
@@ -326,8 +295,15 @@ impl PyKVCacheManager {
     }
 
     /// References held on `page` (the tree's and each sequence's).
-    fn ref_count(&self, page: i64) -> PyResult<u32> {
-        let page = u32::try_from(page).unwrap_or(u32::MAX);
+    fn ref_count(&self, py: Python<'_>, page: i64) -> PyResult<u32> {
+        let page = u32::try_from(page).map_err(|_| {
+            let last = self.inner.num_pages() - 1;
+            kv_exception(
+                py,
+                "InvalidPageError",
+                format!("page {page} is out of range; valid pages are 1..={last}"),
+            )
+        })?;
         Ok(self.inner.allocator().ref_count(page)?)
     }
 
@@ -350,8 +326,10 @@ impl PyKVCacheManager {
         self.inner.page_size()
     }
 
-    fn __contains__(&self, seq_id: SeqId) -> bool {
-        self.inner.contains(seq_id)
+    fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
+        seq_id
+            .extract::<SeqId>()
+            .is_ok_and(|id| self.inner.contains(id))
     }
 
     fn __len__(&self) -> usize {

@@ -160,3 +160,27 @@ def test_large_batches_release_the_interpreter() -> None:
     alloc.free(pages)
     alloc.free(pages)
     assert alloc.num_free == 20_000
+
+
+def test_misaligned_arrays_are_refused() -> None:
+    alloc = PageAllocator(8)
+    pages = alloc.allocate(2)
+    assert pages is not None
+    raw = np.zeros(4 * 2 + 1, dtype=np.uint8)
+    misaligned = raw[1:].view(np.int32)  # a valid int32 array whose data is not 4-byte aligned
+    misaligned[:] = pages
+    before = snapshot(alloc)
+    with pytest.raises(InvalidDTypeError):
+        alloc.free(misaligned)
+    assert snapshot(alloc) == before
+
+
+def test_large_batches_are_read_from_a_copy() -> None:
+    """Ids of a detached (large) call are copied first: changing the array afterwards is harmless."""
+    alloc = PageAllocator(20_001)
+    pages = alloc.allocate(5_000)
+    assert pages is not None
+    batch = pages.copy()
+    alloc.free(batch)
+    batch[:] = 1  # mutating the caller's array after the call changes nothing
+    assert alloc.num_free == 20_000

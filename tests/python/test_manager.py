@@ -236,3 +236,36 @@ def test_concurrent_callers_keep_the_books_exact() -> None:
     assert s.num_pages_cached + s.num_pages_free == 2_000
     assert m.evict(10_000) == s.num_pages_cached
     assert m.stats().num_pages_free == 2_000
+
+
+def test_expired_pins_are_released_by_append_without_an_injected_clock() -> None:
+    import time
+
+    m = KVCacheManager(5, PS)  # 4 usable pages, monotonic clock
+    cache_and_release(m, 1, toks(1, 2))  # 2 cached pages, pinned for 1 ms below
+    assert m.pin(toks(1, 2), ttl_s=0.001) == 2
+    m.add_sequence(2, toks(7, extra=3))  # 2 pages in use, 0 free
+    time.sleep(0.01)
+    assert m.append(2, np.arange(4, dtype=np.int32))  # needs one page: evicts the expired pin's
+
+
+def test_a_refused_admission_does_not_raise_priorities() -> None:
+    m = KVCacheManager(9, PS, "priority")  # 8 usable pages
+    cache_and_release(m, 1, toks(1, 2))  # 2 cached (priority 0), older
+    cache_and_release(m, 2, toks(3, 4))  # 2 cached (priority 0), newer
+    assert m.add_sequence(3, toks(5, 6, 7, extra=3)) == 0  # 4 pages in use: none free
+    big = np.concatenate([toks(1, 2, extra=0), np.arange(100, 140, dtype=np.int32)])
+    assert m.add_sequence(4, big, priority=9) is None  # needs 11 pages: can never fit now
+    assert m.evict(1) == 1
+    assert m.peek_prefix_len(toks(1, 2)) < 2 * PS, "the refused request protected its prefix"
+    assert m.peek_prefix_len(toks(3, 4)) == 2 * PS
+
+
+def test_page_size_and_sizes_are_bounded() -> None:
+    with pytest.raises(InvalidArgumentError):
+        KVCacheManager(8, 2**40)
+    m = KVCacheManager(8, PS)
+    assert 2**70 not in m
+    with pytest.raises(kvcore.InvalidPageError):
+        m.ref_count(2**40)
+    assert m.peek_prefix_len([1, 2, 3, 4, 5], namespace="never-seen") == 0

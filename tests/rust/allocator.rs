@@ -270,3 +270,19 @@ fn threads_never_share_a_page_and_every_page_returns() {
         assert_eq!(a.ref_count(p).unwrap(), 0);
     }
 }
+
+#[test]
+fn large_batches_with_duplicates_are_validated_exactly() {
+    let a = PageAllocator::with_shards(101, 1).unwrap();
+    let pages = a.allocate(40).unwrap().unwrap();
+    a.retain(&pages[..1]).unwrap(); // pages[0] has 2 references
+    let mut batch = pages.clone();
+    batch.push(pages[0]); // listed twice, held twice: legal
+    let before = snapshot(&a);
+    let mut over = batch.clone();
+    over.push(pages[0]); // three times: one too many
+    assert!(matches!(a.free(&over), Err(KvError::DoubleFree(_))));
+    assert_eq!(snapshot(&a), before);
+    a.free(&batch).unwrap();
+    assert_eq!(a.num_free(), 100);
+}

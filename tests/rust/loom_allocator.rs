@@ -124,3 +124,45 @@ fn cross_shard_allocations_never_duplicate() {
         assert_all_free(&a);
     });
 }
+
+/// A failing `free` races a co-owner's valid `free` of a page it lists: the failure must change
+/// nothing, so the page ends with exactly the co-owner's release applied (never free and held).
+#[test]
+fn failed_free_never_undoes_a_co_owners_release() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(4, 1).unwrap());
+        let shared = a.allocate(1).unwrap().unwrap()[0];
+        a.retain(&[shared]).unwrap(); // two owners
+        let free_page = 3; // never allocated
+        let b = a.clone();
+        let t = thread::spawn(move || b.free(&[shared]).unwrap());
+        assert!(a.free(&[shared, free_page]).is_err());
+        t.join().unwrap();
+        assert_eq!(a.ref_count(shared).unwrap(), 1);
+        assert_eq!(
+            a.num_free(),
+            2,
+            "the shared page must not be on the free list"
+        );
+        a.free(&[shared]).unwrap();
+        assert_all_free(&a);
+    });
+}
+
+/// The same with a batch that lists the shared page more times than it has references.
+#[test]
+fn over_listed_free_never_undoes_a_co_owners_release() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(4, 1).unwrap());
+        let shared = a.allocate(1).unwrap().unwrap()[0];
+        a.retain(&[shared]).unwrap();
+        let b = a.clone();
+        let t = thread::spawn(move || b.free(&[shared]).unwrap());
+        assert!(a.free(&[shared, shared, shared]).is_err());
+        t.join().unwrap();
+        assert_eq!(a.ref_count(shared).unwrap(), 1);
+        assert_eq!(a.num_free(), 2);
+        a.free(&[shared]).unwrap();
+        assert_all_free(&a);
+    });
+}
