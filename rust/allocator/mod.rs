@@ -42,10 +42,13 @@
 //! then pushed twice and later handed out twice. A double free in any other order is detected and
 //! raises.
 //!
-//! `free` validates the whole batch before its first decrement (every page held, no page listed
-//! more times than it has references), because undoing a decrement is unsafe: a co-owner may free
-//! the page to zero in between. Only a caller race (another thread releasing references this call
-//! was given) can make the decrement pass fail; it then undoes what it did, best effort.
+//! Before `free` decrements its first *shared* page it validates the rest of the batch (every page
+//! held, no page listed more times than it has references), because undoing a shared page's
+//! decrement is unsafe: a co-owner may free the page to zero in between. Decrements of pages only
+//! this call held (count 1, not yet published) are safe to undo, so a batch of unshared pages (the
+//! common case) is checked and released in one pass. Only a caller race (another thread releasing
+//! references this call was given) can make a validated batch fail; it then undoes what it did,
+//! best effort.
 //!
 //! # Linearizability
 //! On one shard, allocate/free are linearizable at the head CAS. Across shards, near exhaustion, two
@@ -253,8 +256,6 @@ impl PageAllocator {
     /// [`free`](Self::free) with an explicit home shard (for tests and models).
     #[doc(hidden)]
     pub fn free_from(&self, home: usize, pages: &[PageId]) -> KvResult<()> {
-        self.check_pages(pages)?;
-        self.check_releasable(pages)?;
         let shard = &self.shards[self.reduce(home)];
         // Pages reaching zero are linked privately, each on top of the previous one, with depths
         // computed against the head seen now; if the head is unchanged at publication (the common
@@ -263,7 +264,16 @@ impl PageAllocator {
         let base = self.depth_of(lo(head));
         let mut first = NULL_PAGE;
         let mut len = 0u32;
+        // Until the first shared page, every page decremented had this call's reference only and is
+        // unpublished, so an error can still be undone safely; the first shared page triggers a full
+        // validation of the rest of the batch before anything shared is touched.
+        let mut validated = false;
         for (i, &page) in pages.iter().enumerate() {
+            if page == NULL_PAGE || page >= self.num_pages {
+                debug_assert!(!validated, "validated batches have no bad ids");
+                self.undo_free(&pages[..i]);
+                return self.check_page(page, i);
+            }
             let cnt = &self.ref_cnt[page as usize];
             // Acquire pairs with the Release of other owners' decrements: once the page reaches zero
             // we see every access made under the references released before ours.
@@ -275,6 +285,13 @@ impl PageAllocator {
                 // (the count reads 0); see the module header for the one racing misuse it cannot see.
                 cnt.store(0, Ordering::Relaxed);
             } else {
+                if cur > 1 && !validated {
+                    if let Err(err) = self.check_releasable(&pages[i..], i) {
+                        self.undo_free(&pages[..i]);
+                        return Err(err);
+                    }
+                    validated = true;
+                }
                 loop {
                     if cur == 0 {
                         self.undo_free(&pages[..i]);
@@ -323,19 +340,28 @@ impl PageAllocator {
         Ok(())
     }
 
-    /// Validate a `free` before it mutates anything: every listed page must hold at least as many
-    /// references as it is listed. Undoing decrements afterwards would not be safe: a co-owner may
-    /// take a page we decremented to zero (and publish it) before the undo.
-    fn check_releasable(&self, pages: &[PageId]) -> KvResult<()> {
-        // Acquire: pairs with other owners' releases, like the decrement that follows.
-        if let Some(i) = pages
-            .iter()
-            .position(|&p| self.ref_cnt[p as usize].load(Ordering::Acquire) == 0)
-        {
-            return Err(KvError::DoubleFree(format!(
-                "page {} (position {i}) is already free",
-                pages[i]
-            )));
+    /// Validate the rest of a `free` batch (`pages`, starting at position `offset` of the call)
+    /// before anything shared is decremented: every id in range, every listed page held, and no page
+    /// listed more times than it has references. Undoing a decrement of a shared page would not be
+    /// safe: a co-owner may take it to zero (and publish it) before the undo.
+    fn check_releasable(&self, pages: &[PageId], offset: usize) -> KvResult<()> {
+        let mut shared = false;
+        for (i, &p) in pages.iter().enumerate() {
+            if p == NULL_PAGE || p >= self.num_pages {
+                return self.check_page(p, offset + i);
+            }
+            // Acquire: pairs with other owners' releases, like the decrement that follows.
+            let held = self.ref_cnt[p as usize].load(Ordering::Acquire);
+            if held == 0 {
+                let i = offset + i;
+                return Err(KvError::DoubleFree(format!(
+                    "page {p} (position {i}) is already free"
+                )));
+            }
+            shared |= held > 1;
+        }
+        if !shared {
+            return Ok(());
         }
         if !has_duplicates(pages, self.num_pages as usize) {
             return Ok(());
@@ -349,8 +375,9 @@ impl PageAllocator {
             let held = self.ref_cnt[p as usize].load(Ordering::Acquire);
             if listed[&p] > held {
                 return Err(KvError::DoubleFree(format!(
-                    "page {p} (position {i}) is listed {} times but has {held} references \
+                    "page {p} (position {}) is listed {} times but has {held} references \
                      (listed more times than it has references)",
+                    offset + i,
                     listed[&p]
                 )));
             }
@@ -358,8 +385,10 @@ impl PageAllocator {
         Ok(())
     }
 
-    /// Give back the references a failed `free` dropped. Only reached when another thread released
-    /// references this call was given (a race in the caller): best effort, see `check_releasable`.
+    /// Give back the references a failed `free` dropped. Reached for a batch of unshared pages that
+    /// lists one twice (safe: every page decremented had this call's reference only, and none is
+    /// published yet), or when another thread released references this call was given (a race in
+    /// the caller: best effort, see `check_releasable`).
     fn undo_free(&self, pages: &[PageId]) {
         for &page in pages {
             self.ref_cnt[page as usize].fetch_add(1, Ordering::Relaxed);
