@@ -103,6 +103,8 @@ pub struct PageAllocator {
     link: Box<[AtomicU64]>,
     /// The stacks of free pages.
     shards: Box<[Shard]>,
+    /// `shards.len() - 1` when that is a power of two (picking a shard is then a mask).
+    shard_mask: Option<usize>,
 }
 
 impl std::fmt::Debug for PageAllocator {
@@ -165,6 +167,7 @@ impl PageAllocator {
             ref_cnt,
             link,
             shards,
+            shard_mask: num_shards.is_power_of_two().then(|| num_shards - 1),
         })
     }
 
@@ -198,12 +201,14 @@ impl PageAllocator {
 
     /// Fill `out` with `out.len()` distinct pages (each with one reference) and return `true`, or
     /// return `false` and take nothing when fewer are free. `out` is unspecified after `false`.
+    #[inline]
     pub fn allocate_into(&self, out: &mut [PageId]) -> KvResult<bool> {
         self.allocate_into_from(self.home_shard(), out)
     }
 
     /// [`allocate_into`](Self::allocate_into) with an explicit home shard (for tests and models).
     #[doc(hidden)]
+    #[inline]
     pub fn allocate_into_from(&self, home: usize, out: &mut [PageId]) -> KvResult<bool> {
         let n = out.len();
         if n > self.num_pages as usize - 1 {
@@ -216,6 +221,26 @@ impl PageAllocator {
             return Ok(true);
         }
         let home = self.reduce(home);
+        if n == 1 {
+            // The scheduler's most frequent request, without the bulk path's loops.
+            let shard = &self.shards[home];
+            let head = shard.head.load(Ordering::Acquire);
+            let top = lo(head);
+            if top != NULL_PAGE && top < self.num_pages {
+                // A stale `next` (the head moved) is caught by the CAS.
+                let next = lo(self.link[top as usize].load(Ordering::Relaxed));
+                let popped = pack(hi(head).wrapping_add(1), next);
+                if shard
+                    .head
+                    .compare_exchange(head, popped, Ordering::AcqRel, Ordering::Acquire)
+                    .is_ok()
+                {
+                    self.ref_cnt[top as usize].store(1, Ordering::Relaxed);
+                    out[0] = top;
+                    return Ok(true);
+                }
+            }
+        }
         if self.pop(&self.shards[home], out, true) != n && !self.allocate_slow(home, out) {
             return Ok(false);
         }
@@ -249,14 +274,42 @@ impl PageAllocator {
 
     /// Drop one reference per listed page (a page listed k times drops k); pages reaching zero return
     /// to the pool. All or nothing: on any error nothing changes.
+    #[inline]
     pub fn free(&self, pages: &[PageId]) -> KvResult<()> {
         self.free_from(self.home_shard(), pages)
     }
 
     /// [`free`](Self::free) with an explicit home shard (for tests and models).
     #[doc(hidden)]
+    #[inline]
     pub fn free_from(&self, home: usize, pages: &[PageId]) -> KvResult<()> {
         let shard = &self.shards[self.reduce(home)];
+        if let [page] = *pages {
+            // One page held once (the common release of a decode page): no chain to build.
+            if page != NULL_PAGE && page < self.num_pages {
+                let cnt = &self.ref_cnt[page as usize];
+                if cnt.load(Ordering::Acquire) == 1 {
+                    cnt.store(0, Ordering::Relaxed); // the sole owner; see the bulk path below
+                    let mut head = shard.head.load(Ordering::Acquire);
+                    loop {
+                        let top = lo(head);
+                        let link = pack(self.depth_of(top).wrapping_add(1), top);
+                        self.link[page as usize].store(link, Ordering::Relaxed);
+                        // Release publishes the link to the next pop's Acquire.
+                        let pushed = pack(hi(head).wrapping_add(1), page);
+                        match shard.head.compare_exchange_weak(
+                            head,
+                            pushed,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        ) {
+                            Ok(_) => return Ok(()),
+                            Err(now) => head = now,
+                        }
+                    }
+                }
+            }
+        }
         // Pages reaching zero are linked privately, each on top of the previous one, with depths
         // computed against the head seen now; if the head is unchanged at publication (the common
         // case) one CAS publishes the chain as built.
@@ -573,16 +626,15 @@ impl PageAllocator {
     /// division would cost more than the rest of a one-page allocation.
     #[inline]
     fn reduce(&self, index: usize) -> usize {
-        let n = self.shards.len();
-        if n.is_power_of_two() {
-            index & (n - 1)
-        } else {
-            index % n
+        match self.shard_mask {
+            Some(mask) => index & mask,
+            None => index % self.shards.len(),
         }
     }
 
     /// The calling thread's home shard.
     #[cfg(not(loom))]
+    #[inline]
     fn home_shard(&self) -> usize {
         use std::cell::Cell;
         use std::sync::atomic::{AtomicUsize, Ordering as StdOrdering};
