@@ -13,6 +13,9 @@ import threading
 import time
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
+
 from kvcore import PageAllocator
 
 
@@ -26,7 +29,7 @@ class WorkerStats:
 
 def _worker(alloc: PageAllocator, seed: int, num_requests: int, page_size: int, out: WorkerStats) -> None:
     rng = random.Random(seed)
-    running: list[object] = []
+    running: list[npt.NDArray[np.int32]] = []
     for _ in range(num_requests):
         prompt_len = rng.randint(1, 4096)
         pages = alloc.allocate(-(-prompt_len // page_size))
