@@ -53,11 +53,19 @@ class KVCacheManager:
         clock: Callable[[], float] | None = None,
     ) -> KVCacheManager: ...
     def add_sequence(
-        self, seq_id: int, prompt_tokens: _Tokens, namespace: str | None = None, priority: int = 0
+        self,
+        seq_id: int,
+        prompt_tokens: _Tokens,
+        namespace: str | None = None,
+        priority: int = 0,
+        *,
+        cache_prompt: bool = True,
     ) -> int | None:
         """Cached prompt tokens (page aligned, at most len - 1), or None if it cannot fit."""
     def append(self, seq_id: int, new_tokens: _Tokens) -> bool:
         """Reserve slots for generated tokens; False (nothing changed) if there is no room."""
+    def commit(self, seq_id: int, num_tokens: int) -> int:
+        """Cache the full pages of the first ``num_tokens`` (computed) tokens; tokens now cached."""
     def fork(self, parent_id: int, child_id: int) -> None: ...
     def free_sequence(self, seq_id: int) -> None: ...
     def page_table(self, seq_ids: Sequence[int]) -> PageTable: ...

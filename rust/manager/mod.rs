@@ -12,8 +12,12 @@
 //! **free** when the allocator has it; the four counts sum to the usable pages.
 //!
 //! # When prompts become shareable
-//! `add_sequence` caches the prompt's full pages immediately: the engine computes them in the same
-//! step, so a request admitted afterwards can reuse them. `append` caches each page as it fills.
+//! By default `add_sequence` caches the prompt's full pages immediately and `append` caches each page
+//! as it fills: the engine computes them in the same step (as vLLM's `allocate_slots` assumes), so a
+//! request admitted afterwards can reuse them. An engine that computes a prompt over several steps
+//! (chunked prefill) admits it with `cache_prompt = false` and calls `commit(seq_id, num_tokens)`
+//! after each step: only computed pages are ever shared, and a sequence freed before its prefill
+//! finished leaves nothing half-written in the cache.
 //! At most `prompt_len - 1` tokens are reported cached, so the model always computes at least the
 //! last prompt token (whose logits it needs); a fully cached page-aligned prompt recomputes its last
 //! page into a fresh page.
@@ -100,6 +104,9 @@ struct Sequence {
     pages: Vec<PageId>,
     /// Leading full pages already offered to the tree.
     num_inserted_pages: usize,
+    /// Whether full pages are cached as they are reserved (`add_sequence`/`append`), or only when
+    /// the engine says they are computed (`commit`, for chunked prefill).
+    auto_cache: bool,
     /// The deepest tree node this sequence locks (`radix::ROOT`: none).
     node: NodeId,
 }
@@ -191,15 +198,18 @@ impl KVCacheManager {
     }
 
     /// Admit a sequence: take the longest cached prefix of `prompt` (whole pages, at most
-    /// `len - 1` tokens), lock it, allocate the rest (evicting unlocked cached pages if needed) and
-    /// cache the prompt's full pages. Returns the number of prompt tokens already cached, or `None`
-    /// (nothing changed) if the pages cannot be found even after evicting everything evictable.
+    /// `len - 1` tokens), lock it, allocate the rest (evicting unlocked cached pages if needed) and,
+    /// if `cache_prompt`, cache the prompt's full pages (the engine computes them in this step).
+    /// With `cache_prompt == false` (chunked prefill) pages are cached only by [`commit`](Self::commit).
+    /// Returns the number of prompt tokens already cached, or `None` (nothing changed) if the pages
+    /// cannot be found even after evicting everything evictable.
     pub fn add_sequence(
         &self,
         seq_id: SeqId,
         prompt: &[u32],
         namespace: Option<&str>,
         priority: i32,
+        cache_prompt: bool,
         now: u64,
     ) -> KvResult<Option<usize>> {
         let mut guard = self.state.lock();
@@ -240,7 +250,11 @@ impl KVCacheManager {
         self.alloc
             .retain(&pages[..hit.num_pages])
             .map_err(internal)?;
-        let full = prompt.len() / ps;
+        let full = if cache_prompt {
+            prompt.len() / ps
+        } else {
+            hit.num_pages
+        };
         let from = hit.num_pages; // <= full: the match stops before the last token
         let (tokens, fresh) = (&prompt[from * ps..full * ps], &pages[from..full]);
         let ins = st
@@ -260,6 +274,7 @@ impl KVCacheManager {
                 tokens: prompt.to_vec(),
                 pages,
                 num_inserted_pages: full,
+                auto_cache: cache_prompt,
                 node: ins.node,
             },
         );
@@ -299,23 +314,55 @@ impl KVCacheManager {
         }
         seq.pages.extend(fresh);
         seq.tokens.extend_from_slice(tokens);
-        let full = new_len / ps;
-        let done = seq.num_inserted_pages;
-        if full > done {
-            let (ns, priority, old_node) = (seq.ns, seq.priority, seq.node);
-            let (tokens, pages) = (&seq.tokens[done * ps..full * ps], &seq.pages[done..full]);
-            // Split borrows: the tree and the allocator are touched, never the sequence map.
-            let ins = st
-                .tree
-                .extend(ns, old_node, tokens, pages, priority, now)
-                .map_err(internal)?;
-            self.alloc.retain(&pages[ins.adopted()]).map_err(internal)?;
-            st.tree.lock(ins.node).map_err(internal)?;
-            st.tree.unlock(old_node).map_err(internal)?;
-            seq.node = ins.node;
-            seq.num_inserted_pages = full;
+        if seq.auto_cache {
+            self.cache_full_pages(st, seq_id, new_len / ps, now)?;
         }
         Ok(true)
+    }
+
+    /// The engine has computed the first `num_tokens` tokens of `seq_id`: cache its full pages
+    /// among them that are not cached yet (for sequences admitted with `cache_prompt == false`;
+    /// harmless for the others). Returns the number of tokens of `seq_id` now cached.
+    pub fn commit(&self, seq_id: SeqId, num_tokens: usize, now: u64) -> KvResult<usize> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if num_tokens > seq.tokens.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id} has {} tokens, cannot commit {num_tokens}",
+                seq.tokens.len()
+            )));
+        }
+        self.cache_full_pages(st, seq_id, num_tokens / self.page_size, now)?;
+        Ok(st.seqs[&seq_id].num_inserted_pages * self.page_size)
+    }
+
+    /// Offer the sequence's full pages up to `full` (exclusive) that the tree has not seen yet,
+    /// continuing its locked node: O(new pages). Retains what the tree adopts and moves the lock.
+    fn cache_full_pages(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        full: usize,
+        now: u64,
+    ) -> KvResult<()> {
+        let State { tree, seqs, .. } = st;
+        let seq = seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let done = seq.num_inserted_pages;
+        if full <= done {
+            return Ok(());
+        }
+        let ps = self.page_size;
+        let (tokens, pages) = (&seq.tokens[done * ps..full * ps], &seq.pages[done..full]);
+        let ins = tree
+            .extend(seq.ns, seq.node, tokens, pages, seq.priority, now)
+            .map_err(internal)?;
+        self.alloc.retain(&pages[ins.adopted()]).map_err(internal)?;
+        tree.lock(ins.node).map_err(internal)?;
+        tree.unlock(seq.node).map_err(internal)?;
+        seq.node = ins.node;
+        seq.num_inserted_pages = full;
+        Ok(())
     }
 
     /// `child` shares every page of `parent` (parallel sampling, beam search). The next append
@@ -580,10 +627,16 @@ mod tests {
     fn shared_prefix_is_reused() {
         let m = manager(64, 4);
         let prompt: Vec<u32> = (0..10).collect();
-        assert_eq!(m.add_sequence(1, &prompt, None, 0, 0).unwrap(), Some(0));
+        assert_eq!(
+            m.add_sequence(1, &prompt, None, 0, true, 0).unwrap(),
+            Some(0)
+        );
         let mut other = prompt[..8].to_vec();
         other.extend([100, 101, 102]);
-        assert_eq!(m.add_sequence(2, &other, None, 0, 0).unwrap(), Some(8));
+        assert_eq!(
+            m.add_sequence(2, &other, None, 0, true, 0).unwrap(),
+            Some(8)
+        );
         let (a, b) = (m.seq_pages(1).unwrap(), m.seq_pages(2).unwrap());
         assert_eq!(a[..2], b[..2]);
         assert_ne!(a[2], b[2]);
@@ -591,7 +644,8 @@ mod tests {
         check_split(&m);
         // Another namespace sees nothing.
         assert_eq!(
-            m.add_sequence(3, &prompt, Some("tenant-b"), 0, 0).unwrap(),
+            m.add_sequence(3, &prompt, Some("tenant-b"), 0, true, 0)
+                .unwrap(),
             Some(0)
         );
         check_split(&m);
@@ -600,7 +654,8 @@ mod tests {
     #[test]
     fn fork_then_append_copies_the_shared_partial_page() {
         let m = manager(64, 4);
-        m.add_sequence(1, &[1, 2, 3, 4, 5, 6], None, 0, 0).unwrap();
+        m.add_sequence(1, &[1, 2, 3, 4, 5, 6], None, 0, true, 0)
+            .unwrap();
         m.fork(1, 2).unwrap();
         let before = m.seq_pages(1).unwrap();
         assert!(m.append(2, &[7], 0).unwrap());
@@ -616,9 +671,12 @@ mod tests {
     #[test]
     fn refusal_changes_nothing() {
         let m = manager(5, 4); // 4 usable pages
-        assert_eq!(m.add_sequence(1, &[0; 12], None, 0, 0).unwrap(), Some(0));
+        assert_eq!(
+            m.add_sequence(1, &[0; 12], None, 0, true, 0).unwrap(),
+            Some(0)
+        );
         let before = m.stats(0);
-        assert_eq!(m.add_sequence(2, &[9; 8], None, 0, 0).unwrap(), None);
+        assert_eq!(m.add_sequence(2, &[9; 8], None, 0, true, 0).unwrap(), None);
         assert!(!m.contains(2));
         let after = m.stats(0);
         assert_eq!(
@@ -627,7 +685,10 @@ mod tests {
         );
         m.free_sequence(1).unwrap();
         assert_eq!(m.stats(0).num_pages_cached, 3);
-        assert_eq!(m.add_sequence(2, &[9; 16], None, 0, 0).unwrap(), Some(0)); // evicts
+        assert_eq!(
+            m.add_sequence(2, &[9; 16], None, 0, true, 0).unwrap(),
+            Some(0)
+        ); // evicts
         assert_eq!(m.stats(0).num_evicted_pages, 3);
         check_split(&m);
     }

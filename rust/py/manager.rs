@@ -117,8 +117,9 @@ impl PyKVCacheManager {
     }
 
     /// Admit `seq_id` with its prompt: the number of prompt tokens already cached, or None (nothing
-    /// changed) if its pages cannot be found even after evicting everything evictable.
-    #[pyo3(signature = (seq_id, prompt_tokens, namespace = None, priority = 0))]
+    /// changed) if its pages cannot be found even after evicting everything evictable. With
+    /// `cache_prompt=False` (chunked prefill) pages are shared only once `commit` says so.
+    #[pyo3(signature = (seq_id, prompt_tokens, namespace = None, priority = 0, *, cache_prompt = true))]
     fn add_sequence(
         &self,
         py: Python<'_>,
@@ -126,12 +127,31 @@ impl PyKVCacheManager {
         prompt_tokens: &Bound<'_, PyAny>,
         namespace: Option<&str>,
         priority: i32,
+        cache_prompt: bool,
     ) -> PyResult<Option<usize>> {
         let prompt = tokens(prompt_tokens)?;
         let now = self.now(py)?;
-        Ok(self
-            .inner
-            .add_sequence(seq_id, prompt.as_slice(), namespace, priority, now)?)
+        Ok(self.inner.add_sequence(
+            seq_id,
+            prompt.as_slice(),
+            namespace,
+            priority,
+            cache_prompt,
+            now,
+        )?)
+    }
+
+    /// The engine computed the first `num_tokens` tokens of `seq_id`: cache their full pages.
+    /// Returns the number of the sequence's tokens now cached.
+    fn commit(
+        &self,
+        py: Python<'_>,
+        seq_id: SeqId,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let n = count_arg(num_tokens, "num_tokens")?;
+        let now = self.now(py)?;
+        Ok(self.inner.commit(seq_id, n, now)?)
     }
 
     /// Reserve slots for generated tokens; False (nothing changed) if there is no room.

@@ -269,3 +269,27 @@ def test_page_size_and_sizes_are_bounded() -> None:
     with pytest.raises(kvcore.InvalidPageError):
         m.ref_count(2**40)
     assert m.peek_prefix_len([1, 2, 3, 4, 5], namespace="never-seen") == 0
+
+
+def test_chunked_prefill_shares_only_committed_pages() -> None:
+    m = KVCacheManager(64, PS)
+    prompt = toks(1, 2, 3, extra=2)
+    assert m.add_sequence(1, prompt, cache_prompt=False) == 0
+    assert m.peek_prefix_len(prompt) == 0  # nothing computed yet: nothing shared
+    assert m.commit(1, 2 * PS + 1) == 2 * PS  # first chunk computed: its two full pages
+    assert m.peek_prefix_len(prompt) == 2 * PS
+    assert m.append(1, [5, 5])  # manual sequences cache on commit only
+    assert m.peek_prefix_len(np.concatenate([prompt, [5, 5, 0]]).astype(np.int32)) == 2 * PS
+    assert m.commit(1, m.seq_len(1)) == 4 * PS
+    m.free_sequence(1)
+    assert m.stats().num_pages_cached == 4
+
+
+def test_a_sequence_freed_before_its_prefill_finished_leaves_nothing_half_written() -> None:
+    m = KVCacheManager(64, PS)
+    prompt = toks(1, 2, 3, extra=2)
+    m.add_sequence(1, prompt, cache_prompt=False)
+    m.commit(1, PS)
+    m.free_sequence(1)  # aborted after one chunk
+    assert m.peek_prefix_len(prompt) == PS
+    assert m.add_sequence(2, prompt) == PS

@@ -31,6 +31,8 @@ token_lists = st.lists(st.integers(0, 2), min_size=1, max_size=14)
 class ModelSeq:
     tokens: list[int]
     ns: str | None
+    manual: bool = False  # admitted with cache_prompt=False: pages are cached by commit() only
+    cached_pages: int = 0  # leading full pages offered to the cache
     tree_pages: set[int] = field(default_factory=set)  # its pages seen in the tree: must stay there
 
 
@@ -86,13 +88,19 @@ class ManagerMachine(RuleBasedStateMachine):
 
     # ----- rules -----
 
-    @rule(tokens=token_lists, ns=st.sampled_from(NAMESPACES), priority=st.integers(0, 2))
-    def add_sequence(self, tokens: list[int], ns: str | None, priority: int) -> None:
+    @rule(
+        tokens=token_lists,
+        ns=st.sampled_from(NAMESPACES),
+        priority=st.integers(0, 2),
+        cache_prompt=st.booleans(),
+    )
+    def add_sequence(self, tokens: list[int], ns: str | None, priority: int, cache_prompt: bool) -> None:
         sid = self.new_id()
         longest = self.model_longest(ns, tokens)
         evicted_before = self.m.stats().num_evicted_pages
         before = self.snapshot()
-        hit = self.m.add_sequence(sid, np.array(tokens, dtype=np.int32), namespace=ns, priority=priority)
+        prompt = np.array(tokens, dtype=np.int32)
+        hit = self.m.add_sequence(sid, prompt, namespace=ns, priority=priority, cache_prompt=cache_prompt)
         if hit is None:
             assert self.snapshot() == before, "a refused admission changed the state"
             needed = -(-len(tokens) // self.ps)
@@ -103,8 +111,11 @@ class ManagerMachine(RuleBasedStateMachine):
         assert hit <= min(longest, cap) * self.ps, "a hit the model cannot explain (namespace leak?)"
         if evicted_before == 0 and not self.m.stats().num_evicted_pages:
             assert hit == min(longest, cap) * self.ps, "missed a cached prefix"
-        self.seqs[sid] = ModelSeq(list(tokens), ns)
-        self.offer(ns, tokens)
+        if cache_prompt:
+            self.seqs[sid] = ModelSeq(list(tokens), ns, cached_pages=len(tokens) // self.ps)
+            self.offer(ns, tokens)
+        else:
+            self.seqs[sid] = ModelSeq(list(tokens), ns, manual=True, cached_pages=hit // self.ps)
 
     def pinned_floor(self) -> int:
         return self.m.stats().num_pages_pinned
@@ -117,9 +128,21 @@ class ManagerMachine(RuleBasedStateMachine):
         if self.m.append(sid, np.array(new, dtype=np.int32)):
             seq = self.seqs[sid]
             seq.tokens += new
-            self.offer(seq.ns, seq.tokens)
+            if not seq.manual:
+                seq.cached_pages = len(seq.tokens) // self.ps
+                self.offer(seq.ns, seq.tokens)
         else:
             assert self.snapshot() == before, "a refused append changed the state"
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def commit(self, data: st.DataObject) -> None:
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        seq = self.seqs[sid]
+        n = data.draw(st.integers(0, len(seq.tokens)))
+        seq.cached_pages = max(seq.cached_pages, n // self.ps)
+        assert self.m.commit(sid, n) == seq.cached_pages * self.ps
+        self.offer(seq.ns, seq.tokens[: seq.cached_pages * self.ps])
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -128,7 +151,7 @@ class ManagerMachine(RuleBasedStateMachine):
         child = self.new_id()
         self.m.fork(parent, child)
         p = self.seqs[parent]
-        self.seqs[child] = ModelSeq(list(p.tokens), p.ns, set(p.tree_pages))
+        self.seqs[child] = ModelSeq(list(p.tokens), p.ns, p.manual, p.cached_pages, set(p.tree_pages))
         assert self.m.seq_pages(child).tolist() == self.m.seq_pages(parent).tolist()
 
     @precondition(lambda self: self.seqs)
@@ -168,6 +191,7 @@ class ManagerMachine(RuleBasedStateMachine):
             (lambda: self.m.fork(ghost, ghost + 1), UnknownSequenceError),
             (lambda: self.m.page_table([*self.seqs, ghost]), UnknownSequenceError),
             (lambda: self.m.slot_mapping(ghost, 1), UnknownSequenceError),
+            (lambda: self.m.commit(ghost, 0), UnknownSequenceError),
             (lambda: self.m.add_sequence(ghost, []), InvalidArgumentError),
             (lambda: self.m.add_sequence(ghost, [1, -2]), InvalidArgumentError),
             (lambda: self.m.add_sequence(ghost, np.array(tokens, dtype=np.float32)), InvalidDTypeError),
@@ -186,6 +210,7 @@ class ManagerMachine(RuleBasedStateMachine):
                 (lambda: self.m.add_sequence(sid, tokens), DuplicateSequenceError),
                 (lambda: self.m.fork(sid, sid), DuplicateSequenceError),
                 (lambda: self.m.slot_mapping(sid, len(self.seqs[sid].tokens) + 1), InvalidArgumentError),
+                (lambda: self.m.commit(sid, len(self.seqs[sid].tokens) + 1), InvalidArgumentError),
             ]:
                 try:
                     call()
