@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcore import KVCacheManager
+from kvcore import KVCacheManager, PageTable
 
 PS = 16
 
@@ -69,6 +69,17 @@ def test_bench_page_table_256_x_2048(benchmark: Any) -> None:
         assert m.add_sequence(sid, np.arange(sid * 2_048, (sid + 1) * 2_048, dtype=np.int32)) is not None
     ids = list(range(256))
     pt = benchmark(m.page_table, ids)
+    assert pt.kv_indptr[-1] == 256 * 128
+
+
+def test_bench_page_table_256_x_2048_into_buffers(benchmark: Any) -> None:
+    """The same, written into buffers the scheduler reuses from step to step."""
+    m = KVCacheManager(256 * 128 + 1, PS)
+    for sid in range(256):
+        assert m.add_sequence(sid, np.arange(sid * 2_048, (sid + 1) * 2_048, dtype=np.int32)) is not None
+    ids = list(range(256))
+    out = PageTable(np.empty(257, np.int32), np.empty(256 * 128, np.int32), np.empty(256, np.int32))
+    pt = benchmark(m.page_table, ids, out=out)
     assert pt.kv_indptr[-1] == 256 * 128
 
 

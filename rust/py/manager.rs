@@ -2,10 +2,10 @@
 
 use std::time::Instant;
 
-use numpy::{PyArray1, PyArray2};
+use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PySlice};
 
 use super::convert::{count_arg, page_ids, tokens};
 use super::error::kv_exception;
@@ -176,14 +176,76 @@ impl PyKVCacheManager {
         Ok(self.inner.free_sequence(seq_id)?)
     }
 
-    /// `PageTable(kv_indptr, kv_indices, kv_last_page_len)` (int32) of the listed sequences.
-    fn page_table<'py>(&self, py: Python<'py>, seq_ids: Vec<SeqId>) -> PyResult<Bound<'py, PyAny>> {
-        // Built under the manager's lock into Rust vectors, handed to NumPy without a copy after.
-        let table = self.inner.page_table(&seq_ids)?;
-        let indptr = PyArray1::from_vec(py, table.kv_indptr);
-        let indices = PyArray1::from_vec(py, table.kv_indices);
-        let last = PyArray1::from_vec(py, table.kv_last_page_len);
-        python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?.call1((indptr, indices, last))
+    /// `PageTable(kv_indptr, kv_indices, kv_last_page_len)` (int32) of the listed sequences. With
+    /// `out` (a `PageTable` of writable int32 buffers, reused from step to step), the table is
+    /// written into it and views of the used prefixes are returned: nothing is allocated but the
+    /// views.
+    #[pyo3(signature = (seq_ids, out = None))]
+    fn page_table<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: Vec<SeqId>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let page_table = python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?;
+        let Some(out) = out else {
+            // Built under the manager's lock into Rust vectors, handed to NumPy without a copy.
+            let table = self.inner.page_table(&seq_ids)?;
+            let indptr = PyArray1::from_vec(py, table.kv_indptr);
+            let indices = PyArray1::from_vec(py, table.kv_indices);
+            let last = PyArray1::from_vec(py, table.kv_last_page_len);
+            return page_table.call1((indptr, indices, last));
+        };
+        let buffer = |name: &str| -> PyResult<Bound<'py, PyArray1<i32>>> {
+            out.getattr(name)?
+                .cast_into::<PyArray1<i32>>()
+                .map_err(|_| {
+                    kv_exception(
+                        py,
+                        "InvalidDTypeError",
+                        format!("out.{name} must be a 1-D int32 array"),
+                    )
+                })
+        };
+        let (indptr, indices, last) = (
+            buffer("kv_indptr")?,
+            buffer("kv_indices")?,
+            buffer("kv_last_page_len")?,
+        );
+        let total = {
+            let not_writable = |_| {
+                kv_exception(
+                    py,
+                    "InvalidDTypeError",
+                    "out buffers must be distinct, writable arrays".into(),
+                )
+            };
+            let mut w_indptr = indptr.try_readwrite().map_err(not_writable)?;
+            let mut w_indices = indices.try_readwrite().map_err(not_writable)?;
+            let mut w_last = last.try_readwrite().map_err(not_writable)?;
+            let contiguous = |_| {
+                kv_exception(
+                    py,
+                    "InvalidDTypeError",
+                    "out buffers must be contiguous".into(),
+                )
+            };
+            self.inner.page_table_into(
+                &seq_ids,
+                w_indptr.as_slice_mut().map_err(contiguous)?,
+                w_indices.as_slice_mut().map_err(contiguous)?,
+                w_last.as_slice_mut().map_err(contiguous)?,
+            )?
+        };
+        let batch = seq_ids.len();
+        let view = |a: &Bound<'py, PyArray1<i32>>, n: usize| {
+            a.get_item(PySlice::new(py, 0, n as isize, 1))
+        };
+        page_table.call1((
+            view(&indptr, batch + 1)?,
+            view(&indices, total)?,
+            view(&last, batch)?,
+        ))
     }
 
     /// The int64 slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`.

@@ -293,3 +293,28 @@ def test_a_sequence_freed_before_its_prefill_finished_leaves_nothing_half_writte
     m.free_sequence(1)  # aborted after one chunk
     assert m.peek_prefix_len(prompt) == PS
     assert m.add_sequence(2, prompt) == PS
+
+
+def test_page_table_into_reused_buffers() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, toks(1, 2, extra=3))
+    m.add_sequence(2, toks(1, extra=1))
+    buf = PageTable(np.full(8, -7, np.int32), np.full(16, -7, np.int32), np.full(8, -7, np.int32))
+    pt = m.page_table([2, 1], out=buf)
+    fresh = m.page_table([2, 1])
+    for got, want, storage in zip(pt, fresh, buf, strict=True):
+        assert got.tolist() == want.tolist()
+        assert np.shares_memory(got, storage)  # views of the caller's buffers: nothing allocated
+    # Too short: an error, and nothing written.
+    short = PageTable(np.full(8, -7, np.int32), np.full(2, -7, np.int32), np.full(8, -7, np.int32))
+    with pytest.raises(InvalidArgumentError):
+        m.page_table([2, 1], out=short)
+    assert all((a == -7).all() for a in short)
+    with pytest.raises(kvcore.InvalidDTypeError):
+        m.page_table([1], out=PageTable(np.zeros(8, np.int64), buf.kv_indices, buf.kv_last_page_len))
+    frozen = np.zeros(8, np.int32)
+    frozen.flags.writeable = False
+    with pytest.raises(kvcore.InvalidDTypeError):
+        m.page_table([1], out=PageTable(frozen, buf.kv_indices, buf.kv_last_page_len))
+    with pytest.raises(kvcore.UnknownSequenceError):
+        m.page_table([1, 99], out=buf)
