@@ -290,23 +290,8 @@ impl PageAllocator {
                 let cnt = &self.ref_cnt[page as usize];
                 if cnt.load(Ordering::Acquire) == 1 {
                     cnt.store(0, Ordering::Relaxed); // the sole owner; see the bulk path below
-                    let mut head = shard.head.load(Ordering::Acquire);
-                    loop {
-                        let top = lo(head);
-                        let link = pack(self.depth_of(top).wrapping_add(1), top);
-                        self.link[page as usize].store(link, Ordering::Relaxed);
-                        // Release publishes the link to the next pop's Acquire.
-                        let pushed = pack(hi(head).wrapping_add(1), page);
-                        match shard.head.compare_exchange_weak(
-                            head,
-                            pushed,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        ) {
-                            Ok(_) => return Ok(()),
-                            Err(now) => head = now,
-                        }
-                    }
+                    self.push_chain(shard, page, 1);
+                    return Ok(());
                 }
             }
         }
@@ -581,6 +566,7 @@ impl PageAllocator {
     }
 
     /// Publish a private chain of `len` pages starting at `first` (its bottom link is rewritten) on a stack, with one CAS.
+    #[inline]
     fn push_chain(&self, shard: &Shard, first: PageId, len: u32) {
         let mut head = shard.head.load(Ordering::Acquire);
         loop {

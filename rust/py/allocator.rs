@@ -6,7 +6,24 @@ use pyo3::prelude::*;
 use super::convert::{count_arg, new_page_array, page_ids, DETACH_MIN_PAGES};
 use super::error::kv_exception;
 use crate::allocator::PageAllocator;
-use crate::PageId;
+use crate::{KvResult, PageId};
+
+/// Run `op` on the page ids in `pages`, detached from the interpreter for large batches (which
+/// `page_ids` has copied, so Python threads may keep running).
+fn with_page_ids(
+    py: Python<'_>,
+    pages: &Bound<'_, PyAny>,
+    op: impl Fn(&[PageId]) -> KvResult<()> + Send + Sync,
+) -> PyResult<()> {
+    let ids = page_ids(pages)?;
+    let ids: &[PageId] = ids.as_slice();
+    if ids.len() >= DETACH_MIN_PAGES {
+        py.detach(|| op(ids))?;
+    } else {
+        op(ids)?;
+    }
+    Ok(())
+}
 
 /// A fixed pool of pages with per-page reference counts; lock-free and safe to share between threads.
 #[pyclass(name = "PageAllocator", module = "kvcore._kvcore", frozen)]
@@ -58,26 +75,12 @@ impl PyPageAllocator {
 
     /// Drop one reference per listed page; pages reaching zero return to the pool. All or nothing.
     fn free(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = page_ids(pages)?;
-        let ids: &[PageId] = ids.as_slice();
-        if ids.len() >= DETACH_MIN_PAGES {
-            py.detach(|| self.inner.free(ids))?;
-        } else {
-            self.inner.free(ids)?;
-        }
-        Ok(())
+        with_page_ids(py, pages, |ids| self.inner.free(ids))
     }
 
     /// Add one reference per listed page (sharing). All or nothing.
     fn retain(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = page_ids(pages)?;
-        let ids: &[PageId] = ids.as_slice();
-        if ids.len() >= DETACH_MIN_PAGES {
-            py.detach(|| self.inner.retain(ids))?;
-        } else {
-            self.inner.retain(ids)?;
-        }
-        Ok(())
+        with_page_ids(py, pages, |ids| self.inner.retain(ids))
     }
 
     /// References held on `page` (0 when free).

@@ -178,16 +178,32 @@ fn bad_tokens(py: Python<'_>, what: &str) -> PyErr {
     )
 }
 
+fn negative_tokens(py: Python<'_>) -> PyErr {
+    kv_exception(
+        py,
+        "InvalidArgumentError",
+        "token ids must be non-negative".into(),
+    )
+}
+
+/// Checked conversion of 64-bit token ids to `u32`.
+fn token_ids(py: Python<'_>, ids: impl ExactSizeIterator<Item = i64>) -> PyResult<Vec<u32>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for t in ids {
+        out.push(u32::try_from(t).map_err(|_| {
+            if t < 0 {
+                negative_tokens(py)
+            } else {
+                bad_tokens(py, "an id >= 2**32")
+            }
+        })?);
+    }
+    Ok(out)
+}
+
 /// Accept token ids; anything else raises `InvalidDTypeError`, negative ids `InvalidArgumentError`.
 pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
     let py = obj.py();
-    let negative = || {
-        kv_exception(
-            py,
-            "InvalidArgumentError",
-            "token ids must be non-negative".into(),
-        )
-    };
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
         let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "token ids"))?;
         // SAFETY: checked contiguous and aligned; read while attached.
@@ -195,7 +211,7 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
             .iter()
             .any(|&t| t < 0)
         {
-            return Err(negative());
+            return Err(negative_tokens(py));
         }
         return Ok(Tokens::Attached {
             _array: obj.clone(),
@@ -213,17 +229,7 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
     }
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         let view = array.readonly();
-        let mut out = Vec::with_capacity(view.len());
-        for &t in view.as_array().iter() {
-            out.push(u32::try_from(t).map_err(|_| {
-                if t < 0 {
-                    negative()
-                } else {
-                    bad_tokens(py, "an id >= 2**32")
-                }
-            })?);
-        }
-        return Ok(Tokens::Owned(out));
+        return token_ids(py, view.as_array().iter().copied()).map(Tokens::Owned);
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         let dtype = array
@@ -240,17 +246,7 @@ pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
         let ids: Vec<i64> = obj
             .extract()
             .map_err(|_| bad_tokens(py, "a sequence with non-integers"))?;
-        let mut out = Vec::with_capacity(ids.len());
-        for t in ids {
-            out.push(u32::try_from(t).map_err(|_| {
-                if t < 0 {
-                    negative()
-                } else {
-                    bad_tokens(py, "an id >= 2**32")
-                }
-            })?);
-        }
-        return Ok(Tokens::Owned(out));
+        return token_ids(py, ids.into_iter()).map(Tokens::Owned);
     }
     let type_name = obj
         .get_type()

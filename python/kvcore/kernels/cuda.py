@@ -84,6 +84,21 @@ def _row_aligned(a: Any) -> bool:
     return s[2] == a.itemsize and s[0] % 16 == 0 and s[1] % 16 == 0 and a.data.ptr % 16 == 0
 
 
+def _layer_args(pool: KVPool, layer: int) -> tuple[Any, ...]:
+    """How every kernel reads one layer of the pool: its K/V view, the (kv, page, head, token)
+    element strides, and the K and V scales (``[num_kv_heads]`` float32)."""
+    st = pool.strides
+    return (
+        pool.data[layer],
+        _i64(st.kv),
+        _i64(st.page),
+        _i64(st.head),
+        _i64(st.token),
+        pool.k_scale[layer],
+        pool.v_scale[layer],
+    )
+
+
 def _elem_strides(a: Any) -> tuple[np.int64, np.int64]:
     if a.strides[2] != a.itemsize:
         raise InvalidDTypeError("rows must be contiguous along head_dim")
@@ -112,7 +127,6 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
     kd = kd if _row_aligned(kd) else cp.ascontiguousarray(kd)
     vd = vd if _row_aligned(vd) else cp.ascontiguousarray(vd)
     slots = cp.asarray(host if host is not None else slot_mapping, dtype=cp.int64)
-    st = pool.strides
     _launch(
         pool,
         "append_kv",
@@ -125,13 +139,7 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
             *_elem_strides(kd),
             *_elem_strides(vd),
             cp.ascontiguousarray(slots),
-            pool.data[layer],
-            _i64(st.kv),
-            _i64(st.page),
-            _i64(st.head),
-            _i64(st.token),
-            pool.k_scale[layer],
-            pool.v_scale[layer],
+            *_layer_args(pool, layer),
             _i32(pool.num_kv_heads),
             _i32(pool.head_dim),
             _i32(pool.page_size),
@@ -225,19 +233,12 @@ def attention_launcher(
         n = max(plan.num_partials, 1)
         arrays[key] = (cp.empty((n, Hkv, 16, D), cp.float32), cp.empty((n, Hkv, 16), cp.float32))
     o_part, lse_part = arrays[key]
-    st = pool.strides
     dev = int(pool.data.device.id)
     attn = loader.get_kernel("paged_attention", f"paged_attention_{act}_{pool.kv_dtype}_d{D}", dev)
     attn_args = (
         q,
         *_elem_strides(q),
-        pool.data[layer],
-        _i64(st.kv),
-        _i64(st.page),
-        _i64(st.head),
-        _i64(st.token),
-        pool.k_scale[layer],
-        pool.v_scale[layer],
+        *_layer_args(pool, layer),
         arrays["kv_indptr"],
         arrays["kv_indices"],
         arrays["kv_len"],
