@@ -250,22 +250,10 @@ impl KVCacheManager {
         self.alloc
             .retain(&pages[..hit.num_pages])
             .map_err(internal)?;
-        let full = if cache_prompt {
-            prompt.len() / ps
-        } else {
-            hit.num_pages
-        };
-        let from = hit.num_pages; // <= full: the match stops before the last token
-        let (tokens, fresh) = (&prompt[from * ps..full * ps], &pages[from..full]);
-        let ins = st
-            .tree
-            .extend(ns, hit.node, tokens, fresh, priority, now)
-            .map_err(internal)?;
-        self.alloc.retain(&fresh[ins.adopted()]).map_err(internal)?;
-        st.tree.lock(ins.node).map_err(internal)?;
-        st.tree.unlock(hit.node).map_err(internal)?;
         st.stats.prefix_query_tokens += prompt.len() as u64;
         st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
+        // The sequence starts with the matched prefix cached and its node locked (the lock taken
+        // above becomes the sequence's); its own full pages join the tree like appended ones.
         st.seqs.insert(
             seq_id,
             Sequence {
@@ -273,11 +261,14 @@ impl KVCacheManager {
                 priority,
                 tokens: prompt.to_vec(),
                 pages,
-                num_inserted_pages: full,
+                num_inserted_pages: hit.num_pages,
                 auto_cache: cache_prompt,
-                node: ins.node,
+                node: hit.node,
             },
         );
+        if cache_prompt {
+            self.cache_full_pages(st, seq_id, prompt.len() / ps, now)?;
+        }
         Ok(Some(hit.num_pages * ps))
     }
 
@@ -366,7 +357,8 @@ impl KVCacheManager {
     }
 
     /// `child` shares every page of `parent` (parallel sampling, beam search). The next append
-    /// into a shared partially filled page copies it first.
+    /// into a shared partially filled page copies it first. A parent admitted with
+    /// `cache_prompt = false` must have committed all its full pages first.
     pub fn fork(&self, parent: SeqId, child: SeqId) -> KvResult<()> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -375,7 +367,16 @@ impl KVCacheManager {
                 "sequence {child} already exists"
             )));
         }
-        let seq = st.seqs.get(&parent).ok_or_else(|| unknown(parent))?.clone();
+        let seq = st.seqs.get(&parent).ok_or_else(|| unknown(parent))?;
+        if seq.num_inserted_pages < seq.tokens.len() / self.page_size {
+            // Pages cached later by one holder would be shared with a sibling that does not lock
+            // them: they would count as evictable while in use.
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {parent} has full pages not committed yet: commit its computed tokens \
+                 before forking it"
+            )));
+        }
+        let seq = seq.clone();
         self.alloc.retain(&seq.pages).map_err(internal)?;
         st.tree.lock(seq.node).map_err(internal)?;
         st.seqs.insert(child, seq);

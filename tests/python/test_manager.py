@@ -276,6 +276,9 @@ def test_chunked_prefill_shares_only_committed_pages() -> None:
     prompt = toks(1, 2, 3, extra=2)
     assert m.add_sequence(1, prompt, cache_prompt=False) == 0
     assert m.peek_prefix_len(prompt) == 0  # nothing computed yet: nothing shared
+    with pytest.raises(InvalidArgumentError):
+        m.fork(1, 9)  # its full pages are not committed yet
+    assert 9 not in m
     assert m.commit(1, 2 * PS + 1) == 2 * PS  # first chunk computed: its two full pages
     assert m.peek_prefix_len(prompt) == 2 * PS
     assert m.append(1, [5, 5])  # manual sequences cache on commit only

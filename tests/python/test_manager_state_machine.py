@@ -149,8 +149,16 @@ class ManagerMachine(RuleBasedStateMachine):
     def fork(self, data: st.DataObject) -> None:
         parent = data.draw(st.sampled_from(sorted(self.seqs)))
         child = self.new_id()
-        self.m.fork(parent, child)
         p = self.seqs[parent]
+        if p.cached_pages < len(p.tokens) // self.ps:  # a chunked prefill not fully committed
+            before = self.snapshot()
+            try:
+                self.m.fork(parent, child)
+            except InvalidArgumentError:
+                assert self.snapshot() == before
+                return
+            raise AssertionError("forking a partly committed sequence did not raise")
+        self.m.fork(parent, child)
         self.seqs[child] = ModelSeq(list(p.tokens), p.ns, p.manual, p.cached_pages, set(p.tree_pages))
         assert self.m.seq_pages(child).tolist() == self.m.seq_pages(parent).tolist()
 
