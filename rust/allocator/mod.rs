@@ -300,13 +300,31 @@ impl PageAllocator {
         // case) one CAS publishes the chain as built.
         let head = shard.head.load(Ordering::Acquire);
         let base = self.depth_of(lo(head));
-        let mut first = NULL_PAGE;
+        // The common batch: pages this call holds alone, released with a plain store and linked in a
+        // tight loop. The first page that is not (out of range, shared, already free) hands over to
+        // the general loop below, which sees the chain built so far.
+        // `first` is the chain's top: the current head until a page is linked above it.
+        let mut first = lo(head);
         let mut len = 0u32;
+        for &page in pages {
+            if page == NULL_PAGE || page >= self.num_pages {
+                break;
+            }
+            let cnt = &self.ref_cnt[page as usize];
+            // Acquire: as in the general loop.
+            if cnt.load(Ordering::Acquire) != 1 {
+                break;
+            }
+            cnt.store(0, Ordering::Relaxed); // the sole owner, as below
+            len += 1;
+            self.link[page as usize].store(pack(base.wrapping_add(len), first), Ordering::Relaxed);
+            first = page;
+        }
         // Until the first shared page, every page decremented had this call's reference only and is
         // unpublished, so an error can still be undone safely; the first shared page triggers a full
         // validation of the rest of the batch before anything shared is touched.
         let mut validated = false;
-        for (i, &page) in pages.iter().enumerate() {
+        for (i, &page) in pages.iter().enumerate().skip(len as usize) {
             if page == NULL_PAGE || page >= self.num_pages {
                 debug_assert!(!validated, "validated batches have no bad ids");
                 self.undo_free(&pages[..i]);
@@ -357,10 +375,9 @@ impl PageAllocator {
                 }
             }
             // The page is ours alone now (count 0, on no stack).
-            let next = if len == 0 { lo(head) } else { first };
             // A stale `base` (the head moved) is harmless: the CAS below fails and the chain is redone.
             self.link[page as usize]
-                .store(pack(base.wrapping_add(len + 1), next), Ordering::Relaxed);
+                .store(pack(base.wrapping_add(len + 1), first), Ordering::Relaxed);
             first = page;
             len += 1;
         }
