@@ -321,3 +321,18 @@ def test_page_table_into_reused_buffers() -> None:
         m.page_table([1], out=PageTable(frozen, buf.kv_indices, buf.kv_last_page_len))
     with pytest.raises(kvcore.UnknownSequenceError):
         m.page_table([1, 99], out=buf)
+
+
+@pytest.mark.parametrize("length", [1, 7, 8, 33, 2_049])
+@pytest.mark.parametrize("where", ["first", "middle", "last"])
+def test_negative_token_ids_in_an_int32_array_are_refused_and_change_nothing(length: int, where: str) -> None:
+    m = KVCacheManager(length // PS + 2, PS)
+    prompt = np.arange(length, dtype=np.int32)
+    prompt[{"first": 0, "middle": length // 2, "last": length - 1}[where]] = -1
+    before = m.stats()
+    for call in (lambda: m.add_sequence(1, prompt), lambda: m.peek_prefix_len(prompt)):
+        with pytest.raises(InvalidArgumentError, match="non-negative"):
+            call()
+    assert 1 not in m and m.stats() == before
+    prompt[prompt < 0] = np.iinfo(np.int32).max  # the largest id is valid
+    assert m.add_sequence(1, prompt) == 0
