@@ -295,6 +295,20 @@ impl PageAllocator {
                 }
             }
         }
+        self.free_batch::<false>(shard, pages)
+    }
+
+    /// [`free`](Self::free) for a caller that serialises every reference-count change on this
+    /// allocator (the manager does, under its lock): a shared page's count drops with a plain load
+    /// and store instead of a compare-and-swap (7 to 10 ns a page on the reference machine). The
+    /// stacks are still updated lock-free, so other threads may allocate and free other pages
+    /// meanwhile. Same validation and all-or-nothing contract as `free`.
+    pub fn free_serialized(&self, pages: &[PageId]) -> KvResult<()> {
+        self.free_batch::<true>(&self.shards[self.home_shard()], pages)
+    }
+
+    /// The batch path of `free`; `SERIAL`: see [`free_serialized`](Self::free_serialized).
+    fn free_batch<const SERIAL: bool>(&self, shard: &Shard, pages: &[PageId]) -> KvResult<()> {
         // Pages reaching zero are linked privately, each on top of the previous one, with depths
         // computed against the head seen now; if the head is unchanged at publication (the common
         // case) one CAS publishes the chain as built.
@@ -359,6 +373,11 @@ impl PageAllocator {
                                 ""
                             }
                         )));
+                    }
+                    if SERIAL {
+                        // Nobody else changes this count now (the caller's contract).
+                        cnt.store(cur - 1, Ordering::Relaxed);
+                        break;
                     }
                     match cnt.compare_exchange_weak(
                         cur,
@@ -483,6 +502,40 @@ impl PageAllocator {
             }
         }
         Ok(())
+    }
+
+    /// [`retain`](Self::retain) for a caller that serialises every reference-count change on this
+    /// allocator (see [`free_serialized`](Self::free_serialized)): the batch is validated first, then
+    /// each count rises with a plain load and store. All or nothing.
+    pub fn retain_serialized(&self, pages: &[PageId]) -> KvResult<()> {
+        self.check_pages(pages)?;
+        for (i, &page) in pages.iter().enumerate() {
+            let cnt = &self.ref_cnt[page as usize];
+            match cnt.load(Ordering::Relaxed) {
+                0 => {
+                    self.undo_retain_serialized(&pages[..i]);
+                    return Err(KvError::DoubleFree(format!(
+                        "cannot retain page {page} (position {i}): it is free"
+                    )));
+                }
+                u32::MAX => {
+                    self.undo_retain_serialized(&pages[..i]);
+                    return Err(KvError::InvalidArgument(format!(
+                        "page {page} already has {} references",
+                        u32::MAX
+                    )));
+                }
+                cur => cnt.store(cur + 1, Ordering::Relaxed),
+            }
+        }
+        Ok(())
+    }
+
+    fn undo_retain_serialized(&self, pages: &[PageId]) {
+        for &page in pages {
+            let cnt = &self.ref_cnt[page as usize];
+            cnt.store(cnt.load(Ordering::Relaxed) - 1, Ordering::Relaxed);
+        }
     }
 
     fn check_page(&self, page: PageId, position: usize) -> KvResult<()> {

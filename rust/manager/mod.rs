@@ -24,7 +24,10 @@
 //!
 //! # Concurrency
 //! Every call takes one internal mutex for its duration (the tree and the sequences are one state);
-//! the allocator underneath stays lock-free. Calls never run Python code or wait for the
+//! the allocator underneath stays lock-free. The manager's allocator is private and every
+//! reference-count change on it happens under that mutex, so the manager uses the allocator's
+//! `*_serialized` retain and free (plain loads and stores instead of one atomic read-modify-write
+//! per page: the cost that dominated a prefix hit). Calls never run Python code or wait for the
 //! interpreter while holding the mutex, so callers on several threads cannot deadlock.
 //!
 //! # Failure
@@ -192,9 +195,9 @@ impl KVCacheManager {
         self.alloc.num_pages()
     }
 
-    /// The allocator (read-only use: counts, reference counts).
-    pub fn allocator(&self) -> &PageAllocator {
-        &self.alloc
+    /// References held on `page` (0 when free): the tree's and each sequence's.
+    pub fn ref_count(&self, page: PageId) -> KvResult<u32> {
+        self.alloc.ref_count(page)
     }
 
     /// Admit a sequence: take the longest cached prefix of `prompt` (whole pages, at most
@@ -248,7 +251,7 @@ impl KVCacheManager {
         }
         // The sequence's own references on the pages it shares with the tree.
         self.alloc
-            .retain(&pages[..hit.num_pages])
+            .retain_serialized(&pages[..hit.num_pages])
             .map_err(internal)?;
         st.stats.prefix_query_tokens += prompt.len() as u64;
         st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
@@ -301,7 +304,7 @@ impl KVCacheManager {
             seq.pages[at] = copy;
             st.pending_copies.push((last, copy));
             st.stats.num_cow_copies += 1;
-            self.alloc.free(&[last]).map_err(internal)?;
+            self.alloc.free_serialized(&[last]).map_err(internal)?;
         }
         seq.pages.extend(fresh);
         seq.tokens.extend_from_slice(tokens);
@@ -348,7 +351,9 @@ impl KVCacheManager {
         let ins = tree
             .extend(seq.ns, seq.node, tokens, pages, seq.priority, now)
             .map_err(internal)?;
-        self.alloc.retain(&pages[ins.adopted()]).map_err(internal)?;
+        self.alloc
+            .retain_serialized(&pages[ins.adopted()])
+            .map_err(internal)?;
         tree.lock(ins.node).map_err(internal)?;
         tree.unlock(seq.node).map_err(internal)?;
         seq.node = ins.node;
@@ -377,7 +382,7 @@ impl KVCacheManager {
             )));
         }
         let seq = seq.clone();
-        self.alloc.retain(&seq.pages).map_err(internal)?;
+        self.alloc.retain_serialized(&seq.pages).map_err(internal)?;
         st.tree.lock(seq.node).map_err(internal)?;
         st.seqs.insert(child, seq);
         Ok(())
@@ -389,7 +394,7 @@ impl KVCacheManager {
         let st = &mut *guard;
         let seq = st.seqs.remove(&seq_id).ok_or_else(|| unknown(seq_id))?;
         st.tree.unlock(seq.node).map_err(internal)?;
-        self.alloc.free(&seq.pages).map_err(internal)?;
+        self.alloc.free_serialized(&seq.pages).map_err(internal)?;
         Ok(())
     }
 
@@ -607,7 +612,7 @@ impl KVCacheManager {
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
         st.evicted.clear();
         let n = st.tree.evict(num_pages, now, &mut st.evicted);
-        self.alloc.free(&st.evicted).map_err(internal)?;
+        self.alloc.free_serialized(&st.evicted).map_err(internal)?;
         st.stats.num_evicted_pages += n as u64;
         Ok(n)
     }
@@ -696,7 +701,7 @@ mod tests {
         let (a, b) = (m.seq_pages(1).unwrap(), m.seq_pages(2).unwrap());
         assert_eq!(a[..2], b[..2]);
         assert_ne!(a[2], b[2]);
-        assert_eq!(m.allocator().ref_count(a[0]).unwrap(), 3); // tree + two sequences
+        assert_eq!(m.ref_count(a[0]).unwrap(), 3); // tree + two sequences
         check_split(&m);
         // Another namespace sees nothing.
         assert_eq!(

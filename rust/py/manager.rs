@@ -386,14 +386,14 @@ impl PyKVCacheManager {
                 format!("page {page} is out of range; valid pages are 1..={last}"),
             )
         })?;
-        Ok(self.inner.allocator().ref_count(page)?)
+        Ok(self.inner.ref_count(page)?)
     }
 
     /// Check page ids against the pool (raises like the allocator does); for callers validating input.
     fn check_pages(&self, pages: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = page_ids(pages)?;
         for &p in ids.as_slice() {
-            self.inner.allocator().ref_count(p)?;
+            self.inner.ref_count(p)?;
         }
         Ok(())
     }

@@ -112,18 +112,31 @@ fn bad_frees_change_nothing() {
 
 #[test]
 fn bad_retains_change_nothing() {
+    for serialized in [false, true] {
+        let a = PageAllocator::with_shards(8, 1).unwrap();
+        let retain = |pages: &[PageId]| {
+            if serialized {
+                a.retain_serialized(pages)
+            } else {
+                a.retain(pages)
+            }
+        };
+        let pages = a.allocate(2).unwrap().unwrap();
+        let before = snapshot(&a);
+        assert!(matches!(
+            retain(&[pages[0], pages[1], 5]),
+            Err(KvError::DoubleFree(_))
+        ));
+        assert!(matches!(
+            retain(&[pages[0], 0]),
+            Err(KvError::InvalidPage(_))
+        ));
+        assert_eq!(snapshot(&a), before, "serialized: {serialized}");
+        retain(&[pages[0], pages[0], pages[1]]).unwrap();
+        assert_eq!(a.ref_count(pages[0]).unwrap(), 3);
+    }
     let a = PageAllocator::with_shards(8, 1).unwrap();
     let pages = a.allocate(2).unwrap().unwrap();
-    let before = snapshot(&a);
-    assert!(matches!(
-        a.retain(&[pages[0], 5]),
-        Err(KvError::DoubleFree(_))
-    ));
-    assert!(matches!(
-        a.retain(&[pages[0], 0]),
-        Err(KvError::InvalidPage(_))
-    ));
-    assert_eq!(snapshot(&a), before);
     a.retain(&[pages[0], pages[0], pages[1]]).unwrap();
     assert_eq!(a.ref_count(pages[0]).unwrap(), 3);
     assert!(matches!(a.ref_count(8), Err(KvError::InvalidPage(_))));
@@ -149,12 +162,16 @@ fn action() -> impl Strategy<Value = Action> {
 
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
-    /// Any action sequence behaves like a map page -> count, and failed calls change nothing.
+    /// Any action sequence behaves like a map page -> count, and failed calls change nothing; the
+    /// same holds through `retain_serialized` / `free_serialized` (`serialized`).
     #[test]
     fn behaves_like_a_counting_model(
-        num_pages in 1usize..32, shards in 1usize..5, actions in prop::collection::vec(action(), 1..60)
+        num_pages in 1usize..32, shards in 1usize..5, actions in prop::collection::vec(action(), 1..60),
+        serialized in any::<bool>(),
     ) {
         let a = PageAllocator::with_shards(num_pages, shards).unwrap();
+        let retain = |pages: &[PageId]| if serialized { a.retain_serialized(pages) } else { a.retain(pages) };
+        let free = |pages: &[PageId]| if serialized { a.free_serialized(pages) } else { a.free(pages) };
         let mut model: HashMap<PageId, u32> = HashMap::new(); // held pages -> references
         for act in actions {
             let before = snapshot(&a);
@@ -177,7 +194,7 @@ proptest! {
                 }
                 Action::Retain(idx) => {
                     let pages = pick(&idx);
-                    a.retain(&pages).unwrap();
+                    retain(&pages).unwrap();
                     for p in pages { *model.get_mut(&p).unwrap() += 1; }
                 }
                 Action::Free(idx) => {
@@ -185,7 +202,7 @@ proptest! {
                     let mut want: HashMap<PageId, u32> = HashMap::new();
                     for &p in &pages { *want.entry(p).or_default() += 1; }
                     let legal = want.iter().all(|(p, k)| model[p] >= *k);
-                    match a.free(&pages) {
+                    match free(&pages) {
                         Ok(()) => {
                             prop_assert!(legal);
                             for (p, k) in want {
@@ -199,7 +216,7 @@ proptest! {
                 }
                 Action::FreeUnheld(p) => {
                     if !model.contains_key(&p) {
-                        prop_assert!(a.free(&[p]).is_err());
+                        prop_assert!(free(&[p]).is_err());
                         prop_assert_eq!(snapshot(&a), before);
                     }
                 }
