@@ -316,8 +316,8 @@ impl PageAllocator {
         let base = self.depth_of(lo(head));
         // The common batch: pages this call holds alone, released with a plain store and linked in a
         // tight loop. The first page that is not (out of range, shared, already free) hands over to
-        // the general loop below, which sees the chain built so far.
-        // `first` is the chain's top: the current head until a page is linked above it.
+        // the general loop below, which continues the chain. `first` is the chain's top: the
+        // current head until a page is linked above it.
         let mut first = lo(head);
         let mut len = 0u32;
         for &page in pages {
@@ -505,8 +505,9 @@ impl PageAllocator {
     }
 
     /// [`retain`](Self::retain) for a caller that serialises every reference-count change on this
-    /// allocator (see [`free_serialized`](Self::free_serialized)): the batch is validated first, then
-    /// each count rises with a plain load and store. All or nothing.
+    /// allocator (see [`free_serialized`](Self::free_serialized)): the ids are checked first, then
+    /// each count rises with a plain load and store; a free page further on undoes the increments
+    /// already made (safe, as nobody else changes these counts). All or nothing.
     pub fn retain_serialized(&self, pages: &[PageId]) -> KvResult<()> {
         self.check_pages(pages)?;
         for (i, &page) in pages.iter().enumerate() {
