@@ -50,6 +50,11 @@
 //! references this call was given) can make a validated batch fail; it then undoes what it did,
 //! best effort.
 //!
+//! A caller that already serialises every reference-count change (the manager, under its lock) uses
+//! `retain_serialized` / `free_serialized`: the same validation and contract, with plain loads and
+//! stores on shared pages' counts instead of compare-and-swaps. The stacks stay lock-free, so other
+//! threads may still allocate and free *other* pages meanwhile.
+//!
 //! # Linearizability
 //! On one shard, allocate/free are linearizable at the head CAS. Across shards, near exhaustion, two
 //! racing allocations that together need more than is free may both fail (each may briefly hold pages
