@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import sys
+import threading
+import time
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
@@ -160,6 +165,53 @@ def test_large_batches_release_the_interpreter() -> None:
     alloc.free(pages)
     alloc.free(pages)
     assert alloc.num_free == 20_000
+
+
+def _other_thread_ran_during(call: Callable[[], object]) -> bool:
+    """Whether a spinning Python thread made progress while ``call`` ran. The switch interval is
+    raised so that the interpreter never takes the lock from this thread on its own: the spinner
+    can only run while ``call`` has released it."""
+    progress = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            progress[0] += 1
+            time.sleep(0)  # hands the interpreter back at once
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        while progress[0] == 0:
+            time.sleep(0.001)
+        before = progress[0]
+        call()
+        return progress[0] != before
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)
+
+
+def test_large_batches_really_release_the_interpreter() -> None:
+    alloc = PageAllocator(2_000_001)
+
+    def big_round_trip() -> None:
+        pages = alloc.allocate(2_000_000)  # detached: >= 4096 pages
+        assert pages is not None
+        alloc.free(pages)
+
+    def small_round_trip() -> None:
+        for _ in range(200):
+            alloc.free(alloc.allocate(4_000))  # attached: below the threshold
+
+    # Control: attached calls never let the spinner in (this is what makes the check able to fail).
+    assert not _other_thread_ran_during(small_round_trip)
+    # A detached call takes milliseconds; the spinner runs at least once in one of a few tries.
+    assert any(_other_thread_ran_during(big_round_trip) for _ in range(5))
+    assert alloc.num_free == 2_000_000
 
 
 def test_misaligned_arrays_are_refused() -> None:
