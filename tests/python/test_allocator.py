@@ -48,7 +48,8 @@ def test_allocate_is_all_or_nothing_and_none_when_short() -> None:
     assert snapshot(alloc) == before
     one = alloc.allocate(1)
     assert one is not None and one[0] not in held
-    assert alloc.allocate(0) is not None and alloc.allocate(0).size == 0
+    empty = alloc.allocate(0)
+    assert empty is not None and empty.size == 0
 
 
 def test_retain_and_free_share_pages() -> None:
@@ -205,7 +206,9 @@ def test_large_batches_really_release_the_interpreter() -> None:
 
     def small_round_trip() -> None:
         for _ in range(200):
-            alloc.free(alloc.allocate(4_000))  # attached: below the threshold
+            pages = alloc.allocate(4_000)  # attached: below the threshold
+            assert pages is not None
+            alloc.free(pages)
 
     # A spinner step takes about a microsecond: a detached call of milliseconds lets it take
     # hundreds; attached calls none (at most a stray step or two if the interpreter switches
