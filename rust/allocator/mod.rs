@@ -308,6 +308,10 @@ impl PageAllocator {
     /// and store instead of a compare-and-swap (7 to 10 ns a page on the reference machine). The
     /// stacks are still updated lock-free, so other threads may allocate and free other pages
     /// meanwhile. Same validation and all-or-nothing contract as `free`.
+    ///
+    /// **Contract:** while this runs, no other call may change the counts of the listed pages
+    /// (no `free`, `retain` or serialized call on them from another thread). Breaking it is not
+    /// undefined behaviour, but counts go wrong silently and a page can be handed out twice.
     pub fn free_serialized(&self, pages: &[PageId]) -> KvResult<()> {
         self.free_batch::<true>(&self.shards[self.home_shard()], pages)
     }
@@ -512,7 +516,8 @@ impl PageAllocator {
     /// [`retain`](Self::retain) for a caller that serialises every reference-count change on this
     /// allocator (see [`free_serialized`](Self::free_serialized)): the ids are checked first, then
     /// each count rises with a plain load and store; a free page further on undoes the increments
-    /// already made (safe, as nobody else changes these counts). All or nothing.
+    /// already made (safe, as nobody else changes these counts). All or nothing. Same contract as
+    /// `free_serialized`.
     pub fn retain_serialized(&self, pages: &[PageId]) -> KvResult<()> {
         self.check_pages(pages)?;
         for (i, &page) in pages.iter().enumerate() {

@@ -195,7 +195,8 @@ impl KVCacheManager {
         self.alloc.num_pages()
     }
 
-    /// References held on `page` (0 when free): the tree's and each sequence's.
+    /// References held on `page` (0 when free): the tree's and each sequence's. Read without the
+    /// manager's lock: while another thread's call is in flight it may show a batch half applied.
     pub fn ref_count(&self, page: PageId) -> KvResult<u32> {
         self.alloc.ref_count(page)
     }

@@ -196,6 +196,9 @@ def _other_thread_steps_during(call: Callable[[], object]) -> int:
         sys.setswitchinterval(old)
 
 
+@pytest.mark.skipif(
+    not getattr(sys, "_is_gil_enabled", lambda: True)(), reason="free-threaded Python has no interpreter lock"
+)
 def test_large_batches_really_release_the_interpreter() -> None:
     alloc = PageAllocator(2_000_001)
 

@@ -166,3 +166,57 @@ fn over_listed_free_never_undoes_a_co_owners_release() {
         assert_all_free(&a);
     });
 }
+
+/// Takes every usable page at once: the stack's links and depths must still describe it exactly.
+fn assert_stack_intact(a: &PageAllocator) {
+    let all = a
+        .allocate(a.num_pages() - 1)
+        .unwrap()
+        .expect("every free page");
+    let mut sorted = all.clone();
+    sorted.sort_unstable();
+    sorted.dedup();
+    assert_eq!(sorted.len(), all.len(), "a page is on the stack twice");
+    a.free(&all).unwrap();
+    assert_all_free(a);
+}
+
+/// A batch of pages held once (`free`'s first loop) is published while another thread moves the
+/// head: the publishing CAS fails and the chain is rebuilt on the new head.
+#[test]
+fn batch_free_races_allocate_and_free() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(5, 1).unwrap());
+        let mine = a.allocate(2).unwrap().unwrap();
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            let got = b.allocate(1).unwrap().unwrap();
+            b.free(&got).unwrap();
+        });
+        a.free(&mine).unwrap();
+        t.join().unwrap();
+        assert_stack_intact(&a);
+    });
+}
+
+/// `free_serialized` of a batch mixing pages held once and a page held twice (both references
+/// this thread's, as the contract requires), racing another thread on the same stack.
+#[test]
+fn serialized_free_races_other_pages() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(5, 1).unwrap());
+        let mine = a.allocate(3).unwrap().unwrap();
+        a.retain_serialized(&mine[1..2]).unwrap();
+        let b = a.clone();
+        let t = thread::spawn(move || {
+            let got = b.allocate(1).unwrap().unwrap();
+            b.free(&got).unwrap();
+        });
+        a.free_serialized(&mine).unwrap();
+        t.join().unwrap();
+        assert_eq!(a.ref_count(mine[1]).unwrap(), 1);
+        assert_eq!(a.num_free(), 3);
+        a.free_serialized(&mine[1..2]).unwrap();
+        assert_stack_intact(&a);
+    });
+}
