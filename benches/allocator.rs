@@ -2,7 +2,9 @@
 //! same run. Run: `cargo bench --bench allocator`.
 //!
 //! `alloc_free/bare_treiber_floor/1` is the cost of one CAS to pop and one to push on a shared stack,
-//! with nothing else: the floor under any lock-free free list on this machine.
+//! with nothing else, the push reusing the head the pop installed. `bare_treiber_separate_calls/1`
+//! reloads the head before pushing, as separate `allocate` and `free` calls must: the realistic floor
+//! under any lock-free shared free list on this machine.
 //!
 //! `contention/*/T`: T threads hammer one allocator with allocate(1)+free; one iteration is one
 //! allocate+free pair done by *some* thread, so the time per iteration is the inverse of the total
@@ -46,10 +48,16 @@ impl MutexFreeList {
 
 /// The floor of any design built on one shared stack: a bare Treiber stack (one CAS to pop, one to
 /// push), with no reference counts, no validation and no sharding. Single-threaded use only here.
+/// Its push reuses the head its pop just installed, which separate `allocate` and `free` calls
+/// cannot do; [`BareTreiberSeparateCalls`] reloads it, as any real `free` must.
 struct BareTreiber {
     head: AtomicU64,
     next: Vec<AtomicU64>,
 }
+
+/// The same stack, with the push reading the head afresh (a `free` does not know what the last
+/// `allocate` saw): the floor for separate calls.
+struct BareTreiberSeparateCalls(BareTreiber);
 
 impl BareTreiber {
     fn new(num_pages: usize) -> Self {
@@ -96,6 +104,29 @@ impl Pool for BareTreiber {
     }
 }
 
+impl Pool for BareTreiberSeparateCalls {
+    #[inline]
+    fn alloc_free(&self, out: &mut [u32]) {
+        let t = &self.0;
+        let head = t.head.load(Ordering::Acquire);
+        let top = head & 0xFFFF_FFFF;
+        let next = t.next[top as usize].load(Ordering::Relaxed);
+        let popped = ((head >> 32) + 1) << 32 | next;
+        assert!(t
+            .head
+            .compare_exchange(head, popped, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok());
+        out[0] = top as u32;
+        let now = t.head.load(Ordering::Acquire);
+        t.next[top as usize].store(now & 0xFFFF_FFFF, Ordering::Relaxed);
+        let pushed = ((now >> 32) + 1) << 32 | top;
+        assert!(t
+            .head
+            .compare_exchange(now, pushed, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok());
+    }
+}
+
 impl Pool for MutexFreeList {
     #[inline]
     fn alloc_free(&self, out: &mut [u32]) {
@@ -121,6 +152,12 @@ fn single_thread(c: &mut Criterion) {
             group.bench_with_input(BenchmarkId::new("bare_treiber_floor", n), &n, |b, _| {
                 b.iter(|| t.alloc_free(black_box(&mut out)))
             });
+            let s = BareTreiberSeparateCalls(BareTreiber::new(POOL));
+            group.bench_with_input(
+                BenchmarkId::new("bare_treiber_separate_calls", n),
+                &n,
+                |b, _| b.iter(|| s.alloc_free(black_box(&mut out))),
+            );
         }
     }
     group.finish();
