@@ -3,12 +3,15 @@
 
 use std::fmt;
 
-/// A caller mistake. Every fallible call returns it *before* mutating anything (or after undoing
-/// what it did), so an `Err` always means "nothing changed".
+/// Why a call failed. Every fallible call returns it *before* mutating anything (or after undoing
+/// what it did), so an `Err` always means "nothing changed". All variants but [`KvError::Internal`]
+/// are caller mistakes or resource limits.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum KvError {
     /// An argument out of its allowed range (negative or too large a count, empty input, ...).
     InvalidArgument(String),
+    /// An argument of the wrong type, dtype, shape or memory layout.
+    InvalidDType(String),
     /// A page id out of `1..num_pages`, or the null page.
     InvalidPage(String),
     /// A page freed or retained while free, or listed more times than it has references.
@@ -17,20 +20,27 @@ pub enum KvError {
     UnknownSequence(String),
     /// A sequence id the manager already holds.
     DuplicateSequence(String),
+    /// A construction whose memory the process cannot get (fallible allocation failed).
+    OutOfMemory(String),
+    /// One of kvcore's own invariants is broken: a bug in kvcore, never the caller's mistake.
+    Internal(String),
 }
 
 /// Result alias for the core.
 pub type KvResult<T> = Result<T, KvError>;
 
 impl KvError {
-    /// The name of the Python exception class (in `kvcore.exceptions`) this error becomes.
-    pub fn python_class(&self) -> &'static str {
+    /// The variant's name, as the Python class it becomes is named (`kvcore.exceptions`).
+    pub fn kind(&self) -> &'static str {
         match self {
             KvError::InvalidArgument(_) => "InvalidArgumentError",
+            KvError::InvalidDType(_) => "InvalidDTypeError",
             KvError::InvalidPage(_) => "InvalidPageError",
             KvError::DoubleFree(_) => "DoubleFreeError",
             KvError::UnknownSequence(_) => "UnknownSequenceError",
             KvError::DuplicateSequence(_) => "DuplicateSequenceError",
+            KvError::OutOfMemory(_) => "OutOfMemoryError",
+            KvError::Internal(_) => "InternalError",
         }
     }
 
@@ -38,18 +48,39 @@ impl KvError {
     pub fn message(&self) -> &str {
         match self {
             KvError::InvalidArgument(m)
+            | KvError::InvalidDType(m)
             | KvError::InvalidPage(m)
             | KvError::DoubleFree(m)
             | KvError::UnknownSequence(m)
-            | KvError::DuplicateSequence(m) => m,
+            | KvError::DuplicateSequence(m)
+            | KvError::OutOfMemory(m)
+            | KvError::Internal(m) => m,
         }
     }
 }
 
 impl fmt::Display for KvError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.python_class(), self.message())
+        write!(f, "{}: {}", self.kind(), self.message())
     }
 }
 
 impl std::error::Error for KvError {}
+
+/// A boxed slice of `len` elements made by `init`, or [`KvError::OutOfMemory`] (naming `what`) when
+/// the memory cannot be had: large constructions must never abort the process.
+pub fn try_boxed_slice<T>(
+    len: usize,
+    what: &str,
+    mut init: impl FnMut(usize) -> T,
+) -> KvResult<Box<[T]>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        KvError::OutOfMemory(format!(
+            "cannot allocate {what}: {len} elements of {} bytes",
+            std::mem::size_of::<T>()
+        ))
+    })?;
+    v.extend((0..len).map(&mut init));
+    Ok(v.into_boxed_slice())
+}

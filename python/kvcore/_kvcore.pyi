@@ -6,9 +6,9 @@ from typing import TypeAlias, final
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.manager import CacheStats, PageTable
+from kvcore.manager import PageTable
 
-__all__ = ["KVCacheManager", "PageAllocator", "__version__"]
+__all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__"]
 
 __version__: str
 
@@ -36,6 +36,58 @@ class PageAllocator:
     def num_pages(self) -> int: ...
     @property
     def num_shards(self) -> int: ...
+
+@final
+class CacheStats:
+    """One consistent snapshot of the usage split and the counters (frozen; compares by value).
+
+    The four ``num_pages_*`` splits are disjoint and sum to ``num_pages_total``. The fields are
+    declared once, in the Rust core.
+    """
+
+    @property
+    def num_pages_total(self) -> int:
+        """Usable pages (num_pages - 1; page 0 is the null page)."""
+    @property
+    def num_pages_in_use(self) -> int:
+        """Held by a live sequence, protected by its lock, or held for a queued copy."""
+    @property
+    def num_pages_cached(self) -> int:
+        """Cached and evictable: only the prefix tree holds them."""
+    @property
+    def num_pages_pinned(self) -> int:
+        """Cached and protected by an unexpired TTL pin (not counted as in use)."""
+    @property
+    def num_pages_free(self) -> int:
+        """In the allocator's free pool."""
+    @property
+    def num_sequences(self) -> int:
+        """Live sequences."""
+    @property
+    def prefix_query_tokens(self) -> int:
+        """Prompt tokens looked up by add_sequence (admitted requests)."""
+    @property
+    def prefix_hit_tokens(self) -> int:
+        """Of those, tokens found cached (<= prefix_query_tokens)."""
+    @property
+    def num_evicted_pages(self) -> int:
+        """Pages evicted from the prefix tree since creation."""
+    @property
+    def num_cow_copies(self) -> int:
+        """Copy-on-write page copies queued since creation."""
+    @property
+    def num_refused(self) -> int:
+        """add_sequence / append calls refused for lack of pages."""
+    @property
+    def hit_rate(self) -> float:
+        """Fraction of looked-up prompt tokens that were cached (0 before any lookup)."""
+    @property
+    def usage(self) -> float:
+        """Fraction of usable pages not free (in use, cached or pinned)."""
+    def as_dict(self) -> dict[str, int]:
+        """The fields as a dict, in declaration order."""
+    def __eq__(self, other: object, /) -> bool: ...
+    def __ne__(self, other: object, /) -> bool: ...
 
 _Tokens: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64] | Sequence[int]
 
@@ -66,9 +118,17 @@ class KVCacheManager:
         """Reserve slots for generated tokens; False (nothing changed) if there is no room."""
     def commit(self, seq_id: int, num_tokens: int) -> int:
         """Cache the full pages of the first ``num_tokens`` (computed) tokens; tokens now cached."""
-    def fork(self, parent_id: int, child_id: int) -> None: ...
-    def free_sequence(self, seq_id: int) -> None: ...
-    def page_table(self, seq_ids: Sequence[int], out: PageTable | None = None) -> PageTable:
+    def fork(self, parent_id: int, child_id: int) -> None:
+        """``child_id`` shares every page of ``parent_id``, whose tokens must all be computed."""
+    def free_sequence(self, seq_id: int) -> None:
+        """Release a sequence: full pages stay cached, its queued copies are cancelled."""
+    def page_table(
+        self,
+        seq_ids: Sequence[int] | npt.NDArray[np.int64] | npt.NDArray[np.int32],
+        out: PageTable
+        | tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]
+        | None = None,
+    ) -> PageTable:
         """The CSR page table; with ``out`` (reused int32 buffers), views of them are returned."""
     def slot_mapping(self, seq_id: int, num_tokens: int) -> npt.NDArray[np.int64]: ...
     def evict(self, num_pages: int) -> int: ...
@@ -76,13 +136,18 @@ class KVCacheManager:
     def unpin(self, tokens: _Tokens, namespace: str | None = None) -> int: ...
     def peek_prefix_len(self, tokens: _Tokens, namespace: str | None = None) -> int: ...
     def take_pending_copies(self) -> npt.NDArray[np.int32]:
-        """``[n, 2]`` int32 ``(src_page, dst_page)`` copy-on-write pairs queued since the last call."""
+        """``[n, 2]`` int32 ``(src_page, dst_page)`` copy-on-write pairs queued since the last call.
+
+        One valid batch for ``kernels.copy_pages``: distinct destinations, no destination is a source.
+        """
     def stats(self) -> CacheStats: ...
     def metrics_text(self) -> str: ...
     def seq_len(self, seq_id: int) -> int: ...
     def seq_pages(self, seq_id: int) -> npt.NDArray[np.int32]: ...
     def cached_pages(self) -> npt.NDArray[np.int32]: ...
     def seq_ids(self) -> list[int]: ...
+    def num_namespaces(self) -> int:
+        """Namespace names kept: those with a live sequence or a cached page."""
     def ref_count(self, page: int) -> int: ...
     def check_pages(self, pages: _PageIds) -> None: ...
     @property

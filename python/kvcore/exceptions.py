@@ -1,10 +1,11 @@
 """The one exception hierarchy of kvcore.
 
 Every error kvcore raises on purpose derives from :class:`KVCoreError`. Where a built-in category
-fits, the class also derives from it (``ValueError``, ``KeyError``, ``TypeError``), so callers can catch
-either. Running out of pages is *not* an error: allocation returns ``None`` and ``append`` returns
-``False``. The Rust core raises these same classes (it looks them up here by name), so there is exactly
-one definition of each.
+fits, the class also derives from it (``ValueError``, ``KeyError``, ``TypeError``, ``MemoryError``,
+``RuntimeError``), so callers can catch either. Running out of pages is *not* an error: allocation
+returns ``None`` and ``append`` returns ``False``. The Rust core raises these same classes (its
+bindings resolve them all once, when the native module is imported, into a typed table), so there is
+exactly one definition of each.
 """
 
 from __future__ import annotations
@@ -13,10 +14,12 @@ __all__ = [
     "ConfigError",
     "DoubleFreeError",
     "DuplicateSequenceError",
+    "InternalError",
     "InvalidArgumentError",
     "InvalidDTypeError",
     "InvalidPageError",
     "KVCoreError",
+    "OutOfMemoryError",
     "TraceFormatError",
     "UnknownSequenceError",
 ]
@@ -51,6 +54,17 @@ class UnknownSequenceError(KVCoreError, KeyError):
 
 class DuplicateSequenceError(KVCoreError, ValueError):
     """A sequence id that the manager already holds."""
+
+
+class OutOfMemoryError(KVCoreError, MemoryError):
+    """A construction needs more memory than the process can get (nothing was built)."""
+
+
+class InternalError(KVCoreError, RuntimeError):
+    """One of kvcore's own invariants is broken: a bug in kvcore, never the caller's mistake.
+
+    Please report it with the call that raised it.
+    """
 
 
 class ConfigError(KVCoreError, ValueError):

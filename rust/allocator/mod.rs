@@ -33,14 +33,15 @@
 //! to revive a free page and undoes its increments if a later page fails (safe: an increment we
 //! hold back can only delay a page's release, never publish it).
 //!
-//! A shared page (count > 1) is released with a CAS, so owners releasing it at once stay exact. The
-//! sole owner of a page (count 1) releases it with a plain store: no legitimate call can touch that
-//! count concurrently (a `retain` needs a reference, and the releasing thread holds the only one),
-//! and an atomic read-modify-write per page would cost more than everything else `free` does (about
-//! 7 ns each on the reference machine). What this gives up: two threads freeing the *same* singly
-//! owned page at the *same* instant (a double free racing itself) may both succeed, and the page is
-//! then pushed twice and later handed out twice. A double free in any other order is detected and
-//! raises.
+//! Every release is a compare-and-swap on the page's count, the sole owner's (1 -> 0) included, so
+//! owners releasing a page at once stay exact and two threads freeing the *same* singly owned page
+//! at the *same* instant (a double free racing itself) never both succeed: exactly one takes the
+//! count to zero, the other sees 0 and raises `DoubleFree`. A raising call first gives back every
+//! count it took, so the counts are as before it. Two racing frees of the same batch claim its
+//! pages in the same order, so exactly one of them succeeds; two frees of overlapping batches
+//! listed in different orders may both raise (each losing a page to the other), and then every
+//! count is as it was and the owner's retry succeeds. The CAS costs a few nanoseconds a page over a
+//! plain store (see BENCHMARKS.md); the serialized variants below keep plain stores.
 //!
 //! Before `free` decrements its first *shared* page it validates the rest of the batch (every page
 //! held, no page listed more times than it has references), because undoing a shared page's
@@ -60,7 +61,7 @@
 //! racing allocations that together need more than is free may both fail (each may briefly hold pages
 //! it then returns); neither ever takes a page the other holds, and a failed call leaves nothing taken.
 
-use crate::error::{KvError, KvResult};
+use crate::error::{try_boxed_slice, KvError, KvResult};
 use crate::sync::{AtomicU32, AtomicU64, Ordering};
 use crate::{PageId, NULL_PAGE};
 
@@ -145,22 +146,31 @@ impl PageAllocator {
                 "num_shards must be in 1..={MAX_SHARDS}, got {num_shards}"
             )));
         }
-        let ref_cnt = (0..num_pages).map(|_| AtomicU32::new(0)).collect();
+        // Fallible: a pool too large for the address space is an error, never an abort.
+        let ref_cnt = try_boxed_slice(num_pages, "page reference counts", |_| AtomicU32::new(0))?;
         // Shard s starts with a contiguous run of pages, lowest id on top, so a fresh allocator hands
         // out 1, 2, 3, ... from shard 0 and threads on different shards touch different cache lines.
         let usable = num_pages - 1;
-        let mut links = vec![0u64; num_pages];
         let mut tops = Vec::with_capacity(num_shards);
+        let mut ends = Vec::with_capacity(num_shards);
         for s in 0..num_shards {
             let start = 1 + usable * s / num_shards;
             let end = 1 + usable * (s + 1) / num_shards;
-            for (page, link) in links.iter_mut().enumerate().take(end).skip(start) {
-                let next = if page + 1 < end { page + 1 } else { 0 };
-                *link = pack((end - page) as u32, next as u32);
-            }
+            ends.push(end);
             tops.push(if start < end { start as u32 } else { NULL_PAGE });
         }
-        let link = links.into_iter().map(AtomicU64::new).collect();
+        let mut shard_of_page = 0;
+        let link = try_boxed_slice(num_pages, "free-list links", |page| {
+            if page == 0 {
+                return AtomicU64::new(0);
+            }
+            while page >= ends[shard_of_page] {
+                shard_of_page += 1;
+            }
+            let end = ends[shard_of_page];
+            let next = if page + 1 < end { page + 1 } else { 0 };
+            AtomicU64::new(pack((end - page) as u32, next as u32))
+        })?;
         let shards = tops
             .into_iter()
             .map(|top| Shard {
@@ -292,9 +302,11 @@ impl PageAllocator {
         if let [page] = *pages {
             // One page held once (the common release of a decode page): no chain to build.
             if page != NULL_PAGE && page < self.num_pages {
-                let cnt = &self.ref_cnt[page as usize];
-                if cnt.load(Ordering::Acquire) == 1 {
-                    cnt.store(0, Ordering::Relaxed); // the sole owner; see the bulk path below
+                // The sole owner's release: a CAS, so that of two racing frees exactly one wins.
+                if self.ref_cnt[page as usize]
+                    .compare_exchange(1, 0, Ordering::Acquire, Ordering::Relaxed)
+                    .is_ok()
+                {
                     self.push_chain(shard, page, 1);
                     return Ok(());
                 }
@@ -333,12 +345,9 @@ impl PageAllocator {
             if page == NULL_PAGE || page >= self.num_pages {
                 break;
             }
-            let cnt = &self.ref_cnt[page as usize];
-            // Acquire: as in the general loop.
-            if cnt.load(Ordering::Acquire) != 1 {
+            if !self.release_sole::<SERIAL>(&self.ref_cnt[page as usize]) {
                 break;
             }
-            cnt.store(0, Ordering::Relaxed); // the sole owner, as below
             len += 1;
             self.link[page as usize].store(pack(base.wrapping_add(len), first), Ordering::Relaxed);
             first = page;
@@ -357,13 +366,18 @@ impl PageAllocator {
             // Acquire pairs with the Release of other owners' decrements: once the page reaches zero
             // we see every access made under the references released before ours.
             let mut cur = cnt.load(Ordering::Acquire);
-            if cur == 1 {
-                // The sole owner: no legitimate call can touch this count concurrently (a retain
-                // needs a reference, and ours is the only one), so a plain store suffices and saves
-                // an atomic read-modify-write per page. Sequential double frees are still caught
-                // (the count reads 0); see the module header for the one racing misuse it cannot see.
-                cnt.store(0, Ordering::Relaxed);
-            } else {
+            let last_owner = loop {
+                if cur == 0 {
+                    self.undo_free(&pages[..i]);
+                    return Err(KvError::DoubleFree(format!(
+                        "page {page} (position {i}) is already free{}",
+                        if pages[..i].contains(&page) {
+                            " (listed more times than it has references)"
+                        } else {
+                            ""
+                        }
+                    )));
+                }
                 if cur > 1 && !validated {
                     if let Err(err) = self.check_releasable(&pages[i..], i) {
                         self.undo_free(&pages[..i]);
@@ -371,36 +385,20 @@ impl PageAllocator {
                     }
                     validated = true;
                 }
-                loop {
-                    if cur == 0 {
-                        self.undo_free(&pages[..i]);
-                        return Err(KvError::DoubleFree(format!(
-                            "page {page} (position {i}) is already free{}",
-                            if pages[..i].contains(&page) {
-                                " (listed more times than it has references)"
-                            } else {
-                                ""
-                            }
-                        )));
-                    }
-                    if SERIAL {
-                        // Nobody else changes this count now (the caller's contract).
-                        cnt.store(cur - 1, Ordering::Relaxed);
-                        break;
-                    }
-                    match cnt.compare_exchange_weak(
-                        cur,
-                        cur - 1,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    ) {
-                        Ok(_) => break,
-                        Err(now) => cur = now,
-                    }
+                if SERIAL {
+                    // Nobody else changes this count now (the caller's contract).
+                    cnt.store(cur - 1, Ordering::Relaxed);
+                    break cur == 1;
                 }
-                if cur != 1 {
-                    continue;
+                // A CAS for the sole owner too: of two racing frees of a page held once, exactly
+                // one takes it to zero.
+                match cnt.compare_exchange_weak(cur, cur - 1, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break cur == 1,
+                    Err(now) => cur = now,
                 }
+            };
+            if !last_owner {
+                continue;
             }
             // The page is ours alone now (count 0, on no stack).
             // A stale `base` (the head moved) is harmless: the CAS below fails and the chain is redone.
@@ -421,6 +419,23 @@ impl PageAllocator {
             }
         }
         Ok(())
+    }
+
+    /// Release a page held once (count 1 -> 0): `false`, nothing changed, if its count is not 1.
+    /// A compare-and-swap unless `SERIAL` (the caller serialises count changes), so that two racing
+    /// frees of one page never both succeed.
+    #[inline]
+    fn release_sole<const SERIAL: bool>(&self, cnt: &AtomicU32) -> bool {
+        if SERIAL {
+            // Acquire: as in the general loop of `free_batch`.
+            if cnt.load(Ordering::Acquire) != 1 {
+                return false;
+            }
+            cnt.store(0, Ordering::Relaxed);
+            return true;
+        }
+        cnt.compare_exchange(1, 0, Ordering::Acquire, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// Validate the rest of a `free` batch (`pages`, starting at position `offset` of the call)
@@ -470,11 +485,17 @@ impl PageAllocator {
 
     /// Give back the references a failed `free` dropped. Reached for a batch of unshared pages that
     /// lists one twice (safe: every page decremented had this call's reference only, and none is
-    /// published yet), or when another thread released references this call was given (a race in
-    /// the caller: best effort, see `check_releasable`).
+    /// published yet), when a racing free of the same pages took one first (a double free racing
+    /// itself), or when another thread released references this call was given (a race in the
+    /// caller: best effort, see `check_releasable`).
+    ///
+    /// Release: this call already wrote the link of each page it took to zero; a racing free that
+    /// then takes the restored count (with Acquire) must see that write before it writes its own
+    /// link, or ours could land last and corrupt its chain (found by the loom model
+    /// `crossing_double_frees_never_both_succeed_nor_leak`).
     fn undo_free(&self, pages: &[PageId]) {
         for &page in pages {
-            self.ref_cnt[page as usize].fetch_add(1, Ordering::Relaxed);
+            self.ref_cnt[page as usize].fetch_add(1, Ordering::Release);
         }
     }
 
@@ -746,6 +767,13 @@ fn has_duplicates(pages: &[PageId], num_pages: usize) -> bool {
         SEEN.with(|seen| {
             let mut seen = seen.borrow_mut();
             let words = num_pages.div_ceil(64);
+            let missing = words.saturating_sub(seen.len());
+            if missing > 0 && seen.try_reserve_exact(missing).is_err() {
+                // No memory for the bitmap (a huge pool): compare a sorted copy instead.
+                let mut sorted = pages.to_vec();
+                sorted.sort_unstable();
+                return sorted.windows(2).any(|w| w[0] == w[1]);
+            }
             if seen.len() < words {
                 seen.resize(words, 0);
             }

@@ -69,31 +69,75 @@ pub struct ManagerConfig {
     pub pin_budget_pages: Option<usize>,
 }
 
-/// The usage split and counters, read in one consistent snapshot.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct CacheStats {
+/// Defines [`CacheStats`] from one list of fields: the struct (a Python class too, with the
+/// `python` feature), its field names and its values, so no other place lists them.
+macro_rules! cache_stats {
+    ($($(#[doc = $doc:literal])+ $name:ident: $ty:ty,)+) => {
+        /// The usage split and counters, read in one consistent snapshot.
+        #[cfg_attr(
+            feature = "python",
+            pyo3::pyclass(name = "CacheStats", module = "kvcore._kvcore", frozen, get_all, eq)
+        )]
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct CacheStats {
+            $($(#[doc = $doc])+ pub $name: $ty,)+
+        }
+
+        impl CacheStats {
+            /// The field names, in declaration order.
+            pub const FIELDS: &'static [&'static str] = &[$(stringify!($name)),+];
+
+            /// The field values, in [`FIELDS`](Self::FIELDS) order.
+            pub fn values(&self) -> Vec<u64> {
+                vec![$(self.$name as u64),+]
+            }
+        }
+    };
+}
+
+cache_stats! {
     /// Usable pages (`num_pages - 1`); the four splits below sum to it.
-    pub num_pages_total: usize,
-    /// Held by a live sequence or protected by its lock.
-    pub num_pages_in_use: usize,
+    num_pages_total: usize,
+    /// Held by a live sequence, protected by its lock, or held for a queued copy.
+    num_pages_in_use: usize,
     /// Cached and evictable (only the tree holds them, nothing protects them).
-    pub num_pages_cached: usize,
+    num_pages_cached: usize,
     /// Cached and protected by an unexpired TTL pin (and no lock).
-    pub num_pages_pinned: usize,
+    num_pages_pinned: usize,
     /// In the allocator's free pool.
-    pub num_pages_free: usize,
+    num_pages_free: usize,
     /// Live sequences.
-    pub num_sequences: usize,
-    /// Prompt tokens looked up by `add_sequence` since creation.
-    pub prefix_query_tokens: u64,
+    num_sequences: usize,
+    /// Prompt tokens looked up by `add_sequence` since creation (admitted requests).
+    prefix_query_tokens: u64,
     /// Of those, tokens found cached.
-    pub prefix_hit_tokens: u64,
+    prefix_hit_tokens: u64,
     /// Pages evicted from the tree since creation.
-    pub num_evicted_pages: u64,
+    num_evicted_pages: u64,
     /// Copy-on-write page copies queued since creation.
-    pub num_cow_copies: u64,
+    num_cow_copies: u64,
     /// `add_sequence` / `append` calls refused for lack of pages.
-    pub num_refused: u64,
+    num_refused: u64,
+}
+
+impl CacheStats {
+    /// Fraction of looked-up prompt tokens that were cached (0 before any lookup).
+    pub fn hit_rate(&self) -> f64 {
+        if self.prefix_query_tokens == 0 {
+            0.0
+        } else {
+            self.prefix_hit_tokens as f64 / self.prefix_query_tokens as f64
+        }
+    }
+
+    /// Fraction of usable pages not free (in use, cached or pinned).
+    pub fn usage(&self) -> f64 {
+        if self.num_pages_total == 0 {
+            0.0
+        } else {
+            1.0 - self.num_pages_free as f64 / self.num_pages_total as f64
+        }
+    }
 }
 
 /// One live sequence.
@@ -110,21 +154,42 @@ struct Sequence {
     /// Whether full pages are cached as they are reserved (`add_sequence`/`append`), or only when
     /// the engine says they are computed (`commit`, for chunked prefill).
     auto_cache: bool,
+    /// Tokens the engine said it computed (`commit`); every token when `auto_cache`.
+    num_committed: usize,
     /// The deepest tree node this sequence locks (`radix::ROOT`: none).
     node: NodeId,
+}
+
+impl Sequence {
+    /// Whether the engine has computed every token (so its pages may be shared by a fork).
+    fn fully_computed(&self) -> bool {
+        self.auto_cache || self.num_committed >= self.tokens.len()
+    }
 }
 
 #[derive(Debug)]
 struct State {
     tree: RadixTree,
     seqs: HashMap<SeqId, Sequence>,
-    /// Interned namespace names (`None` is [`DEFAULT_NAMESPACE`]).
+    /// Interned namespace names (`None` is [`DEFAULT_NAMESPACE`]), kept only while the namespace
+    /// has a live sequence or a cached page (see [`State::forget_if_unused`]).
     namespaces: HashMap<String, Namespace>,
+    /// The reverse of `namespaces`.
+    namespace_names: HashMap<Namespace, String>,
+    /// Live sequences per interned namespace (entries at zero are removed).
+    namespace_seqs: HashMap<Namespace, usize>,
+    /// The next namespace id: ids are never reused, so a forgotten name never aliases a new one.
+    next_namespace: Namespace,
     stats: CacheStats,
-    /// `(src_page, dst_page)` copies the pool must perform before the next kernel reads.
+    /// `(src_page, dst_page)` copies the pool must perform before the next kernel writes. Each
+    /// source is held (one allocator reference per pair) until the pair is taken or cancelled, so
+    /// it is never reused meanwhile; a pair whose destination loses its last owner is cancelled
+    /// at once. Sources and destinations are disjoint and destinations distinct (see `queue_copy`).
     pending_copies: Vec<(PageId, PageId)>,
     /// Scratch for evicted pages.
     evicted: Vec<PageId>,
+    /// Scratch for namespaces emptied by an eviction.
+    emptied: Vec<Namespace>,
 }
 
 /// The KV-cache manager. Every method takes `&self`; see the module docs for concurrency.
@@ -146,9 +211,13 @@ pub struct PageTable {
     pub kv_last_page_len: Vec<i32>,
 }
 
+/// A core call that cannot fail unless kvcore itself is broken failed: report it as
+/// [`KvError::Internal`] (never as the caller's mistake), and stop debug builds right there.
 fn internal(err: KvError) -> KvError {
     debug_assert!(false, "internal invariant broken: {err}");
-    err
+    KvError::Internal(format!(
+        "kvcore invariant broken ({err}); please report this with the calls that led to it"
+    ))
 }
 
 impl KVCacheManager {
@@ -175,12 +244,16 @@ impl KVCacheManager {
                 tree,
                 seqs: HashMap::new(),
                 namespaces: HashMap::new(),
+                namespace_names: HashMap::new(),
+                namespace_seqs: HashMap::new(),
+                next_namespace: DEFAULT_NAMESPACE + 1,
                 stats: CacheStats {
                     num_pages_total: config.num_pages - 1,
                     ..CacheStats::default()
                 },
                 pending_copies: Vec::new(),
                 evicted: Vec::new(),
+                emptied: Vec::new(),
             }),
         })
     }
@@ -228,7 +301,10 @@ impl KVCacheManager {
                 "sequence {seq_id}: the prompt is empty"
             )));
         }
-        let ns = st.namespace(namespace);
+        // A name not interned yet sees only the public prefixes; it is interned once admitted, so
+        // a refused admission leaves nothing behind.
+        let known = st.known_namespace(namespace);
+        let lookup_ns = known.unwrap_or(UNSEEN_NAMESPACE);
         let ps = self.page_size;
         let num_pages = prompt.len().div_ceil(ps);
         let lookup = &prompt[..prompt.len() - 1];
@@ -236,14 +312,16 @@ impl KVCacheManager {
             // The pool may be short: refuse now if even evicting everything evictable cannot make
             // room, before the lookup touches recency, hit counts or priorities.
             st.tree.expire_pins(now);
-            let need = num_pages - st.tree.peek_prefix_len(ns, lookup);
+            let need = num_pages - st.tree.peek_prefix_len(lookup_ns, lookup);
             if need > self.alloc.num_free() + st.tree.num_evictable_pages() {
                 st.stats.num_refused += 1;
                 return Ok(None);
             }
         }
         let mut pages = Vec::with_capacity(num_pages);
-        let hit = st.tree.match_prefix(ns, lookup, priority, now, &mut pages);
+        let hit = st
+            .tree
+            .match_prefix(lookup_ns, lookup, priority, now, &mut pages);
         st.tree.lock(hit.node).map_err(internal)?;
         if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
             st.tree.unlock(hit.node).map_err(internal)?;
@@ -256,6 +334,12 @@ impl KVCacheManager {
             .map_err(internal)?;
         st.stats.prefix_query_tokens += prompt.len() as u64;
         st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
+        // `known` is None only for a name not interned yet.
+        let ns = match known {
+            Some(ns) => ns,
+            None => namespace.map_or(DEFAULT_NAMESPACE, |name| st.intern(name)),
+        };
+        st.add_live(ns);
         // The sequence starts with the matched prefix cached and its node locked (the lock taken
         // above becomes the sequence's); its own full pages join the tree like appended ones.
         st.seqs.insert(
@@ -267,6 +351,7 @@ impl KVCacheManager {
                 pages,
                 num_inserted_pages: hit.num_pages,
                 auto_cache: cache_prompt,
+                num_committed: 0,
                 node: hit.node,
             },
         );
@@ -291,7 +376,10 @@ impl KVCacheManager {
         let new_len = old_len + tokens.len();
         let grow = new_len.div_ceil(ps) - seq.pages.len();
         let last = *seq.pages.last().unwrap_or(&crate::NULL_PAGE);
-        let cow = old_len % ps != 0 && self.alloc.ref_count(last).map_err(internal)? > 1;
+        // Shared with another owner (a queued copy's hold on its source does not count: the copy
+        // reads the page before this step's kernels write it).
+        let owners = self.alloc.ref_count(last).map_err(internal)? - st.copy_holds(last);
+        let cow = old_len % ps != 0 && owners > 1;
         let mut fresh = Vec::with_capacity(grow + usize::from(cow));
         if !self.allocate(st, grow + usize::from(cow), now, &mut fresh) {
             st.stats.num_refused += 1;
@@ -303,12 +391,16 @@ impl KVCacheManager {
             let copy = fresh.next().unwrap_or(crate::NULL_PAGE);
             let at = seq.pages.len() - 1;
             seq.pages[at] = copy;
-            st.pending_copies.push((last, copy));
+            seq.pages.extend(fresh);
+            seq.tokens.extend_from_slice(tokens);
+            self.queue_copy(st, last, copy)?;
             st.stats.num_cow_copies += 1;
-            self.alloc.free_serialized(&[last]).map_err(internal)?;
+            self.release(st, &[last])?;
+        } else {
+            seq.pages.extend(fresh);
+            seq.tokens.extend_from_slice(tokens);
         }
-        seq.pages.extend(fresh);
-        seq.tokens.extend_from_slice(tokens);
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
         if seq.auto_cache {
             self.cache_full_pages(st, seq_id, new_len / ps, now)?;
         }
@@ -329,7 +421,9 @@ impl KVCacheManager {
             )));
         }
         self.cache_full_pages(st, seq_id, num_tokens / self.page_size, now)?;
-        Ok(st.seqs[&seq_id].num_inserted_pages * self.page_size)
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        seq.num_committed = seq.num_committed.max(num_tokens);
+        Ok(seq.num_inserted_pages * self.page_size)
     }
 
     /// Offer the sequence's full pages up to `full` (exclusive) that the tree has not seen yet,
@@ -363,8 +457,12 @@ impl KVCacheManager {
     }
 
     /// `child` shares every page of `parent` (parallel sampling, beam search). The next append
-    /// into a shared partially filled page copies it first. A parent admitted with
-    /// `cache_prompt = false` must have committed all its full pages first.
+    /// into a shared partially filled page copies it first.
+    ///
+    /// One rule: the parent's every token must be computed, since the child (and a copy made for
+    /// it) reads every slot of the pages it shares. A parent admitted with `cache_prompt = false`
+    /// must have committed all its tokens (`commit(parent, seq_len(parent))`), the partial last
+    /// page's included; otherwise `InvalidArgument`, nothing changed.
     pub fn fork(&self, parent: SeqId, child: SeqId) -> KvResult<()> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -374,17 +472,20 @@ impl KVCacheManager {
             )));
         }
         let seq = st.seqs.get(&parent).ok_or_else(|| unknown(parent))?;
-        if seq.num_inserted_pages < seq.tokens.len() / self.page_size {
-            // Pages cached later by one holder would be shared with a sibling that does not lock
-            // them: they would count as evictable while in use.
+        if !seq.fully_computed() {
+            // A child would share (and its copies would read) slots never computed; and pages
+            // cached later by one holder would be shared with a sibling that does not lock them.
             return Err(KvError::InvalidArgument(format!(
-                "sequence {parent} has full pages not committed yet: commit its computed tokens \
-                 before forking it"
+                "sequence {parent} has {} tokens but only {} committed: commit all its tokens \
+                 (commit(seq_id, seq_len)) before forking it",
+                seq.tokens.len(),
+                seq.num_committed
             )));
         }
         let seq = seq.clone();
         self.alloc.retain_serialized(&seq.pages).map_err(internal)?;
         st.tree.lock(seq.node).map_err(internal)?;
+        st.add_live(seq.ns);
         st.seqs.insert(child, seq);
         Ok(())
     }
@@ -395,7 +496,8 @@ impl KVCacheManager {
         let st = &mut *guard;
         let seq = st.seqs.remove(&seq_id).ok_or_else(|| unknown(seq_id))?;
         st.tree.unlock(seq.node).map_err(internal)?;
-        self.alloc.free_serialized(&seq.pages).map_err(internal)?;
+        self.release(st, &seq.pages)?;
+        st.remove_live(seq.ns);
         Ok(())
     }
 
@@ -504,7 +606,8 @@ impl KVCacheManager {
         now: u64,
     ) -> KvResult<usize> {
         let mut guard = self.state.lock();
-        let ns = guard.namespace(namespace);
+        // A name never interned owns no node: it can pin only public prefixes, and interns nothing.
+        let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
         guard.tree.pin(ns, tokens, ttl, now)
     }
 
@@ -525,9 +628,24 @@ impl KVCacheManager {
         guard.tree.peek_prefix_len(ns, tokens) * self.page_size
     }
 
-    /// Copies `(src_page, dst_page)` queued by copy-on-write since the last call, in order.
-    pub fn take_pending_copies(&self) -> Vec<(PageId, PageId)> {
-        std::mem::take(&mut self.state.lock().pending_copies)
+    /// Copies `(src_page, dst_page)` queued by copy-on-write since the last call, to apply before
+    /// the next kernel writes the pool. One call's pairs are always one valid batch for
+    /// `copy_pages`: destinations are distinct, no destination is a source, and each pair's
+    /// source already holds the destination's content (chains are resolved to their original
+    /// source), so they may be applied in any order or all at once. Pairs of a sequence freed
+    /// (or a page evicted) before this call were cancelled then.
+    pub fn take_pending_copies(&self) -> KvResult<Vec<(PageId, PageId)>> {
+        let mut guard = self.state.lock();
+        let pairs = std::mem::take(&mut guard.pending_copies);
+        let sources: Vec<PageId> = pairs.iter().map(|&(src, _)| src).collect();
+        // The holds end here; a source freed now can only be written by a later step's kernels.
+        self.alloc.free_serialized(&sources).map_err(internal)?;
+        Ok(pairs)
+    }
+
+    /// Interned namespace names (those with a live sequence or a cached page).
+    pub fn num_namespaces(&self) -> usize {
+        self.state.lock().namespaces.len()
     }
 
     /// The usage split and counters (expired pins are released first).
@@ -611,11 +729,58 @@ impl KVCacheManager {
     }
 
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
-        st.evicted.clear();
-        let n = st.tree.evict(num_pages, now, &mut st.evicted);
-        self.alloc.free_serialized(&st.evicted).map_err(internal)?;
+        let mut evicted = std::mem::take(&mut st.evicted);
+        evicted.clear();
+        let n = st.tree.evict(num_pages, now, &mut evicted);
+        let released = self.release(st, &evicted);
+        st.evicted = evicted;
+        released?;
         st.stats.num_evicted_pages += n as u64;
+        let mut emptied = std::mem::take(&mut st.emptied);
+        st.tree.take_emptied_namespaces(&mut emptied);
+        for ns in emptied.drain(..) {
+            st.forget_if_unused(ns);
+        }
+        st.emptied = emptied;
         Ok(n)
+    }
+
+    /// Drop one reference per listed page, then cancel the queued copies whose destination lost
+    /// its last owner (before anything can reuse it: the allocator is the manager's, under its lock).
+    fn release(&self, st: &mut State, pages: &[PageId]) -> KvResult<()> {
+        self.alloc.free_serialized(pages).map_err(internal)?;
+        if st.pending_copies.is_empty() {
+            return Ok(());
+        }
+        let mut i = 0;
+        while i < st.pending_copies.len() {
+            let (src, dst) = st.pending_copies[i];
+            if self.alloc.ref_count(dst).map_err(internal)? == 0 {
+                st.pending_copies.remove(i);
+                // Sources are never destinations: releasing this hold cancels nothing else.
+                self.alloc.free_serialized(&[src]).map_err(internal)?;
+            } else {
+                i += 1;
+            }
+        }
+        Ok(())
+    }
+
+    /// Queue a copy of `src` into the fresh page `dst`. A `src` that is itself the destination
+    /// of a queued copy (a fork of a fork, before the copies were taken) still holds garbage: the
+    /// copy is made from that copy's source instead, which holds what `src` will. The source is
+    /// held until the pair is taken or cancelled, so it is never freed and reused meanwhile; hence
+    /// sources are never destinations, and destinations (fresh pages, each held by its sequence
+    /// until its pair ends) are distinct.
+    fn queue_copy(&self, st: &mut State, src: PageId, dst: PageId) -> KvResult<()> {
+        let src = st
+            .pending_copies
+            .iter()
+            .find(|&&(_, d)| d == src)
+            .map_or(src, |&(s, _)| s);
+        self.alloc.retain_serialized(&[src]).map_err(internal)?;
+        st.pending_copies.push((src, dst));
+        Ok(())
     }
 }
 
@@ -623,24 +788,58 @@ impl KVCacheManager {
 const UNSEEN_NAMESPACE: Namespace = u64::MAX - 1;
 
 impl State {
+    /// Allocator references held by queued copies on `page` (as their source).
+    fn copy_holds(&self, page: PageId) -> u32 {
+        self.pending_copies
+            .iter()
+            .filter(|&&(src, _)| src == page)
+            .count() as u32
+    }
+
+    /// Intern a namespace name not known yet.
+    fn intern(&mut self, name: &str) -> Namespace {
+        let ns = self.next_namespace;
+        self.next_namespace += 1;
+        self.namespaces.insert(name.to_owned(), ns);
+        self.namespace_names.insert(ns, name.to_owned());
+        ns
+    }
+
+    /// A live sequence of `ns` was added.
+    fn add_live(&mut self, ns: Namespace) {
+        if self.namespace_names.contains_key(&ns) {
+            *self.namespace_seqs.entry(ns).or_default() += 1;
+        }
+    }
+
+    /// A live sequence of `ns` was removed.
+    fn remove_live(&mut self, ns: Namespace) {
+        if let Some(n) = self.namespace_seqs.get_mut(&ns) {
+            *n -= 1;
+            if *n == 0 {
+                self.namespace_seqs.remove(&ns);
+            }
+        }
+        self.forget_if_unused(ns);
+    }
+
+    /// Forget `ns`'s name once it has no live sequence and no cached page (pins are on cached
+    /// pages): a namespace that holds nothing costs nothing.
+    fn forget_if_unused(&mut self, ns: Namespace) {
+        if self.namespace_seqs.contains_key(&ns) || self.tree.num_namespace_nodes(ns) > 0 {
+            return;
+        }
+        if let Some(name) = self.namespace_names.remove(&ns) {
+            self.namespaces.remove(&name);
+        }
+    }
+
     /// The id of a namespace name, without interning a new one.
     fn known_namespace(&self, name: Option<&str>) -> Option<Namespace> {
         match name {
             None => Some(DEFAULT_NAMESPACE),
             Some(PUBLIC_NAMESPACE_NAME) => Some(PUBLIC_NAMESPACE),
             Some(name) => self.namespaces.get(name).copied(),
-        }
-    }
-
-    /// The id of a namespace name, interned on first use.
-    fn namespace(&mut self, name: Option<&str>) -> Namespace {
-        match name {
-            None => DEFAULT_NAMESPACE,
-            Some(PUBLIC_NAMESPACE_NAME) => PUBLIC_NAMESPACE,
-            Some(name) => {
-                let next = self.namespaces.len() as Namespace + 1;
-                *self.namespaces.entry(name.to_owned()).or_insert(next)
-            }
         }
     }
 }
@@ -724,10 +923,39 @@ mod tests {
         let after = m.seq_pages(2).unwrap();
         assert_eq!(before[0], after[0]);
         assert_ne!(before[1], after[1]);
-        assert_eq!(m.take_pending_copies(), vec![(before[1], after[1])]);
+        assert_eq!(
+            m.take_pending_copies().unwrap(),
+            vec![(before[1], after[1])]
+        );
         assert!(m.append(1, &[8], 0).unwrap()); // now sole owner: no copy
-        assert!(m.take_pending_copies().is_empty());
+        assert!(m.take_pending_copies().unwrap().is_empty());
         check_split(&m);
+    }
+
+    #[test]
+    fn chained_copies_resolve_to_the_source_and_freed_ones_are_cancelled() {
+        let m = manager(64, 4);
+        m.add_sequence(1, &[1, 2, 3, 4, 5, 6], Some("a"), 0, true, 0)
+            .unwrap();
+        let src = m.seq_pages(1).unwrap()[1];
+        m.fork(1, 2).unwrap();
+        assert!(m.append(2, &[7], 0).unwrap());
+        m.fork(2, 3).unwrap();
+        assert!(m.append(3, &[8], 0).unwrap());
+        m.fork(1, 4).unwrap();
+        assert!(m.append(4, &[9], 0).unwrap());
+        m.free_sequence(4).unwrap(); // its copy is cancelled, its page free again
+        let (d2, d3) = (m.seq_pages(2).unwrap()[1], m.seq_pages(3).unwrap()[1]);
+        assert_eq!(m.ref_count(src).unwrap(), 1 + 2); // sequence 1 and two queued copies
+        assert_eq!(m.take_pending_copies().unwrap(), vec![(src, d2), (src, d3)]);
+        assert_eq!(m.ref_count(src).unwrap(), 1);
+        check_split(&m);
+        for id in [1, 2, 3] {
+            m.free_sequence(id).unwrap();
+        }
+        m.evict(64, 0).unwrap();
+        assert_eq!(m.num_namespaces(), 0);
+        assert_eq!(m.stats(0).num_pages_free, 63);
     }
 
     #[test]

@@ -3,13 +3,12 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use super::convert::{count_arg, new_page_array, page_ids, DETACH_MIN_PAGES};
-use super::error::kv_exception;
+use super::convert::{count_arg, int_value, new_page_array, page_ids, DETACH_MIN_PAGES};
 use crate::allocator::PageAllocator;
-use crate::{KvResult, PageId};
+use crate::{KvError, KvResult, PageId};
 
-/// Run `op` on the page ids in `pages`, detached from the interpreter for large batches (which
-/// `page_ids` has copied, so Python threads may keep running).
+/// Run `op` on a copy of the page ids in `pages`, detached from the interpreter for large batches
+/// (the copy is ours, so Python threads may keep running and writing the caller's array).
 fn with_page_ids(
     py: Python<'_>,
     pages: &Bound<'_, PyAny>,
@@ -53,14 +52,11 @@ impl PyPageAllocator {
         let n = count_arg(n, "n")?;
         if n > self.inner.num_pages() - 1 {
             // Checked before creating the output so an absurd n never allocates memory.
-            return Err(kv_exception(
-                py,
-                "InvalidArgumentError",
-                format!(
-                    "cannot allocate {n} pages from a pool of {} usable pages",
-                    self.inner.num_pages() - 1
-                ),
-            ));
+            return Err(KvError::InvalidArgument(format!(
+                "cannot allocate {n} pages from a pool of {} usable pages",
+                self.inner.num_pages() - 1
+            ))
+            .into());
         }
         // SAFETY: `allocate_into` writes every element when it returns true; on false (or an
         // error) the array is dropped without being exposed.
@@ -85,19 +81,12 @@ impl PyPageAllocator {
 
     /// References held on `page` (0 when free).
     fn ref_count(&self, page: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let py = page.py();
-        let value: i64 = page
-            .extract()
-            .map_err(|_| kv_exception(py, "InvalidDTypeError", "page must be an integer".into()))?;
+        let value = int_value(page, "page")?;
         let page = PageId::try_from(value).map_err(|_| {
-            kv_exception(
-                py,
-                "InvalidPageError",
-                format!(
-                    "page {value} is out of range; valid pages are 1..={}",
-                    self.inner.num_pages() - 1
-                ),
-            )
+            KvError::InvalidPage(format!(
+                "page {value} is out of range; valid pages are 1..={}",
+                self.inner.num_pages() - 1
+            ))
         })?;
         Ok(self.inner.ref_count(page)?)
     }

@@ -1,129 +1,361 @@
-//! Argument conversion shared by the bindings: page-id arrays in, page-id arrays out.
+//! Argument conversion shared by the bindings: every argument a caller passes is checked here and
+//! refused with a `kvcore.exceptions` class naming it (never a bare `TypeError` or `OverflowError`).
+//!
+//! # Arrays are copied, then validated
+//! Page ids and token ids are copied out of the caller's NumPy array (or list) before anything looks
+//! at them, and only the copy is validated and used. A view held across the call would not be safe:
+//! the manager may call back into Python (its `clock`), and on free-threaded Python another thread may
+//! write or resize the array at any moment, so what was validated would not be what is used. The copy
+//! costs about a nanosecond per id, less than the lookups that follow.
 
-use numpy::{PyArray1, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+
+use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyList, PyTuple};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple};
 
-use super::error::kv_exception;
+use crate::error::KvError;
 use crate::PageId;
 
-/// Page ids: a view of a small contiguous `int32` NumPy array (no copy), or an owned copy (large
-/// arrays, which the caller reads while detached from the interpreter, and lists).
-pub(crate) enum PageIds<'py> {
-    /// A view of `len` ids at `ptr`, valid while `_array` lives and the caller stays attached.
-    Attached {
-        _array: Bound<'py, PyArray1<i32>>,
-        ptr: *const PageId,
-        len: usize,
-    },
-    Owned(Vec<PageId>),
-}
-
-/// Batches at least this long are copied and processed detached from the interpreter. The copy
-/// (about 1 ns per id) is what makes reading them without the interpreter safe: Python threads may
-/// write to the array meanwhile.
+/// Batches at least this long are processed detached from the interpreter.
 pub(crate) const DETACH_MIN_PAGES: usize = 4096;
 
-impl PageIds<'_> {
-    /// The ids as `PageId`s. Negative ids become huge values, which the core rejects as out of range.
-    pub(crate) fn as_slice(&self) -> &[PageId] {
+/// Ids up to this many are copied into an inline buffer (no heap allocation on the hot path).
+const INLINE_IDS: usize = 32;
+
+/// Ids copied out of the caller's object: inline when short, on the heap otherwise.
+pub(crate) enum Ids {
+    Inline([u32; INLINE_IDS], usize),
+    Heap(Vec<u32>),
+}
+
+impl Ids {
+    pub(crate) fn as_slice(&self) -> &[u32] {
         match self {
-            // SAFETY: `page_ids` checked that the array is 1-D, contiguous and aligned, and took
-            // `ptr`/`len` from it; the array is kept alive by `_array`. The view is only used while
-            // the caller is attached and runs no Python code, so nothing can write to or resize the
-            // array meanwhile. i32 -> u32 is a valid reinterpretation (same layout).
-            PageIds::Attached { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-            PageIds::Owned(v) => v,
+            Ids::Inline(buf, len) => &buf[..*len],
+            Ids::Heap(v) => v,
         }
     }
 }
 
-/// A contiguous, aligned view of a 1-D NumPy array, or None.
-fn view<T: numpy::Element>(array: &Bound<'_, PyArray1<T>>) -> Option<(*const T, usize)> {
-    let ptr = array.data() as *const T;
-    (array.is_contiguous() && ptr.is_aligned()).then(|| (ptr, array.len()))
-}
-
-fn not_contiguous(py: Python<'_>, what: &str) -> PyErr {
-    kv_exception(
-        py,
-        "InvalidDTypeError",
-        format!("{what} must be a contiguous, aligned array"),
-    )
-}
-
-/// Accept a 1-D contiguous `int32` array (zero copy) or a list/tuple of ints; anything else raises
-/// `InvalidDTypeError` naming what was given.
-pub(crate) fn page_ids<'py>(obj: &Bound<'py, PyAny>) -> PyResult<PageIds<'py>> {
-    let py = obj.py();
-    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
-        let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "page ids"))?;
-        let ptr = ptr.cast::<PageId>();
-        if len >= DETACH_MIN_PAGES {
-            // SAFETY: as in `as_slice` (checked, attached, no Python runs during the copy).
-            return Ok(PageIds::Owned(
-                unsafe { std::slice::from_raw_parts(ptr, len) }.to_vec(),
-            ));
-        }
-        return Ok(PageIds::Attached {
-            _array: array.clone(),
-            ptr,
-            len,
-        });
-    }
-    if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        let message = format!(
-            "page ids must be a 1-D int32 array, got a {}-D {} array",
-            array.ndim(),
-            array
-                .dtype()
-                .str()
-                .map(|s| s.to_string())
-                .unwrap_or_else(|_| "?".into())
-        );
-        return Err(kv_exception(py, "InvalidDTypeError", message));
-    }
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return obj
-            .extract::<Vec<i32>>()
-            .map(|v| PageIds::Owned(v.into_iter().map(|p| p as PageId).collect()))
-            .map_err(|_| {
-                kv_exception(
-                    py,
-                    "InvalidDTypeError",
-                    "page ids must be integers that fit int32".into(),
-                )
-            });
-    }
-    let type_name = obj
-        .get_type()
+fn type_name(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type()
         .name()
         .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into());
-    Err(kv_exception(
-        py,
-        "InvalidDTypeError",
-        format!("page ids must be a 1-D int32 numpy array or a list of ints, got {type_name}"),
-    ))
+        .unwrap_or_else(|_| "?".into())
 }
 
-/// An integer count argument (`n`); non-integers raise `InvalidDTypeError`, negatives `InvalidArgumentError`.
-pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
-    let py = obj.py();
-    let value: i64 = obj.extract().map_err(|_| {
-        kv_exception(
-            py,
-            "InvalidDTypeError",
-            format!("{name} must be an integer"),
-        )
-    })?;
-    usize::try_from(value).map_err(|_| {
-        kv_exception(
-            py,
-            "InvalidArgumentError",
-            format!("{name} must be >= 0, got {value}"),
-        )
+fn dtype_name(array: &Bound<'_, PyUntypedArray>) -> String {
+    array
+        .dtype()
+        .str()
+        .map(|s| s.to_string())
+        .unwrap_or_else(|_| "?".into())
+}
+
+/// A contiguous, aligned 1-D array's data pointer and length, or an `InvalidDType` error.
+fn view<T: numpy::Element>(
+    array: &Bound<'_, PyArray1<T>>,
+    what: &str,
+) -> PyResult<(*const T, usize)> {
+    let ptr = array.data() as *const T;
+    if array.is_contiguous() && ptr.is_aligned() {
+        Ok((ptr, array.len()))
+    } else {
+        Err(KvError::InvalidDType(format!("{what} must be a contiguous, aligned array")).into())
+    }
+}
+
+/// Copy `len` 32-bit values at `ptr` into [`Ids`].
+///
+/// # Safety
+/// `ptr` must point to `len` aligned 4-byte values that stay allocated for the duration of the call
+/// (the caller holds a reference to the array that owns them, so NumPy refuses to resize or free
+/// them; only `resize(refcheck=False)`, which NumPy documents as unsafe, could break this).
+unsafe fn copy_u32(ptr: *const u32, len: usize) -> Ids {
+    // Other threads (free-threaded Python) may write these values while we copy. Reading them
+    // through relaxed atomic loads makes that a defined race: each value read is one the array held
+    // (every bit pattern is a valid u32), and the copy is what gets validated and used.
+    // SAFETY: aligned and live (the caller's contract); AtomicU32 has u32's layout.
+    let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU32>(), len) };
+    if len <= INLINE_IDS {
+        let mut buf = [0u32; INLINE_IDS];
+        for (dst, s) in buf.iter_mut().zip(src) {
+            *dst = s.load(Ordering::Relaxed);
+        }
+        return Ids::Inline(buf, len);
+    }
+    Ids::Heap(src.iter().map(|s| s.load(Ordering::Relaxed)).collect())
+}
+
+/// Copy `len` int64 values at `ptr`, each converted by `convert` (the first failure is returned).
+///
+/// # Safety
+/// As for [`copy_u32`], with 8-byte values.
+unsafe fn copy_i64(
+    ptr: *const i64,
+    len: usize,
+    mut convert: impl FnMut(i64) -> PyResult<u32>,
+) -> PyResult<Ids> {
+    // SAFETY: aligned and live (the caller's contract); AtomicI64 has i64's layout. Relaxed
+    // loads: as in `copy_u32`.
+    let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicI64>(), len) };
+    let mut out = Vec::with_capacity(len);
+    for s in src {
+        out.push(convert(s.load(Ordering::Relaxed))?);
+    }
+    Ok(Ids::Heap(out))
+}
+
+/// The items of a list, tuple or range (a snapshot: later changes to a list are not seen), or
+/// `None` for any other object.
+fn int_sequence<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
+    if let Ok(list) = obj.cast::<PyList>() {
+        return Ok(Some(list.iter().collect()));
+    }
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(Some(tuple.iter().collect()));
+    }
+    if obj.is_instance_of::<PyRange>() {
+        return Ok(Some(obj.try_iter()?.collect::<PyResult<_>>()?));
+    }
+    Ok(None)
+}
+
+/// The elements of a list, tuple or range as `u32`s, each converted from a Python int by `convert`;
+/// `None` if `obj` is neither. Bools are refused: `True` is not an id.
+fn copy_sequence(
+    obj: &Bound<'_, PyAny>,
+    what: &str,
+    mut convert: impl FnMut(i64) -> PyResult<u32>,
+) -> Option<PyResult<Ids>> {
+    let items = match int_sequence(obj) {
+        Ok(Some(items)) => items,
+        Ok(None) => return None,
+        Err(e) => return Some(Err(e)),
+    };
+    let mut out = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        match int_value(item, &format!("{what}[{i}]")) {
+            Ok(v) => match convert(v) {
+                Ok(v) => out.push(v),
+                Err(e) => return Some(Err(e)),
+            },
+            Err(e) => return Some(Err(e)),
+        }
+    }
+    Some(Ok(Ids::Heap(out)))
+}
+
+/// Page ids: a 1-D contiguous `int32` array or a list/tuple/range of ints, copied. Negative ids become
+/// huge values, which the core refuses as out of range; anything else raises `InvalidDTypeError`
+/// (a list element beyond int32 too).
+pub(crate) fn page_ids(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
+    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
+        let (ptr, len) = view(array, "page ids")?;
+        // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive; i32 and u32
+        // share a layout.
+        return Ok(unsafe { copy_u32(ptr.cast::<u32>(), len) });
+    }
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        return Err(KvError::InvalidDType(format!(
+            "page ids must be a 1-D int32 array, got a {}-D {} array",
+            array.ndim(),
+            dtype_name(array)
+        ))
+        .into());
+    }
+    let page = |v: i64| {
+        i32::try_from(v).map(|p| p as PageId).map_err(|_| {
+            PyErr::from(KvError::InvalidDType(format!(
+                "page ids must be integers that fit int32, got {v}"
+            )))
+        })
+    };
+    copy_sequence(obj, "page ids", page).unwrap_or_else(|| {
+        Err(KvError::InvalidDType(format!(
+            "page ids must be a 1-D int32 numpy array or a list of ints, got {}",
+            type_name(obj)
+        ))
+        .into())
     })
+}
+
+fn bad_tokens(what: &str) -> PyErr {
+    KvError::InvalidDType(format!(
+        "token ids must be a 1-D int32/uint32/int64 array or a list of ints in 0..2**32; got {what}"
+    ))
+    .into()
+}
+
+fn negative_tokens() -> PyErr {
+    KvError::InvalidArgument("token ids must be non-negative".into()).into()
+}
+
+/// Checked conversion of one 64-bit token id to `u32`.
+fn token_id(t: i64) -> PyResult<u32> {
+    u32::try_from(t).map_err(|_| {
+        if t < 0 {
+            negative_tokens()
+        } else {
+            bad_tokens("an id >= 2**32")
+        }
+    })
+}
+
+/// Token ids, copied (then validated): anything but integer ids raises `InvalidDTypeError`, negative
+/// ids `InvalidArgumentError`.
+pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
+    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
+        let (ptr, len) = view(array, "token ids")?;
+        // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
+        let ids = unsafe { copy_u32(ptr.cast::<u32>(), len) };
+        // The check runs on the copy. OR-ing every id and testing the sign bit vectorises (no
+        // early exit): this check runs on every prompt.
+        if ids.as_slice().iter().fold(0, |acc, &t| acc | t) >> 31 != 0 {
+            return Err(negative_tokens());
+        }
+        return Ok(ids);
+    }
+    if let Ok(array) = obj.cast::<PyArray1<u32>>() {
+        let (ptr, len) = view(array, "token ids")?;
+        // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
+        return Ok(unsafe { copy_u32(ptr, len) });
+    }
+    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
+        let (ptr, len) = view(array, "token ids")?;
+        // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
+        return unsafe { copy_i64(ptr, len, token_id) };
+    }
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        return Err(bad_tokens(&format!(
+            "a {}-D {} array",
+            array.ndim(),
+            dtype_name(array)
+        )));
+    }
+    copy_sequence(obj, "token ids", token_id).unwrap_or_else(|| Err(bad_tokens(&type_name(obj))))
+}
+
+/// An integer argument as `i64`: bools and non-integers raise `InvalidDTypeError`, integers beyond
+/// int64 `InvalidArgumentError`, each naming the argument.
+pub(crate) fn int_value(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(KvError::InvalidDType(format!("{name} must be an integer, got a bool")).into());
+    }
+    obj.extract::<i64>().map_err(|_| {
+        let is_int = obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false);
+        if is_int {
+            KvError::InvalidArgument(format!("{name} is out of range (int64), got {obj}")).into()
+        } else {
+            KvError::InvalidDType(format!("{name} must be an integer, got {}", type_name(obj)))
+                .into()
+        }
+    })
+}
+
+/// An integer argument converted to `T`; out of `T`'s range raises `InvalidArgumentError` saying
+/// which range (`range` is shown to the caller).
+pub(crate) fn int_arg<T: TryFrom<i64>>(
+    obj: &Bound<'_, PyAny>,
+    name: &str,
+    range: &str,
+) -> PyResult<T> {
+    let value = int_value(obj, name)?;
+    T::try_from(value).map_err(|_| {
+        KvError::InvalidArgument(format!("{name} must be in {range}, got {value}")).into()
+    })
+}
+
+/// An integer count argument: non-integers raise `InvalidDTypeError`, negatives `InvalidArgumentError`.
+pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
+    let value = int_value(obj, name)?;
+    usize::try_from(value)
+        .map_err(|_| KvError::InvalidArgument(format!("{name} must be >= 0, got {value}")).into())
+}
+
+/// A real-number argument (int or float, not bool); anything else raises `InvalidDTypeError`.
+pub(crate) fn float_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    let numeric = !obj.is_instance_of::<PyBool>()
+        && (obj.is_instance_of::<PyFloat>()
+            || obj.is_instance_of::<PyInt>()
+            || obj.hasattr("__float__").unwrap_or(false))
+        && !obj.is_instance_of::<PyString>();
+    if !numeric {
+        return Err(KvError::InvalidDType(format!(
+            "{name} must be a number, got {}",
+            type_name(obj)
+        ))
+        .into());
+    }
+    obj.extract::<f64>().map_err(|_| {
+        KvError::InvalidArgument(format!("{name} cannot be converted to a float: {obj}")).into()
+    })
+}
+
+/// A bool argument (`bool` or `numpy.bool_`); anything else raises `InvalidDTypeError`.
+pub(crate) fn bool_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<bool> {
+    obj.extract::<bool>().map_err(|_| {
+        KvError::InvalidDType(format!("{name} must be a bool, got {}", type_name(obj))).into()
+    })
+}
+
+/// A string argument: non-strings raise `InvalidDTypeError`, strings that are not valid Unicode
+/// (lone surrogates) `InvalidArgumentError`.
+pub(crate) fn str_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
+    let s = obj.cast::<PyString>().map_err(|_| {
+        PyErr::from(KvError::InvalidDType(format!(
+            "{name} must be a str, got {}",
+            type_name(obj)
+        )))
+    })?;
+    s.to_str().map(str::to_owned).map_err(|_| {
+        KvError::InvalidArgument(format!(
+            "{name} must be valid Unicode (it holds a lone surrogate)"
+        ))
+        .into()
+    })
+}
+
+/// An optional namespace: `None` (the default namespace) or a str.
+pub(crate) fn namespace_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<String>> {
+    match obj {
+        None => Ok(None),
+        Some(o) if o.is_none() => Ok(None),
+        Some(o) => str_arg(o, "namespace").map(Some),
+    }
+}
+
+/// Sequence ids: a list or tuple of ints, or a 1-D integer array.
+pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
+    if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        let dtype = array.dtype();
+        let integer = dtype.is_equiv_to(&numpy::dtype::<i64>(obj.py()))
+            || dtype.is_equiv_to(&numpy::dtype::<i32>(obj.py()));
+        if !integer || array.ndim() != 1 {
+            return Err(KvError::InvalidDType(format!(
+                "{name} must be a 1-D int32/int64 array or a list of ints, got a {}-D {} array",
+                array.ndim(),
+                dtype_name(array)
+            ))
+            .into());
+        }
+        // A fresh list: no view of the array survives this line.
+        let list = obj.call_method0("tolist")?;
+        return seq_ids_arg(&list, name);
+    }
+    let Some(items) = int_sequence(obj)? else {
+        return Err(KvError::InvalidDType(format!(
+            "{name} must be a list of ints or a 1-D integer array, got {}",
+            type_name(obj)
+        ))
+        .into());
+    };
+    items
+        .iter()
+        .enumerate()
+        .map(|(i, item)| int_value(item, &format!("{name}[{i}]")))
+        .collect()
 }
 
 /// A fresh, uninitialised `int32` array of `len` elements and a mutable view of it as `PageId`s.
@@ -135,8 +367,9 @@ pub(crate) unsafe fn new_page_array<'py>(
     py: Python<'py>,
     len: usize,
 ) -> (Bound<'py, PyArray1<i32>>, &'py mut [PageId]) {
-    // SAFETY: the array is created here and not yet shared with Python, so no other view of its
-    // memory exists; the caller writes every element before returning it.
+    // SAFETY: the array is created here and not yet shared with Python (no other thread can reach
+    // it, free-threaded or not), so no other view of its memory exists; the caller writes every
+    // element before returning it.
     let array = unsafe { PyArray1::<i32>::new(py, len, false) };
     // SAFETY: a fresh 1-D array is contiguous; i32 -> u32 reinterpretation is valid (same layout,
     // all bit patterns valid). The slice lives as long as the array object ('py).
@@ -147,111 +380,31 @@ pub(crate) unsafe fn new_page_array<'py>(
     (array, slice)
 }
 
-/// Token ids: a view of a contiguous 1-D `int32`/`uint32` array (no copy), or an owned copy
-/// (`int64` arrays, lists).
-pub(crate) enum Tokens<'py> {
-    /// A view of `len` ids at `ptr`, valid while `_array` lives and the caller stays attached.
-    Attached {
-        _array: Bound<'py, PyAny>,
-        ptr: *const u32,
-        len: usize,
-    },
-    Owned(Vec<u32>),
+/// An optional argument whose default is not `None`: `Missing` when the caller left it out, and
+/// any object (`None` included, which is then refused like any other wrong value) when given.
+pub(crate) enum Arg<'py> {
+    Missing,
+    Given(Bound<'py, PyAny>),
 }
 
-impl Tokens<'_> {
-    pub(crate) fn as_slice(&self) -> &[u32] {
+impl<'a, 'py> FromPyObject<'a, 'py> for Arg<'py> {
+    type Error = PyErr;
+
+    fn extract(obj: pyo3::Borrowed<'a, 'py, PyAny>) -> PyResult<Self> {
+        Ok(Arg::Given(obj.to_owned()))
+    }
+}
+
+impl<'py> Arg<'py> {
+    /// The converted argument, or `default` when it was left out.
+    pub(crate) fn or<T>(
+        &self,
+        default: T,
+        convert: impl FnOnce(&Bound<'py, PyAny>) -> PyResult<T>,
+    ) -> PyResult<T> {
         match self {
-            // SAFETY: as for `PageIds::Attached`: checked contiguous and aligned, kept alive by
-            // `_array`, read only while attached with no Python code running.
-            Tokens::Attached { ptr, len, .. } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
-            Tokens::Owned(v) => v,
+            Arg::Missing => Ok(default),
+            Arg::Given(obj) => convert(obj),
         }
     }
-}
-
-fn bad_tokens(py: Python<'_>, what: &str) -> PyErr {
-    kv_exception(
-        py,
-        "InvalidDTypeError",
-        format!("token ids must be a 1-D int32/uint32/int64 array or a list of ints in 0..2**32; got {what}"),
-    )
-}
-
-fn negative_tokens(py: Python<'_>) -> PyErr {
-    kv_exception(
-        py,
-        "InvalidArgumentError",
-        "token ids must be non-negative".into(),
-    )
-}
-
-/// Checked conversion of 64-bit token ids to `u32`.
-fn token_ids(py: Python<'_>, ids: impl ExactSizeIterator<Item = i64>) -> PyResult<Vec<u32>> {
-    let mut out = Vec::with_capacity(ids.len());
-    for t in ids {
-        out.push(u32::try_from(t).map_err(|_| {
-            if t < 0 {
-                negative_tokens(py)
-            } else {
-                bad_tokens(py, "an id >= 2**32")
-            }
-        })?);
-    }
-    Ok(out)
-}
-
-/// Accept token ids; anything else raises `InvalidDTypeError`, negative ids `InvalidArgumentError`.
-pub(crate) fn tokens<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Tokens<'py>> {
-    let py = obj.py();
-    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
-        let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "token ids"))?;
-        // SAFETY: checked contiguous and aligned; read while attached.
-        let ids = unsafe { std::slice::from_raw_parts(ptr, len) };
-        // OR-ing every id and testing the sign bit vectorises (no early exit): this check runs on
-        // every prompt, and `any(t < 0)` costs more than matching the prompt in the tree.
-        if ids.iter().fold(0, |acc, &t| acc | t) < 0 {
-            return Err(negative_tokens(py));
-        }
-        return Ok(Tokens::Attached {
-            _array: obj.clone(),
-            ptr: ptr.cast::<u32>(),
-            len,
-        });
-    }
-    if let Ok(array) = obj.cast::<PyArray1<u32>>() {
-        let (ptr, len) = view(array).ok_or_else(|| not_contiguous(py, "token ids"))?;
-        return Ok(Tokens::Attached {
-            _array: obj.clone(),
-            ptr,
-            len,
-        });
-    }
-    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
-        let view = array.readonly();
-        return token_ids(py, view.as_array().iter().copied()).map(Tokens::Owned);
-    }
-    if let Ok(array) = obj.cast::<PyUntypedArray>() {
-        let dtype = array
-            .dtype()
-            .str()
-            .map(|s| s.to_string())
-            .unwrap_or_else(|_| "?".into());
-        return Err(bad_tokens(
-            py,
-            &format!("a {}-D {dtype} array", array.ndim()),
-        ));
-    }
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        let ids: Vec<i64> = obj
-            .extract()
-            .map_err(|_| bad_tokens(py, "a sequence with non-integers"))?;
-        return token_ids(py, ids.into_iter()).map(Tokens::Owned);
-    }
-    let type_name = obj
-        .get_type()
-        .name()
-        .map(|n| n.to_string())
-        .unwrap_or_else(|_| "?".into());
-    Err(bad_tokens(py, &type_name))
 }

@@ -1,19 +1,25 @@
 //! Bindings of [`crate::manager::KVCacheManager`] as `kvcore.KVCacheManager`.
+//!
+//! Every argument is converted (and arrays copied) by `convert` *before* the manager's clock is
+//! read, and the clock is read before the core call: no Python code runs while the core holds its
+//! lock or while anything points into a caller's array.
 
 use std::time::Instant;
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PySlice};
+use pyo3::types::{PyDict, PySlice, PyTuple};
 
-use super::convert::{count_arg, page_ids, tokens};
-use super::error::kv_exception;
+use super::convert::{
+    bool_arg, count_arg, float_arg, int_arg, int_value, namespace_arg, page_ids, seq_ids_arg,
+    str_arg, tokens, Arg,
+};
+use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
-use crate::manager::{KVCacheManager, ManagerConfig, SeqId};
+use crate::manager::{CacheStats, KVCacheManager, ManagerConfig, SeqId};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-static CACHE_STATS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static METRICS_TEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn python_attr<'py>(
@@ -30,6 +36,10 @@ fn python_attr<'py>(
         .clone())
 }
 
+fn seq_id(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SeqId> {
+    int_value(obj, name)
+}
+
 /// The KV-cache manager an engine's scheduler talks to every step (see `kvcore.manager` and SPEC.md).
 #[pyclass(name = "KVCacheManager", module = "kvcore._kvcore", frozen)]
 pub(crate) struct PyKVCacheManager {
@@ -40,32 +50,27 @@ pub(crate) struct PyKVCacheManager {
 }
 
 impl PyKVCacheManager {
-    /// Microseconds on the manager's clock.
+    /// Microseconds on the manager's clock. Calls the injected clock (Python code): callers do it
+    /// after converting their arguments and before the core call.
     fn now(&self, py: Python<'_>) -> PyResult<u64> {
         match &self.clock {
             None => Ok(self.epoch.elapsed().as_micros() as u64),
             Some(clock) => {
-                let seconds: f64 = clock.bind(py).call0()?.extract()?;
-                if !seconds.is_finite() || seconds < 0.0 {
-                    return Err(kv_exception(
-                        py,
-                        "InvalidArgumentError",
-                        format!("clock returned {seconds}"),
-                    ));
-                }
-                Ok((seconds * 1e6) as u64)
+                let value = clock.bind(py).call0()?;
+                let seconds = float_arg(&value, "the clock's return value")?;
+                seconds_to_micros(seconds, "the clock's return value")
             }
         }
     }
 }
 
-fn seconds_to_micros(py: Python<'_>, seconds: f64, name: &str) -> PyResult<u64> {
-    if !seconds.is_finite() || seconds < 0.0 {
-        return Err(kv_exception(
-            py,
-            "InvalidArgumentError",
-            format!("{name} must be a finite number >= 0, got {seconds}"),
-        ));
+fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
+    // Beyond 2**63 microseconds (292,000 years) is not a time either.
+    if !seconds.is_finite() || !(0.0..9.2e12).contains(&seconds) {
+        return Err(KvError::InvalidArgument(format!(
+            "{name} must be a finite number of seconds in [0, 9.2e12], got {seconds}"
+        ))
+        .into());
     }
     Ok((seconds * 1e6) as u64)
 }
@@ -73,44 +78,46 @@ fn seconds_to_micros(py: Python<'_>, seconds: f64, name: &str) -> PyResult<u64> 
 #[pymethods]
 impl PyKVCacheManager {
     #[new]
-    #[pyo3(signature = (num_pages, page_size = None, eviction = "lru", *, pin_budget_pages = None, clock = None))]
+    #[pyo3(
+        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None),
+        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None)"
+    )]
     fn new(
         py: Python<'_>,
         num_pages: &Bound<'_, PyAny>,
         page_size: Option<&Bound<'_, PyAny>>,
-        eviction: &str,
+        eviction: Arg<'_>,
         pin_budget_pages: Option<&Bound<'_, PyAny>>,
         clock: Option<Py<PyAny>>,
     ) -> PyResult<Self> {
+        let eviction = eviction.or("lru".into(), |e| str_arg(e, "eviction"))?;
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
-            kv_exception(
-                py,
-                "InvalidArgumentError",
-                format!("eviction must be 'lru', 'lfu' or 'priority', got {eviction:?}"),
-            )
+            KvError::InvalidArgument(format!(
+                "eviction must be 'lru', 'lfu' or 'priority', got {eviction:?}"
+            ))
         })?;
         let config = ManagerConfig {
             num_pages: count_arg(num_pages, "num_pages")?,
-            page_size: page_size
-                .map(|p| count_arg(p, "page_size"))
-                .transpose()?
-                .unwrap_or(16),
+            page_size: match page_size {
+                Some(p) if !p.is_none() => count_arg(p, "page_size")?,
+                _ => 16,
+            },
             policy,
-            pin_budget_pages: pin_budget_pages
-                .map(|b| count_arg(b, "pin_budget_pages"))
-                .transpose()?,
+            pin_budget_pages: match pin_budget_pages {
+                Some(b) if !b.is_none() => Some(count_arg(b, "pin_budget_pages")?),
+                _ => None,
+            },
         };
+        let clock = clock.filter(|c| !c.bind(py).is_none());
         if let Some(clock) = &clock {
             if !clock.bind(py).is_callable() {
-                return Err(kv_exception(
-                    py,
-                    "InvalidArgumentError",
-                    "clock must be callable".into(),
-                ));
+                return Err(KvError::InvalidArgument("clock must be callable".into()).into());
             }
         }
+        // Large pools are built detached: other Python threads keep running meanwhile.
+        let inner = py.detach(|| KVCacheManager::new(config))?;
         Ok(Self {
-            inner: KVCacheManager::new(config)?,
+            inner,
             clock,
             epoch: Instant::now(),
         })
@@ -119,22 +126,29 @@ impl PyKVCacheManager {
     /// Admit `seq_id` with its prompt: the number of prompt tokens already cached, or None (nothing
     /// changed) if its pages cannot be found even after evicting everything evictable. With
     /// `cache_prompt=False` (chunked prefill) pages are shared only once `commit` says so.
-    #[pyo3(signature = (seq_id, prompt_tokens, namespace = None, priority = 0, *, cache_prompt = true))]
+    #[pyo3(
+        signature = (seq_id, prompt_tokens, namespace = None, priority = Arg::Missing, *, cache_prompt = Arg::Missing),
+        text_signature = "($self, seq_id, prompt_tokens, namespace=None, priority=0, *, cache_prompt=True)"
+    )]
     fn add_sequence(
         &self,
         py: Python<'_>,
-        seq_id: SeqId,
+        seq_id: &Bound<'_, PyAny>,
         prompt_tokens: &Bound<'_, PyAny>,
-        namespace: Option<&str>,
-        priority: i32,
-        cache_prompt: bool,
+        namespace: Option<&Bound<'_, PyAny>>,
+        priority: Arg<'_>,
+        cache_prompt: Arg<'_>,
     ) -> PyResult<Option<usize>> {
+        let id = self::seq_id(seq_id, "seq_id")?;
         let prompt = tokens(prompt_tokens)?;
+        let namespace = namespace_arg(namespace)?;
+        let priority: i32 = priority.or(0, |p| int_arg(p, "priority", "the int32 range"))?;
+        let cache_prompt = cache_prompt.or(true, |c| bool_arg(c, "cache_prompt"))?;
         let now = self.now(py)?;
         Ok(self.inner.add_sequence(
-            seq_id,
+            id,
             prompt.as_slice(),
-            namespace,
+            namespace.as_deref(),
             priority,
             cache_prompt,
             now,
@@ -146,49 +160,55 @@ impl PyKVCacheManager {
     fn commit(
         &self,
         py: Python<'_>,
-        seq_id: SeqId,
+        seq_id: &Bound<'_, PyAny>,
         num_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<usize> {
+        let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
         let now = self.now(py)?;
-        Ok(self.inner.commit(seq_id, n, now)?)
+        Ok(self.inner.commit(id, n, now)?)
     }
 
     /// Reserve slots for generated tokens; False (nothing changed) if there is no room.
     fn append(
         &self,
         py: Python<'_>,
-        seq_id: SeqId,
+        seq_id: &Bound<'_, PyAny>,
         new_tokens: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
+        let id = self::seq_id(seq_id, "seq_id")?;
         let new_tokens = tokens(new_tokens)?;
         let now = self.now(py)?;
-        Ok(self.inner.append(seq_id, new_tokens.as_slice(), now)?)
+        Ok(self.inner.append(id, new_tokens.as_slice(), now)?)
     }
 
-    /// `child_id` shares every page of `parent_id`.
-    fn fork(&self, parent_id: SeqId, child_id: SeqId) -> PyResult<()> {
-        Ok(self.inner.fork(parent_id, child_id)?)
+    /// `child_id` shares every page of `parent_id` (whose tokens must all be computed).
+    fn fork(&self, parent_id: &Bound<'_, PyAny>, child_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let parent = self::seq_id(parent_id, "parent_id")?;
+        let child = self::seq_id(child_id, "child_id")?;
+        Ok(self.inner.fork(parent, child)?)
     }
 
-    /// Release a finished sequence: full pages stay cached, the partial page is freed.
-    fn free_sequence(&self, seq_id: SeqId) -> PyResult<()> {
-        Ok(self.inner.free_sequence(seq_id)?)
+    /// Release a finished sequence: full pages stay cached, the partial page is freed, and its
+    /// queued copies are cancelled.
+    fn free_sequence(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok(self.inner.free_sequence(self::seq_id(seq_id, "seq_id")?)?)
     }
 
     /// `PageTable(kv_indptr, kv_indices, kv_last_page_len)` (int32) of the listed sequences. With
-    /// `out` (a `PageTable` of writable int32 buffers, reused from step to step), the table is
-    /// written into it and views of the used prefixes are returned: nothing is allocated but the
-    /// views.
+    /// `out` (a `PageTable`, or any 3-tuple, of writable int32 buffers reused from step to step),
+    /// the table is written into it and views of the used prefixes are returned: nothing is
+    /// allocated but the views.
     #[pyo3(signature = (seq_ids, out = None))]
     fn page_table<'py>(
         &self,
         py: Python<'py>,
-        seq_ids: Vec<SeqId>,
+        seq_ids: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
         let page_table = python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?;
-        let Some(out) = out else {
+        let Some(out) = out.filter(|o| !o.is_none()) else {
             // Built under the manager's lock into Rust vectors, handed to NumPy without a copy.
             let table = self.inner.page_table(&seq_ids)?;
             let indptr = PyArray1::from_vec(py, table.kv_indptr);
@@ -196,39 +216,41 @@ impl PyKVCacheManager {
             let last = PyArray1::from_vec(py, table.kv_last_page_len);
             return page_table.call1((indptr, indices, last));
         };
-        let buffer = |name: &str| -> PyResult<Bound<'py, PyArray1<i32>>> {
-            out.getattr(name)?
+        const NAMES: [&str; 3] = ["kv_indptr", "kv_indices", "kv_last_page_len"];
+        let bad_out = || {
+            PyErr::from(KvError::InvalidDType(
+                "out must be a PageTable (or a 3-tuple) of 1-D int32 arrays \
+                 (kv_indptr, kv_indices, kv_last_page_len)"
+                    .into(),
+            ))
+        };
+        let parts = out.cast::<PyTuple>().map_err(|_| bad_out())?;
+        if parts.len() != 3 {
+            return Err(bad_out());
+        }
+        let buffer = |i: usize| -> PyResult<Bound<'py, PyArray1<i32>>> {
+            parts
+                .get_item(i)?
                 .cast_into::<PyArray1<i32>>()
                 .map_err(|_| {
-                    kv_exception(
-                        py,
-                        "InvalidDTypeError",
-                        format!("out.{name} must be a 1-D int32 array"),
-                    )
+                    KvError::InvalidDType(format!("out.{} must be a 1-D int32 array", NAMES[i]))
+                        .into()
                 })
         };
-        let (indptr, indices, last) = (
-            buffer("kv_indptr")?,
-            buffer("kv_indices")?,
-            buffer("kv_last_page_len")?,
-        );
+        let (indptr, indices, last) = (buffer(0)?, buffer(1)?, buffer(2)?);
         let total = {
             let not_writable = |_| {
-                kv_exception(
-                    py,
-                    "InvalidDTypeError",
+                PyErr::from(KvError::InvalidDType(
                     "out buffers must be distinct, writable arrays".into(),
-                )
+                ))
             };
             let mut w_indptr = indptr.try_readwrite().map_err(not_writable)?;
             let mut w_indices = indices.try_readwrite().map_err(not_writable)?;
             let mut w_last = last.try_readwrite().map_err(not_writable)?;
             let contiguous = |_| {
-                kv_exception(
-                    py,
-                    "InvalidDTypeError",
+                PyErr::from(KvError::InvalidDType(
                     "out buffers must be contiguous".into(),
-                )
+                ))
             };
             self.inner.page_table_into(
                 &seq_ids,
@@ -252,11 +274,12 @@ impl PyKVCacheManager {
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
-        seq_id: SeqId,
+        seq_id: &Bound<'py, PyAny>,
         num_tokens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
-        Ok(PyArray1::from_vec(py, self.inner.slot_mapping(seq_id, n)?))
+        Ok(PyArray1::from_vec(py, self.inner.slot_mapping(id, n)?))
     }
 
     /// Evict up to `num_pages` cached pages; returns how many were evicted.
@@ -272,20 +295,28 @@ impl PyKVCacheManager {
         &self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        ttl_s: f64,
-        namespace: Option<&str>,
+        ttl_s: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let ids = super::convert::tokens(tokens)?;
-        let ttl = seconds_to_micros(py, ttl_s, "ttl_s")?;
+        let ids = self::tokens(tokens)?;
+        let ttl = seconds_to_micros(float_arg(ttl_s, "ttl_s")?, "ttl_s")?;
+        let namespace = namespace_arg(namespace)?;
         let now = self.now(py)?;
-        Ok(self.inner.pin(ids.as_slice(), ttl, namespace, now)?)
+        Ok(self
+            .inner
+            .pin(ids.as_slice(), ttl, namespace.as_deref(), now)?)
     }
 
     /// Remove pins on the prefix of `tokens`; returns pages unpinned.
     #[pyo3(signature = (tokens, namespace = None))]
-    fn unpin(&self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
-        let ids = super::convert::tokens(tokens)?;
-        Ok(self.inner.unpin(ids.as_slice(), namespace))
+    fn unpin(
+        &self,
+        tokens: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let ids = self::tokens(tokens)?;
+        let namespace = namespace_arg(namespace)?;
+        Ok(self.inner.unpin(ids.as_slice(), namespace.as_deref()))
     }
 
     /// Cached tokens a lookup of `tokens` would find now (whole pages; no side effects).
@@ -293,66 +324,54 @@ impl PyKVCacheManager {
     fn peek_prefix_len(
         &self,
         tokens: &Bound<'_, PyAny>,
-        namespace: Option<&str>,
+        namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let ids = super::convert::tokens(tokens)?;
-        Ok(self.inner.peek_prefix_len(ids.as_slice(), namespace))
+        let ids = self::tokens(tokens)?;
+        let namespace = namespace_arg(namespace)?;
+        Ok(self
+            .inner
+            .peek_prefix_len(ids.as_slice(), namespace.as_deref()))
     }
 
-    /// `[n, 2]` int32 `(src_page, dst_page)` copies queued by copy-on-write since the last call.
+    /// `[n, 2]` int32 `(src_page, dst_page)` copies queued by copy-on-write since the last call:
+    /// one valid batch for `kernels.copy_pages` (distinct destinations, no destination a source).
     fn take_pending_copies<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let pairs: Vec<Vec<i32>> = self
-            .inner
-            .take_pending_copies()
-            .into_iter()
-            .map(|(s, d)| vec![s as i32, d as i32])
+        let pairs = self.inner.take_pending_copies()?;
+        let flat: Vec<i32> = pairs
+            .iter()
+            .flat_map(|&(s, d)| [s as i32, d as i32])
             .collect();
-        if pairs.is_empty() {
-            return Ok(PyArray2::<i32>::zeros(py, [0, 2], false));
-        }
-        PyArray2::from_vec2(py, &pairs).map_err(|e| kv_exception(py, "KVCoreError", e.to_string()))
+        PyArray1::from_vec(py, flat).reshape([pairs.len(), 2])
     }
 
     /// A `kvcore.CacheStats` snapshot (usage split and counters).
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let s = self.inner.stats(self.now(py)?);
-        let kwargs = PyDict::new(py);
-        kwargs.set_item("num_pages_total", s.num_pages_total)?;
-        kwargs.set_item("num_pages_in_use", s.num_pages_in_use)?;
-        kwargs.set_item("num_pages_cached", s.num_pages_cached)?;
-        kwargs.set_item("num_pages_pinned", s.num_pages_pinned)?;
-        kwargs.set_item("num_pages_free", s.num_pages_free)?;
-        kwargs.set_item("num_sequences", s.num_sequences)?;
-        kwargs.set_item("prefix_query_tokens", s.prefix_query_tokens)?;
-        kwargs.set_item("prefix_hit_tokens", s.prefix_hit_tokens)?;
-        kwargs.set_item("num_evicted_pages", s.num_evicted_pages)?;
-        kwargs.set_item("num_cow_copies", s.num_cow_copies)?;
-        kwargs.set_item("num_refused", s.num_refused)?;
-        python_attr(py, &CACHE_STATS, "kvcore.manager", "CacheStats")?.call((), Some(&kwargs))
+    fn stats(&self, py: Python<'_>) -> PyResult<CacheStats> {
+        let now = self.now(py)?;
+        Ok(self.inner.stats(now))
     }
 
     /// The stats in Prometheus text exposition format.
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
-        let stats = self.stats(py)?;
+        let stats = Bound::new(py, self.stats(py)?)?;
         python_attr(py, &METRICS_TEXT, "kvcore.metrics", "metrics_text")?
             .call1((stats,))?
             .extract()
     }
 
     /// Tokens of `seq_id`.
-    fn seq_len(&self, seq_id: SeqId) -> PyResult<usize> {
-        Ok(self.inner.seq_len(seq_id)?)
+    fn seq_len(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(self.inner.seq_len(self::seq_id(seq_id, "seq_id")?)?)
     }
 
     /// The page table of one sequence (int32 copy).
     fn seq_pages<'py>(
         &self,
         py: Python<'py>,
-        seq_id: SeqId,
+        seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let pages: Vec<i32> = self
             .inner
-            .seq_pages(seq_id)?
+            .seq_pages(self::seq_id(seq_id, "seq_id")?)?
             .into_iter()
             .map(|p| p as i32)
             .collect();
@@ -376,15 +395,20 @@ impl PyKVCacheManager {
         self.inner.seq_ids()
     }
 
-    /// References held on `page` (the tree's and each sequence's).
-    fn ref_count(&self, py: Python<'_>, page: i64) -> PyResult<u32> {
-        let page = u32::try_from(page).map_err(|_| {
-            let last = self.inner.num_pages() - 1;
-            kv_exception(
-                py,
-                "InvalidPageError",
-                format!("page {page} is out of range; valid pages are 1..={last}"),
-            )
+    /// Namespace names the manager keeps: those with a live sequence or a cached page. A
+    /// namespace that holds nothing costs nothing.
+    fn num_namespaces(&self) -> usize {
+        self.inner.num_namespaces()
+    }
+
+    /// References held on `page` (the tree's, each sequence's, and a queued copy's).
+    fn ref_count(&self, page: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let value = int_value(page, "page")?;
+        let page = u32::try_from(value).map_err(|_| {
+            KvError::InvalidPage(format!(
+                "page {value} is out of range; valid pages are 1..={}",
+                self.inner.num_pages() - 1
+            ))
         })?;
         Ok(self.inner.ref_count(page)?)
     }
@@ -409,9 +433,7 @@ impl PyKVCacheManager {
     }
 
     fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
-        seq_id
-            .extract::<SeqId>()
-            .is_ok_and(|id| self.inner.contains(id))
+        int_value(seq_id, "seq_id").is_ok_and(|id| self.inner.contains(id))
     }
 
     fn __len__(&self) -> usize {
@@ -424,5 +446,38 @@ impl PyKVCacheManager {
             self.inner.num_pages(),
             self.inner.page_size()
         )
+    }
+}
+
+#[pymethods]
+impl CacheStats {
+    /// Fraction of looked-up prompt tokens that were cached (0 before any lookup).
+    #[getter(hit_rate)]
+    fn py_hit_rate(&self) -> f64 {
+        self.hit_rate()
+    }
+
+    /// Fraction of usable pages not free (in use, cached or pinned).
+    #[getter(usage)]
+    fn py_usage(&self) -> f64 {
+        self.usage()
+    }
+
+    /// The fields as a dict, in declaration order.
+    fn as_dict<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (name, value) in CacheStats::FIELDS.iter().zip(self.values()) {
+            d.set_item(name, value)?;
+        }
+        Ok(d)
+    }
+
+    fn __repr__(&self) -> String {
+        let fields: Vec<String> = CacheStats::FIELDS
+            .iter()
+            .zip(self.values())
+            .map(|(n, v)| format!("{n}={v}"))
+            .collect();
+        format!("CacheStats({})", fields.join(", "))
     }
 }

@@ -2,7 +2,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{Class, Node, NodeId, RadixTree, NIL, PUBLIC_NAMESPACE, ROOT};
+use super::{Class, Namespace, Node, NodeId, RadixTree, NIL, PUBLIC_NAMESPACE, ROOT};
 
 macro_rules! ensure {
     ($cond:expr, $($fmt:tt)+) => {
@@ -47,8 +47,12 @@ pub(super) fn check(t: &RadixTree) -> Result<(), String> {
     let mut seen_pages = HashSet::new();
     let (mut evictable, mut locked, mut pinned, mut covered) = (0, 0, 0, 0);
     let mut num_public = 0;
+    let mut ns_nodes: HashMap<Namespace, usize> = HashMap::new();
     for &id in &live {
         let n: &Node = &t.nodes[id as usize];
+        if n.ns != PUBLIC_NAMESPACE {
+            *ns_nodes.entry(n.ns).or_default() += 1;
+        }
         ensure!(!n.pages.is_empty(), "node {id} holds no page");
         ensure!(
             n.tokens.len() == n.pages.len() * ps,
@@ -150,6 +154,11 @@ pub(super) fn check(t: &RadixTree) -> Result<(), String> {
         live.len()
     );
     ensure!(num_public == t.num_public_nodes, "public node count");
+    ensure!(
+        ns_nodes == t.ns_nodes,
+        "nodes per namespace: counted {ns_nodes:?}, kept {:?}",
+        t.ns_nodes
+    );
     ensure!(
         seen_pages.len() == t.in_tree.len(),
         "page set holds {} pages, nodes {}",

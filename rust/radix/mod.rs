@@ -265,6 +265,11 @@ pub struct RadixTree {
     hash_mask: u64,
     /// Live nodes of [`PUBLIC_NAMESPACE`]; lookups skip the public trunk while it is 0.
     num_public_nodes: usize,
+    /// Live nodes per namespace other than the public one, so that the caller can forget a
+    /// namespace's name once nothing of it is cached (entries at zero are removed).
+    ns_nodes: HashMap<Namespace, usize>,
+    /// Namespaces whose last node was dropped since the last [`take_emptied_namespaces`](Self::take_emptied_namespaces).
+    emptied: Vec<Namespace>,
     /// Pages held (sum over live nodes).
     num_cached_pages: usize,
     /// Pages in unlocked, unpinned nodes.
@@ -324,6 +329,8 @@ impl RadixTree {
             seed: random_seed(),
             hash_mask: u64::MAX,
             num_public_nodes: 0,
+            ns_nodes: HashMap::new(),
+            emptied: Vec::new(),
             num_cached_pages: 0,
             num_evictable_pages: 0,
             num_locked_pages: 0,
@@ -645,9 +652,8 @@ impl RadixTree {
         }
         out.extend(n.pages.iter().rev());
         let num = n.pages.len();
-        if n.ns == PUBLIC_NAMESPACE {
-            self.num_public_nodes -= 1;
-        }
+        let ns = n.ns;
+        self.uncount_node(ns);
         self.num_evictable_pages -= num;
         self.num_cached_pages -= num;
         self.unlink_child(v);
@@ -861,6 +867,22 @@ impl RadixTree {
         self.num_pinned_pages
     }
 
+    /// Live nodes owned by `ns` (the public namespace's own nodes for [`PUBLIC_NAMESPACE`]).
+    pub fn num_namespace_nodes(&self, ns: Namespace) -> usize {
+        if ns == PUBLIC_NAMESPACE {
+            self.num_public_nodes
+        } else {
+            self.ns_nodes.get(&ns).copied().unwrap_or(0)
+        }
+    }
+
+    /// Appends to `out` the namespaces whose last node was dropped (by eviction) since the last
+    /// call, and forgets them. A namespace may be listed and have nodes again if it cached something
+    /// since: check [`num_namespace_nodes`](Self::num_namespace_nodes).
+    pub fn take_emptied_namespaces(&mut self, out: &mut Vec<Namespace>) {
+        out.append(&mut self.emptied);
+    }
+
     /// Number of nodes, the root excluded.
     pub fn num_nodes(&self) -> usize {
         self.nodes.len() - 1 - self.free_ids.len()
@@ -1064,6 +1086,30 @@ impl RadixTree {
         }
     }
 
+    /// A node of `ns` was created.
+    fn count_node(&mut self, ns: Namespace) {
+        if ns == PUBLIC_NAMESPACE {
+            self.num_public_nodes += 1;
+        } else {
+            *self.ns_nodes.entry(ns).or_default() += 1;
+        }
+    }
+
+    /// A node of `ns` was dropped; its namespace is reported emptied when it was the last.
+    fn uncount_node(&mut self, ns: Namespace) {
+        if ns == PUBLIC_NAMESPACE {
+            self.num_public_nodes -= 1;
+            return;
+        }
+        if let Entry::Occupied(mut e) = self.ns_nodes.entry(ns) {
+            *e.get_mut() -= 1;
+            if *e.get() == 0 {
+                e.remove();
+                self.emptied.push(ns);
+            }
+        }
+    }
+
     fn live_node(&self, node: NodeId) -> Option<&Node> {
         self.nodes.get(node as usize).filter(|n| n.live)
     }
@@ -1195,9 +1241,7 @@ impl RadixTree {
         xn.parent = p;
         xn.key = key;
         self.link_child(x);
-        if self.nodes[p as usize].ns == PUBLIC_NAMESPACE {
-            self.num_public_nodes += 1;
-        }
+        self.count_node(self.nodes[p as usize].ns);
         // The index keeps ancestors after descendants: p goes right after x, in x's level.
         if self.nodes[x as usize].in_index {
             let key = self.key_of(p);
@@ -1225,9 +1269,7 @@ impl RadixTree {
         n.tokens.extend_from_slice(tokens);
         n.pages.extend_from_slice(pages);
         self.link_child(c);
-        if ns == PUBLIC_NAMESPACE {
-            self.num_public_nodes += 1;
-        }
+        self.count_node(ns);
         self.nodes[parent as usize].num_children += 1;
         self.num_cached_pages += pages.len();
         self.num_evictable_pages += pages.len();

@@ -231,6 +231,9 @@ def test_concurrent_callers_keep_the_books_exact() -> None:
     for t in threads:
         t.join()
     assert not errors, errors
+    # Copies queued for forks whose new page got cached still hold their sources until taken.
+    sources = set(m.take_pending_copies()[:, 0].tolist())
+    assert all(m.ref_count(p) == 0 or p in m.cached_pages() for p in sources)
     s = m.stats()
     assert s.num_sequences == 0 and s.num_pages_in_use == 0
     assert s.num_pages_cached + s.num_pages_free == 2_000

@@ -3,10 +3,17 @@
 The model knows each sequence's tokens and namespace, and every token prefix (whole pages) that was
 ever offered to the cache, per namespace. The manager may have evicted some of them, so the model's
 set is an upper bound of what is cached, and exact while nothing was evicted.
+
+It also plays the engine over a simulated pool: a ``step`` takes the queued copy-on-write pairs,
+checks they form one valid ``copy_pages`` batch, applies them all at once, then writes the K/V of
+every token reserved since (each slot records which namespace wrote which token prefix). After every
+step each live sequence must read, through its page table, exactly its own tokens' K/V: a stale copy
+or a page shared across tenants shows up as a wrong slot.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,6 +41,8 @@ class ModelSeq:
     manual: bool = False  # admitted with cache_prompt=False: pages are cached by commit() only
     cached_pages: int = 0  # leading full pages offered to the cache
     tree_pages: set[int] = field(default_factory=set)  # its pages seen in the tree: must stay there
+    written: int = 0  # leading tokens whose K/V the engine wrote (or found cached)
+    committed: int = 0  # manual sequences: tokens committed (what fork requires to be all)
 
 
 class Clock:
@@ -59,6 +68,8 @@ class ManagerMachine(RuleBasedStateMachine):
         self.offered: dict[str | None, set[tuple[int, ...]]] = {ns: set() for ns in NAMESPACES}
         self.pins: list[tuple[str | None, tuple[int, ...], float]] = []  # (ns, prefix, expiry)
         self.next_id = 0
+        # The simulated pool: slot -> (writer's namespace, the token prefix whose last K/V it holds).
+        self.pool: dict[int, tuple[str | None, tuple[int, ...]]] = {}
 
     # ----- the model -----
 
@@ -79,7 +90,7 @@ class ManagerMachine(RuleBasedStateMachine):
         stats = self.m.stats().as_dict()
         stats.pop("num_refused")
         pages = {sid: self.m.seq_pages(sid).tolist() for sid in sorted(self.seqs)}
-        refs = [self.m.ref_count(p) for p in range(1, self.num_pages)]
+        refs = [self.m.ref_count(p) for p in range(1, self.num_pages)]  # queued copies hold sources
         return stats, pages, refs, sorted(self.m.cached_pages().tolist())
 
     def new_id(self) -> int:
@@ -112,10 +123,12 @@ class ManagerMachine(RuleBasedStateMachine):
         if evicted_before == 0 and not self.m.stats().num_evicted_pages:
             assert hit == min(longest, cap) * self.ps, "missed a cached prefix"
         if cache_prompt:
-            self.seqs[sid] = ModelSeq(list(tokens), ns, cached_pages=len(tokens) // self.ps)
+            self.seqs[sid] = ModelSeq(list(tokens), ns, cached_pages=len(tokens) // self.ps, written=hit)
             self.offer(ns, tokens)
         else:
-            self.seqs[sid] = ModelSeq(list(tokens), ns, manual=True, cached_pages=hit // self.ps)
+            self.seqs[sid] = ModelSeq(
+                list(tokens), ns, manual=True, cached_pages=hit // self.ps, written=hit, committed=hit
+            )
 
     def pinned_floor(self) -> int:
         return self.m.stats().num_pages_pinned
@@ -140,6 +153,9 @@ class ManagerMachine(RuleBasedStateMachine):
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
         seq = self.seqs[sid]
         n = data.draw(st.integers(0, len(seq.tokens)))
+        # The engine computed the first n tokens in a step (their K/V is written), then commits.
+        self.step(manual_upto={sid: n})
+        seq.committed = max(seq.committed, n)
         seq.cached_pages = max(seq.cached_pages, n // self.ps)
         assert self.m.commit(sid, n) == seq.cached_pages * self.ps
         self.offer(seq.ns, seq.tokens[: seq.cached_pages * self.ps])
@@ -150,7 +166,7 @@ class ManagerMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(sorted(self.seqs)))
         child = self.new_id()
         p = self.seqs[parent]
-        if p.cached_pages < len(p.tokens) // self.ps:  # a chunked prefill not fully committed
+        if p.manual and p.committed < len(p.tokens):  # a chunked prefill not fully committed
             before = self.snapshot()
             try:
                 self.m.fork(parent, child)
@@ -159,13 +175,39 @@ class ManagerMachine(RuleBasedStateMachine):
                 return
             raise AssertionError("forking a partly committed sequence did not raise")
         self.m.fork(parent, child)
-        self.seqs[child] = ModelSeq(list(p.tokens), p.ns, p.manual, p.cached_pages, set(p.tree_pages))
+        # The child computes its own uncomputed tokens (if any) in its own pages.
+        self.seqs[child] = ModelSeq(
+            list(p.tokens), p.ns, p.manual, p.cached_pages, set(p.tree_pages), p.written, p.committed
+        )
         assert self.m.seq_pages(child).tolist() == self.m.seq_pages(parent).tolist()
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data(), new=st.lists(st.integers(0, 2), min_size=1, max_size=3))
+    def fork_then_append(self, data: st.DataObject, new: list[int]) -> None:
+        """Beam search: fork a sequence and extend the child (a copy-on-write when the last page is
+        partial), often several generations deep before the engine's next step."""
+        parent = data.draw(st.sampled_from(sorted(self.seqs)))
+        p = self.seqs[parent]
+        if p.manual and p.committed < len(p.tokens):
+            return
+        child = self.next_id + 1
+        self.fork(data)
+        if child in self.seqs and self.m.append(child, new):
+            self.seqs[child].tokens += new
+            if not self.seqs[child].manual:
+                self.seqs[child].cached_pages = len(self.seqs[child].tokens) // self.ps
+                self.offer(self.seqs[child].ns, self.seqs[child].tokens)
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
     def free_sequence(self, data: st.DataObject) -> None:
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        seq = self.seqs[sid]
+        if not seq.manual and seq.written < len(seq.tokens) // self.ps * self.ps:
+            # Its full pages are cached as computed in this step (cache_prompt=True's promise): the
+            # engine runs the step before the sequence can finish. A partial page needs no step, so
+            # a fork's queued copy may outlive the fork.
+            self.step()
         self.m.free_sequence(sid)
         del self.seqs[sid]
 
@@ -184,6 +226,63 @@ class ManagerMachine(RuleBasedStateMachine):
         assert pinned * self.ps <= cached
         if pinned:
             self.pins.append((ns, tuple(prefix[: pinned * self.ps]), self.clock.now + ttl))
+
+    @rule()
+    def engine_step(self) -> None:
+        self.step()
+
+    def step(self, manual_upto: dict[int, int] | None = None) -> None:
+        """One engine step: apply the queued copies as one batch, then write the reserved K/V."""
+        owners = self.owners()
+        held = {p: self.m.ref_count(p) - n for p, n in owners.items() if self.m.ref_count(p) != n}
+        pairs = self.m.take_pending_copies()
+        assert pairs.dtype == np.int32 and pairs.shape == (len(pairs), 2)
+        src, dst = pairs[:, 0].tolist(), pairs[:, 1].tolist()
+        # One valid copy_pages batch: distinct destinations, none of them a source, all real pages.
+        assert len(set(dst)) == len(dst), f"a destination twice: {pairs.tolist()}"
+        assert not set(dst) & set(src), f"a destination is also a source: {pairs.tolist()}"
+        assert all(0 < p < self.num_pages for p in src + dst)
+        # A copy lands only in a page someone still owns (a freed sequence's copies are cancelled).
+        assert all(owners[d] > 0 for d in dst), f"a copy into an unowned page: {pairs.tolist()}"
+        # Each queued pair held its source once, and nothing else holds a page beyond its owners.
+        assert held == dict(Counter(src)), f"holds {held} for pairs {pairs.tolist()}"
+        assert all(self.m.ref_count(p) == n for p, n in self.owners().items())
+        reads = {
+            (d, o): self.pool.get(s * self.ps + o)
+            for s, d in zip(src, dst, strict=True)
+            for o in range(self.ps)
+        }
+        for (d, o), kv in reads.items():
+            if kv is None:
+                self.pool.pop(d * self.ps + o, None)
+            else:
+                self.pool[d * self.ps + o] = kv
+        for sid, seq in self.seqs.items():
+            upto = len(seq.tokens) if not seq.manual else (manual_upto or {}).get(sid, seq.written)
+            pages = self.m.seq_pages(sid).tolist()
+            for t in range(seq.written, upto):
+                self.pool[pages[t // self.ps] * self.ps + t % self.ps] = (seq.ns, tuple(seq.tokens[: t + 1]))
+            seq.written = max(seq.written, upto)
+        for sid, seq in self.seqs.items():
+            pages = self.m.seq_pages(sid).tolist()
+            for t in range(seq.written):
+                kv = self.pool.get(pages[t // self.ps] * self.ps + t % self.ps)
+                assert kv is not None, f"sequence {sid} reads an unwritten slot at token {t}"
+                writer, prefix = kv
+                assert prefix == tuple(seq.tokens[: t + 1]), f"sequence {sid} reads another prefix at {t}"
+                assert writer in (seq.ns, kvcore.PUBLIC_NAMESPACE), (
+                    f"sequence {sid} of namespace {seq.ns!r} reads K/V written by {writer!r}"
+                )
+
+    def owners(self) -> dict[int, int]:
+        """References each page should have: the tree's and each live sequence's."""
+        owners = dict.fromkeys(range(1, self.num_pages), 0)
+        for p in self.m.cached_pages().tolist():
+            owners[p] += 1
+        for sid in self.seqs:
+            for p in self.m.seq_pages(sid).tolist():
+                owners[p] += 1
+        return owners
 
     @rule(dt=st.floats(0, 60))
     def advance_clock(self, dt: float) -> None:
@@ -256,16 +355,13 @@ class ManagerMachine(RuleBasedStateMachine):
         if not hasattr(self, "m"):
             return
         tree = set(self.m.cached_pages().tolist())
-        owners = dict.fromkeys(range(1, self.num_pages), 0)
-        for p in tree:
-            owners[p] += 1
-        for sid in self.seqs:
-            for p in self.m.seq_pages(sid).tolist():
-                owners[p] += 1
-        for p, n in owners.items():
-            assert self.m.ref_count(p) == n, f"page {p}: {self.m.ref_count(p)} refs, {n} owners"
+        refs = {p: self.m.ref_count(p) for p in range(1, self.num_pages)}
+        for p, n in self.owners().items():
+            # Beyond its owners a page is held only as the source of queued copies (checked by step).
+            assert refs[p] >= n, f"page {p}: {refs[p]} refs, {n} owners"
+            assert n > 0 or refs[p] == 0 or p not in tree
         stats = self.m.stats()
-        assert stats.num_pages_free == sum(1 for n in owners.values() if n == 0)
+        assert stats.num_pages_free == sum(1 for n in refs.values() if n == 0)
         split = (
             stats.num_pages_in_use + stats.num_pages_cached + stats.num_pages_pinned + stats.num_pages_free
         )
@@ -309,5 +405,5 @@ class ManagerMachine(RuleBasedStateMachine):
                     assert seen.setdefault(key, pages[k]) == pages[k], f"two cached pages for {key}"
 
 
-ManagerMachine.TestCase.settings = settings(max_examples=120, stateful_step_count=30, deadline=None)
+ManagerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=30, deadline=None)
 TestManagerMachine = ManagerMachine.TestCase

@@ -220,3 +220,67 @@ fn serialized_free_races_other_pages() {
         assert_stack_intact(&a);
     });
 }
+
+/// Two threads free the same sole-owned page at once (a double free racing itself): exactly one
+/// succeeds, the other raises, and the page is on the stack once.
+#[test]
+fn racing_double_free_of_one_page_succeeds_once() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let page = a.allocate(1).unwrap().unwrap()[0];
+        let b = a.clone();
+        let t = thread::spawn(move || b.free(&[page]).is_ok());
+        let mine = a.free(&[page]).is_ok();
+        let theirs = t.join().unwrap();
+        assert!(mine != theirs, "both or neither succeeded: {mine} {theirs}");
+        assert_all_free(&a);
+        assert_stack_intact(&a);
+    });
+}
+
+/// Two threads free the same sole-owned batch at once: they claim its pages in the same order, so
+/// exactly one succeeds; the loser gives back every count it took, and each page returns once.
+#[test]
+fn racing_double_free_of_a_batch_succeeds_once() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let pages = a.allocate(2).unwrap().unwrap();
+        let b = a.clone();
+        let theirs_pages = pages.clone();
+        let t = thread::spawn(move || b.free(&theirs_pages).is_ok());
+        let mine = a.free(&pages).is_ok();
+        let theirs = t.join().unwrap();
+        assert!(mine != theirs, "both or neither succeeded: {mine} {theirs}");
+        assert_all_free(&a);
+        assert_stack_intact(&a);
+    });
+}
+
+/// Two frees of one batch listed in opposite orders: they may both raise (each losing a page to
+/// the other), never both succeed; a raising call leaves every count as it was, so the pages
+/// are then still held once each and a retry frees them.
+#[test]
+fn crossing_double_frees_never_both_succeed_nor_leak() {
+    model(|| {
+        let a = Arc::new(PageAllocator::with_shards(3, 1).unwrap());
+        let pages = a.allocate(2).unwrap().unwrap();
+        let b = a.clone();
+        let reversed = vec![pages[1], pages[0]];
+        let t = thread::spawn(move || b.free(&reversed).is_ok());
+        let mine = a.free(&pages).is_ok();
+        let theirs = t.join().unwrap();
+        assert!(!(mine && theirs), "both succeeded");
+        if !mine && !theirs {
+            for &p in &pages {
+                assert_eq!(
+                    a.ref_count(p).unwrap(),
+                    1,
+                    "page {p} count changed by failed frees"
+                );
+            }
+            a.free(&pages).unwrap();
+        }
+        assert_all_free(&a);
+        assert_stack_intact(&a);
+    });
+}

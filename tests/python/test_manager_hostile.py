@@ -1,0 +1,414 @@
+"""Hostile callers of KVCacheManager and PageAllocator (issue 10): callbacks that mutate arguments,
+stale copy-on-write pairs, forks of half-computed sequences, racing double frees, pools larger than
+memory, namespaces that must not pile up, and arguments of every wrong type."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import numpy as np
+import pytest
+
+import kvcore
+from kvcore import (
+    DoubleFreeError,
+    InvalidArgumentError,
+    InvalidDTypeError,
+    KVCacheManager,
+    KVCoreError,
+    PageAllocator,
+)
+from kvcore.kernels import copy_pages
+from kvcore.pool import KVPool
+
+
+def run_python(code: str, *, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def state(m: KVCacheManager) -> tuple[object, ...]:
+    pages = {sid: m.seq_pages(sid).tolist() for sid in sorted(m.seq_ids())}
+    refs = [m.ref_count(p) for p in range(1, m.num_pages)]
+    return m.stats().as_dict(), pages, refs, sorted(m.cached_pages().tolist()), m.num_namespaces()
+
+
+# ----- 1. callbacks during a call ---------------------------------------------
+
+
+def test_a_clock_that_resizes_the_prompt_cannot_crash_the_interpreter() -> None:
+    r = run_python(
+        """
+        import numpy as np, kvcore
+        t = np.arange(1, 4097, dtype=np.int32)
+        def clock():
+            t.resize(10**6, refcheck=False)   # frees the buffer a raw view would point into
+            t[:] = 7
+            return 1.0
+        m = kvcore.KVCacheManager(1024, 16, clock=clock)
+        assert m.add_sequence(1, t) == 0
+        assert m.seq_len(1) == 4096
+        m.append(1, t[:3]); m.pin(np.arange(1, 33, dtype=np.int32), 5.0)
+        print("ok")
+        """
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32, np.int64])
+def test_a_clock_that_rewrites_the_prompt_cannot_smuggle_tokens_in(dtype: type) -> None:
+    t = np.arange(1, 34, dtype=dtype)
+    original = t.copy()
+
+    def clock() -> float:
+        t[:] = -1 if dtype != np.uint32 else 2**32 - 1
+        return 1.0
+
+    m = KVCacheManager(64, 4, clock=clock)
+    assert m.add_sequence(1, t) == 0
+    # What was validated is what got cached: the prompt as it was when the call began.
+    assert m.peek_prefix_len(original.astype(np.int64)) == 32
+    t[:] = original
+    assert m.append(1, t[:2])
+    m.free_sequence(1)
+    assert m.peek_prefix_len(np.concatenate([original, original[:2]]).astype(np.int64)) == 32
+
+
+# ----- 2. stale copy-on-write pairs -----------------------------------------------------------------
+
+
+def assert_one_copy_batch(pairs: np.ndarray, num_pages: int) -> None:
+    """The pairs are one valid copy_pages batch, as the NumPy kernel checks it."""
+    pool = KVPool(num_layers=1, num_pages=num_pages, num_kv_heads=1, head_dim=8, page_size=4)
+    copy_pages(pool, pairs)  # raises on a repeated destination or a destination that is a source
+
+
+def test_a_freed_forks_copies_are_cancelled_and_never_reach_another_tenant() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 7), namespace="A")
+    m.fork(1, 2)
+    assert m.append(2, [50])
+    m.free_sequence(2)  # its queued copy is cancelled with it
+    m.add_sequence(4, range(500, 503), namespace="B")
+    m.fork(4, 5)
+    assert m.append(5, [9])
+    pairs = m.take_pending_copies()
+    # Exactly B's own copy: sequence 4's partial page into sequence 5's new one.
+    assert pairs.tolist() == [[int(m.seq_pages(4)[-1]), int(m.seq_pages(5)[-1])]]
+    assert_one_copy_batch(pairs, 64)
+    assert m.take_pending_copies().shape == (0, 2)
+
+
+def test_a_fork_of_a_fork_resolves_the_chain_to_its_original_source() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 7))
+    original = int(m.seq_pages(1)[-1])
+    m.fork(1, 2)
+    assert m.append(2, [50])
+    m.fork(2, 3)
+    assert m.append(3, [60])
+    pairs = m.take_pending_copies()
+    dst2, dst3 = int(m.seq_pages(2)[-1]), int(m.seq_pages(3)[-1])
+    # Applied in order, [[orig, dst2], [dst2, dst3]] reads dst2 before it is written; resolved:
+    assert pairs.tolist() == [[original, dst2], [original, dst3]]
+    assert_one_copy_batch(pairs, 64)
+
+
+def test_a_queued_copy_holds_its_source_until_taken() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 7))
+    src = int(m.seq_pages(1)[-1])
+    m.fork(1, 2)
+    assert m.append(2, [50])
+    m.free_sequence(1)  # the source's last owner: the page must not be reused before the copy
+    assert m.ref_count(src) == 1
+    assert src not in [
+        int(p) for sid in (10, 11, 12) if m.add_sequence(sid, [sid] * 3) is not None for p in m.seq_pages(sid)
+    ]
+    assert m.take_pending_copies().tolist() == [[src, int(m.seq_pages(2)[-1])]]
+    assert m.ref_count(src) == 0
+
+
+def test_a_queued_copys_hold_does_not_make_its_source_shared() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 7))
+    m.fork(1, 2)
+    assert m.append(2, [50])  # copies sequence 1's partial page
+    page = int(m.seq_pages(1)[-1])
+    assert m.append(1, [51])  # now its sole owner: it writes in place, no second copy
+    assert int(m.seq_pages(1)[-1]) == page and m.stats().num_cow_copies == 1
+
+
+def test_copies_of_an_evicted_destination_are_cancelled() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 7))
+    src = int(m.seq_pages(1)[-1])
+    m.fork(1, 2)
+    assert m.append(2, [50, 51])  # the copy fills its page: it is cached by the tree
+    dst = int(m.seq_pages(2)[1])
+    m.free_sequence(2)
+    assert m.ref_count(dst) == 1 and dst in m.cached_pages().tolist()
+    m.free_sequence(1)
+    m.evict(100)
+    assert m.ref_count(dst) == 0 and m.ref_count(src) == 0
+    assert m.take_pending_copies().shape == (0, 2)
+    s = m.stats()
+    assert s.num_pages_free == s.num_pages_total
+
+
+# ----- 3. fork during chunked prefill ---------------------------------------------
+
+
+def test_fork_refuses_a_parent_with_uncomputed_tokens_in_its_partial_page() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 7), cache_prompt=False)
+    m.commit(1, 4)  # the full page is committed, tokens 4 and 5 (the partial page) are not
+    before = state(m)
+    with pytest.raises(InvalidArgumentError, match="commit"):
+        m.fork(1, 2)
+    assert state(m) == before
+    m.commit(1, 6)
+    m.fork(1, 2)
+    assert m.seq_pages(2).tolist() == m.seq_pages(1).tolist()
+
+
+def test_fork_refuses_appended_tokens_not_committed() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(1, 5), cache_prompt=False)
+    m.commit(1, 4)
+    assert m.append(1, [9])
+    with pytest.raises(InvalidArgumentError):
+        m.fork(1, 2)
+    m.commit(1, 5)
+    m.fork(1, 2)
+
+
+# ----- 4. racing double frees ---------------------------------------------
+
+
+@pytest.mark.parametrize("n", [1, 64, 50_000])
+def test_of_two_racing_frees_of_a_batch_exactly_one_succeeds(n: int) -> None:
+    alloc = PageAllocator(n + 1)
+    for _ in range(30 if n > 1000 else 300):
+        pages = alloc.allocate(n)
+        assert pages is not None
+        results: list[str] = []
+        barrier = threading.Barrier(2)
+
+        def free(
+            pages: np.ndarray = pages, barrier: threading.Barrier = barrier, results: list[str] = results
+        ) -> None:
+            barrier.wait()
+            try:
+                alloc.free(pages)
+                results.append("ok")
+            except DoubleFreeError:
+                results.append("raised")
+
+        threads = [threading.Thread(target=free) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert sorted(results) == ["ok", "raised"]
+        # Every page came back exactly once: all free, each handed out once by the next allocation.
+        assert alloc.num_free == n
+        assert all(alloc.ref_count(int(p)) == 0 for p in pages[:: max(1, n // 64)])
+    again = alloc.allocate(n)
+    assert again is not None and len(np.unique(again)) == n and alloc.num_free == 0
+
+
+# ----- 5. out of memory ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "construct",
+    ["kvcore.PageAllocator(10**9)", "kvcore.KVCacheManager(2_000_000_000, 16)"],
+)
+def test_a_pool_larger_than_the_address_space_raises_memory_error(construct: str) -> None:
+    r = run_python(
+        f"""
+        import resource
+        import kvcore
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        try:
+            {construct}
+        except kvcore.OutOfMemoryError as e:
+            assert isinstance(e, MemoryError) and isinstance(e, kvcore.KVCoreError)
+            print("refused:", e)
+        """
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith("refused: cannot allocate")
+
+
+# ----- 6. namespaces ---------------------------------------------
+
+
+def test_namespaces_that_hold_nothing_cost_nothing() -> None:
+    m = KVCacheManager(256, 4)
+    for i in range(20_000):
+        ns = f"{i:0200d}"
+        assert m.add_sequence(1, [1, 2, 3], namespace=ns) == 0  # no full page: nothing cached
+        m.free_sequence(1)
+    assert m.num_namespaces() == 0
+
+
+def test_refused_calls_intern_nothing() -> None:
+    m = KVCacheManager(3, 4)  # 2 usable pages
+    assert m.add_sequence(1, range(100), namespace="too-long") is None
+    assert m.pin(range(8), 10.0, namespace="never-used") == 0
+    assert m.unpin(range(8), namespace="never-used") == 0
+    assert m.peek_prefix_len(range(8), namespace="never-used") == 0
+    assert m.num_namespaces() == 0
+
+
+def test_a_namespace_lives_while_it_caches_and_is_forgotten_after_eviction() -> None:
+    m = KVCacheManager(64, 4)
+    m.add_sequence(1, range(9), namespace="tenant")
+    m.fork(1, 2)
+    m.free_sequence(1)
+    assert m.num_namespaces() == 1
+    m.free_sequence(2)
+    assert m.num_namespaces() == 1  # its pages are cached: the name must still map to them
+    assert m.peek_prefix_len(range(9), namespace="tenant") == 8
+    assert m.peek_prefix_len(range(9), namespace="other") == 0
+    m.evict(100)
+    assert m.num_namespaces() == 0
+    # A new tenant of the same name starts empty and never aliases another namespace.
+    m.add_sequence(3, range(9), namespace="other")
+    m.free_sequence(3)
+    assert m.peek_prefix_len(range(9), namespace="tenant") == 0
+    assert m.peek_prefix_len(range(9), namespace="other") == 8
+
+
+# ----- 7. arguments of the wrong type ---------------------------------------------
+
+A = np.zeros(4, dtype=np.int32)
+
+BAD_CALLS: list[tuple[str, object, type[Exception], str]] = [
+    ("add_sequence", lambda m: m.add_sequence(None, [1]), InvalidDTypeError, "seq_id"),
+    ("add_sequence", lambda m: m.add_sequence(2**63, [1]), InvalidArgumentError, "seq_id"),
+    ("add_sequence", lambda m: m.add_sequence(True, [1]), InvalidDTypeError, "seq_id"),
+    ("add_sequence", lambda m: m.add_sequence(1.5, [1]), InvalidDTypeError, "seq_id"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], priority=2**31), InvalidArgumentError, "priority"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], priority="high"), InvalidDTypeError, "priority"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], namespace=5), InvalidDTypeError, "namespace"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], namespace="\ud800"), InvalidArgumentError, "namespace"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], cache_prompt="no"), InvalidDTypeError, "cache_prompt"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], cache_prompt=None), InvalidDTypeError, "cache_prompt"),
+    ("add_sequence", lambda m: m.add_sequence(9, [1], priority=None), InvalidDTypeError, "priority"),
+    ("add_sequence", lambda m: m.add_sequence(9, [True, 2]), InvalidDTypeError, "token"),
+    ("add_sequence", lambda m: m.add_sequence(9, None), InvalidDTypeError, "token"),
+    ("append", lambda m: m.append("1", [1]), InvalidDTypeError, "seq_id"),
+    ("append", lambda m: m.append(1, [2**40]), InvalidDTypeError, "token"),
+    ("commit", lambda m: m.commit(1, True), InvalidDTypeError, "num_tokens"),
+    ("commit", lambda m: m.commit(1, 2**70), InvalidArgumentError, "num_tokens"),
+    ("fork", lambda m: m.fork(1, None), InvalidDTypeError, "child_id"),
+    ("fork", lambda m: m.fork([1], 2), InvalidDTypeError, "parent_id"),
+    ("free_sequence", lambda m: m.free_sequence(None), InvalidDTypeError, "seq_id"),
+    ("page_table", lambda m: m.page_table(None), InvalidDTypeError, "seq_ids"),
+    ("page_table", lambda m: m.page_table("1"), InvalidDTypeError, "seq_ids"),
+    ("page_table", lambda m: m.page_table([1, None]), InvalidDTypeError, "seq_ids[1]"),
+    ("page_table", lambda m: m.page_table([1], out=(A, A)), InvalidDTypeError, "out"),
+    ("page_table", lambda m: m.page_table([1], out=5), InvalidDTypeError, "out"),
+    ("page_table", lambda m: m.page_table([1], out=(A, A, A.astype(np.int64))), InvalidDTypeError, "out"),
+    ("slot_mapping", lambda m: m.slot_mapping(1, -1), InvalidArgumentError, "num_tokens"),
+    ("slot_mapping", lambda m: m.slot_mapping(1, 1.0), InvalidDTypeError, "num_tokens"),
+    ("evict", lambda m: m.evict(None), InvalidDTypeError, "num_pages"),
+    ("pin", lambda m: m.pin([1, 2, 3, 4], "10"), InvalidDTypeError, "ttl_s"),
+    ("pin", lambda m: m.pin([1, 2, 3, 4], True), InvalidDTypeError, "ttl_s"),
+    ("pin", lambda m: m.pin([1, 2, 3, 4], float("nan")), InvalidArgumentError, "ttl_s"),
+    ("pin", lambda m: m.pin([1, 2, 3, 4], 1e300), InvalidArgumentError, "ttl_s"),
+    ("pin", lambda m: m.pin([1, 2, 3, 4], 5.0, namespace=b"a"), InvalidDTypeError, "namespace"),
+    ("unpin", lambda m: m.unpin([1, 2, 3, 4], namespace=1), InvalidDTypeError, "namespace"),
+    (
+        "peek_prefix_len",
+        lambda m: m.peek_prefix_len([1], namespace="\udfff"),
+        InvalidArgumentError,
+        "namespace",
+    ),
+    ("ref_count", lambda m: m.ref_count(None), InvalidDTypeError, "page"),
+    ("ref_count", lambda m: m.ref_count(True), InvalidDTypeError, "page"),
+    ("ref_count", lambda m: m.ref_count(2**64), InvalidArgumentError, "page"),
+    ("seq_len", lambda m: m.seq_len(2**64), InvalidArgumentError, "seq_id"),
+    ("seq_pages", lambda m: m.seq_pages(None), InvalidDTypeError, "seq_id"),
+    ("check_pages", lambda m: m.check_pages([True]), InvalidDTypeError, "page ids"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "call", "error", "arg"), BAD_CALLS, ids=[f"{c[0]}-{i}" for i, c in enumerate(BAD_CALLS)]
+)
+def test_wrong_arguments_raise_a_kvcore_error_naming_them(name: str, call, error, arg: str) -> None:  # type: ignore[no-untyped-def]
+    m = KVCacheManager(64, 4, clock=lambda: 1.0)
+    m.add_sequence(1, range(1, 7), namespace="t")
+    before = state(m)
+    with pytest.raises(error) as info:
+        call(m)
+    assert isinstance(info.value, KVCoreError)
+    assert arg in str(info.value), str(info.value)
+    assert state(m) == before
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"num_pages": None}, InvalidDTypeError),
+        ({"num_pages": True}, InvalidDTypeError),
+        ({"num_pages": 8, "page_size": "4"}, InvalidDTypeError),
+        ({"num_pages": 8, "eviction": None}, InvalidDTypeError),
+        ({"num_pages": 8, "eviction": 3}, InvalidDTypeError),
+        ({"num_pages": 8, "pin_budget_pages": 1.5}, InvalidDTypeError),
+        ({"num_pages": 2**80}, InvalidArgumentError),
+    ],
+)
+def test_wrong_construction_arguments(kwargs: dict[str, object], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        KVCacheManager(**kwargs)  # type: ignore[arg-type]
+
+
+def test_a_clock_returning_garbage_is_a_kvcore_error() -> None:
+    m = KVCacheManager(8, 4, clock=lambda: "soon")
+    with pytest.raises(InvalidDTypeError, match="clock"):
+        m.add_sequence(1, [1])
+    assert len(m) == 0
+
+
+@pytest.mark.parametrize("batch", [[True], [1, False], (True,)])
+def test_bools_are_not_page_ids(batch: list[object]) -> None:
+    alloc = PageAllocator(8)
+    alloc.allocate(2)
+    with pytest.raises(InvalidDTypeError):
+        alloc.free(batch)
+    assert alloc.ref_count(1) == 1 and alloc.num_free == 5
+
+
+@pytest.mark.parametrize("n", [True, False, 1.0, "2", None])
+def test_bools_and_non_integers_are_not_counts(n: object) -> None:
+    with pytest.raises(InvalidDTypeError):
+        PageAllocator(8).allocate(n)  # type: ignore[arg-type]
+
+
+def test_stats_is_one_native_class() -> None:
+    s = KVCacheManager(8, 4).stats()
+    assert isinstance(s, kvcore.CacheStats)
+    assert list(s.as_dict()) == [
+        "num_pages_total",
+        "num_pages_in_use",
+        "num_pages_cached",
+        "num_pages_pinned",
+        "num_pages_free",
+        "num_sequences",
+        "prefix_query_tokens",
+        "prefix_hit_tokens",
+        "num_evicted_pages",
+        "num_cow_copies",
+        "num_refused",
+    ]
+    assert s == KVCacheManager(8, 4).stats() and s.usage == 0.0 and s.hit_rate == 0.0
