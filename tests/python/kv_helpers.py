@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
+import pytest
 
 import kvcore
 from kvcore import kernels as K
@@ -314,3 +316,32 @@ def dense_outputs(batch: Batch, q: np.ndarray, sm_scale: float, *, stored: bool 
         out.append(dense_attention(q[start : start + ql], k, v, sm_scale))
         start += ql
     return np.concatenate(out)
+
+
+# ------------------------------------------------------------------------------------ hostile calls
+
+
+def random_pool(kv_dtype: str = "int8", *, num_pages: int = 6, page_size: int = 4) -> KVPool:
+    """A 2-layer, 2-kv-head, head_dim-8 pool of random bytes and distinct scales: a stray write shows."""
+    pool = KVPool(
+        num_layers=2, num_pages=num_pages, num_kv_heads=2, head_dim=8, page_size=page_size, kv_dtype=kv_dtype
+    )
+    rng = np.random.default_rng(7)
+    pool.data[...] = rng.integers(1, 100, pool.data.shape).astype(pool.data.dtype)
+    if dtypes.is_quantized(kv_dtype):
+        pool.set_scales(0, [0.5, 0.25], [0.125, 2.0])
+        pool.set_scales(1, 0.75, 1.5)
+    return pool
+
+
+def assert_refused(
+    pool: KVPool, err: type[Exception], name: str, call: Callable[..., Any], *args: Any, **kwargs: Any
+) -> pytest.ExceptionInfo[Exception]:
+    """``call(*args, **kwargs)`` raises ``err`` naming ``name``; the pool's bytes and scales are unchanged."""
+    before = (pool.data.copy(), pool.k_scale.copy(), pool.v_scale.copy())
+    with pytest.raises(err) as info:
+        call(*args, **kwargs)
+    assert name in str(info.value), f"the message does not name {name!r}: {info.value}"
+    assert np.array_equal(pool.data, before[0]), "a refused call wrote to the pool"
+    assert np.array_equal(pool.k_scale, before[1]) and np.array_equal(pool.v_scale, before[2]), "scales moved"
+    return info

@@ -5,6 +5,13 @@ ground truth, what CPU users run), ``cupy`` pools run the CUDA kernels of ``kern
 NVRTC on first use (:mod:`kvcore.kernels.loader`). Page tables and slot mappings are the int32/int64
 arrays the Rust core produces (FlashInfer CSR; ``slot = page_id * page_size + offset``).
 
+Both paths check every argument on the host before the first write or launch, with the same checks
+(:mod:`kvcore.pool.checks`): index-like arguments may be lists or any integer dtype, and are ranged before
+the cast to int32/int64, so a value that would wrap is refused. Wrong types, shapes and dtypes raise
+:class:`~kvcore.exceptions.InvalidDTypeError`, values out of range
+:class:`~kvcore.exceptions.InvalidArgumentError` or :class:`~kvcore.exceptions.InvalidPageError`; a
+refused call has written nothing.
+
 Typical step of a model runner::
 
     plan = plan_attention(pt, q_indptr, page_size=pool.page_size, num_qo_heads=Hq, num_kv_heads=Hkv)
@@ -18,6 +25,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
+from kvcore.exceptions import InvalidDTypeError
 from kvcore.kernels.plan import AttentionPlan, PageTableArrays, PageTableLike, plan_attention
 from kvcore.pool import KVPool
 
@@ -36,6 +44,8 @@ __all__ = [
 
 
 def _impl(pool: KVPool) -> ModuleType:
+    if not isinstance(pool, KVPool):
+        raise InvalidDTypeError(f"pool: expected a KVPool, got {type(pool).__name__}")
     if pool.backend.name == "numpy":
         from kvcore.kernels import reference
 
@@ -75,7 +85,7 @@ def paged_decode_attention(
         pool: the pool, with this step's K/V already appended.
         layer: the layer read.
         page_table: ``PageTable(kv_indptr [batch+1], kv_indices [nnz], kv_last_page_len [batch])`` int32.
-        sm_scale: softmax scale, ``1/sqrt(head_dim)`` by default.
+        sm_scale: softmax scale, finite and > 0; ``1/sqrt(head_dim)`` by default.
         plan: :func:`plan_attention` of this batch, reused across layers (made on the fly otherwise).
         out: optional output buffer shaped and typed like ``q``.
 

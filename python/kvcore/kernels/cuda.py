@@ -1,9 +1,11 @@
 """GPU implementations of the kernel operations (``backend="cupy"`` pools): argument checks, then launches.
 
 Imported only when a CuPy pool calls a kernel. Every check runs before the first launch, so a rejected
-call changes nothing. Host inputs (the manager's NumPy page tables and slot mappings) are validated on the
-host and copied to the device; device inputs are checked for shape and dtype only (reading their values
-would synchronize).
+call changes nothing. Host inputs (the manager's NumPy page tables and slot mappings, page ids, copy pairs)
+are validated on the host by the same checks as the NumPy reference (:mod:`kvcore.pool.checks`: ranged
+before any cast, so nothing wraps) and copied to the device; a device slot mapping is checked for shape and
+for a dtype int64 holds exactly, not for its values (reading them would synchronize). An occupancy query
+(which may compile a kernel) is only made for a plan made on the fly, after its inputs are checked.
 
 Activations: the kernels take fp16 (``float16``) or bf16 (``uint16`` bit patterns). A 16-bit pool takes its
 own type (a bf16 pool bf16, an fp16 pool fp16); an fp8/int8 pool takes either. Other inputs (float32, the
@@ -22,6 +24,7 @@ from kvcore.kernels import loader, reference
 from kvcore.kernels._nvrtc import HEAD_DIMS
 from kvcore.kernels.plan import AttentionPlan, PageTableLike
 from kvcore.pool import KVPool, dtypes
+from kvcore.pool.checks import check_array
 
 __all__ = [
     "append_kv",
@@ -112,12 +115,10 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
     """CUDA ``append_kv``; see :func:`kvcore.kernels.reference.append_kv`."""
     cp = pool.xp
     layer = pool.check_layer(layer)
-    if not hasattr(slot_mapping, "shape"):
-        slot_mapping = np.asarray(slot_mapping)
-    T = int(slot_mapping.shape[0])
+    slots = reference.check_slots(pool, slot_mapping, device_ok=True)  # host: ranged; device: dtype only
+    T = int(slots.shape[0])
     reference.check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim)
     reference.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
-    host = reference.check_slots(pool, slot_mapping, T)
     if pool.head_dim % 8:
         raise InvalidArgumentError(f"the CUDA append_kv needs head_dim % 8 == 0, got {pool.head_dim}")
     if T == 0:
@@ -126,7 +127,7 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
     vd, _ = _as_activation(v, pool, act)
     kd = kd if _row_aligned(kd) else cp.ascontiguousarray(kd)
     vd = vd if _row_aligned(vd) else cp.ascontiguousarray(vd)
-    slots = cp.asarray(host if host is not None else slot_mapping, dtype=cp.int64)
+    slots = cp.asarray(slots, dtype=cp.int64)
     _launch(
         pool,
         "append_kv",
@@ -156,6 +157,7 @@ def occupancy(pool: KVPool, q: Any) -> dict[str, int]:
     From CUDA's occupancy calculator (registers and shared memory of the compiled kernel); 2 blocks per
     SM if it cannot be asked. These size the split-K partition (:func:`plan_attention`).
     """
+    check_array(q, "q")
     cp = pool.xp
     dev = int(pool.data.device.id)
     num_sms = int(cp.cuda.Device(dev).attributes["MultiProcessorCount"])
@@ -206,10 +208,18 @@ def attention_launcher(
     callable suits per-layer replays and CUDA graph capture; the benchmark times it back to back.
 
     Raises:
-        InvalidArgumentError: head_dim not in HEAD_DIMS, page_size not a power of two, or an activation
-            type the pool's kernels do not take.
+        InvalidArgumentError: head_dim not in HEAD_DIMS, page_size not a power of two, an activation
+            type the pool's kernels do not take, a layer out of range, ``sm_scale`` not finite and > 0,
+            or a plan made for other head counts or another page size.
+        InvalidDTypeError: ``q``, ``out`` or ``plan`` of the wrong type or shape.
+        InvalidPageError: the plan reads a page this pool does not have.
     """
     cp = pool.xp
+    layer = pool.check_layer(layer)
+    sm_scale = reference.check_sm_scale(sm_scale, pool.head_dim)
+    check_array(q, "q")
+    check_array(out, "out")
+    reference.check_plan(plan, pool, q)
     D = pool.head_dim
     if D not in HEAD_DIMS:
         raise InvalidArgumentError(f"the CUDA attention kernels support head_dim {HEAD_DIMS}, got {D}")
@@ -310,10 +320,12 @@ def paged_decode_attention(
         pool,
         layer,
         page_table,
-        reference.decode_q_indptr(page_table),
+        None,
         sm_scale,
         plan,
-        **occupancy(pool, q),
+        decode=True,
+        out=out,
+        occupancy=lambda: occupancy(pool, q),
     )
     return _attention(q, pool, layer, plan, scale, out)
 
@@ -331,7 +343,7 @@ def paged_prefill_attention(
 ) -> Any:
     """CUDA prefill attention; see :func:`kvcore.kernels.reference.paged_prefill_attention`."""
     layer, plan, scale = reference._prepare(
-        q, pool, layer, page_table, q_indptr, sm_scale, plan, **occupancy(pool, q)
+        q, pool, layer, page_table, q_indptr, sm_scale, plan, out=out, occupancy=lambda: occupancy(pool, q)
     )
     return _attention(q, pool, layer, plan, scale, out)
 

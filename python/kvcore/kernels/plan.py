@@ -23,7 +23,8 @@ from typing import Any, NamedTuple, Protocol
 
 import numpy as np
 
-from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
+from kvcore.pool.checks import index_array
 
 __all__ = [
     "ROWS_PER_TILE",
@@ -59,32 +60,45 @@ class PageTableArrays(NamedTuple):
     kv_last_page_len: np.ndarray  # [batch] int32 tokens used in each sequence's last page
 
 
-def _int32_1d(a: Any, name: str) -> np.ndarray:
-    arr = np.asarray(a)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise InvalidDTypeError(f"{name}: expected a 1-D int32 array, got {arr.dtype}{list(arr.shape)}")
-    return np.ascontiguousarray(arr, dtype=np.int32)
+def _offsets(a: Any, name: str) -> np.ndarray:
+    """int32 ``[n]`` CSR offsets or lengths: integers in ``[0, 2**31)``, checked before the cast."""
+    return index_array(
+        a, name, dtype=np.int32, low=0, what="offsets" if name.endswith("indptr") else "lengths"
+    )
 
 
 def unpack_page_table(page_table: PageTableLike | tuple[Any, Any, Any]) -> PageTableArrays:
     """The three arrays of a page table (an object with the three attributes, or a 3-tuple), checked.
 
-    Host arrays only: device copies are made by the plan, once per step.
+    Host arrays only: device copies are made by the plan, once per step. Lists and any integer dtype are
+    taken; values are ranged before the cast to int32, so none wraps.
 
     Raises:
-        InvalidDTypeError: an array is not 1-D integer, or the lengths disagree.
-        InvalidArgumentError: ``kv_indptr`` is not a CSR offset array.
+        InvalidDTypeError: ``page_table`` is neither, an array is not 1-D integer, or the lengths disagree.
+        InvalidArgumentError: ``kv_indptr`` is not a CSR offset array, or a length is negative or past int32.
+        InvalidPageError: a page id is 0 (the null page), negative or past int32.
     """
-    if hasattr(page_table, "kv_indptr"):
+    if all(hasattr(page_table, a) for a in ("kv_indptr", "kv_indices", "kv_last_page_len")):
         pt: Any = page_table
         raw = (pt.kv_indptr, pt.kv_indices, pt.kv_last_page_len)
-    else:
+    elif isinstance(page_table, tuple | list) and len(page_table) == 3:
         raw = tuple(page_table)
-        if len(raw) != 3:
-            raise InvalidDTypeError("page_table: expected (kv_indptr, kv_indices, kv_last_page_len)")
-    indptr = _int32_1d(raw[0], "kv_indptr")
-    indices = _int32_1d(raw[1], "kv_indices")
-    last = _int32_1d(raw[2], "kv_last_page_len")
+    else:
+        raise InvalidDTypeError(
+            "page_table: expected a PageTable or a (kv_indptr, kv_indices, kv_last_page_len) tuple, "
+            f"got {type(page_table).__name__}"
+        )
+    indptr = _offsets(raw[0], "kv_indptr")
+    indices = index_array(
+        raw[1],
+        "kv_indices",
+        dtype=np.int32,
+        low=1,
+        what="page ids",
+        hint=" (page 0 is the null page)",
+        error=InvalidPageError,
+    )
+    last = _offsets(raw[2], "kv_last_page_len")
     if indptr.shape[0] != last.shape[0] + 1:
         raise InvalidDTypeError(f"kv_indptr has {indptr.shape[0]} entries for a batch of {last.shape[0]}")
     if indptr[0] != 0 or (np.diff(indptr) < 0).any() or indptr[-1] != indices.shape[0]:
@@ -95,15 +109,24 @@ def unpack_page_table(page_table: PageTableLike | tuple[Any, Any, Any]) -> PageT
 def kv_lengths(pt: PageTableArrays, page_size: int) -> np.ndarray:
     """int32 [batch]: ``page_size * (num_pages - 1) + last_page_len`` (0 for a sequence with no pages).
 
+    Computed in int64 and checked, so a length past int32 (what the kernels index with) is refused, not
+    wrapped.
+
     Raises:
-        InvalidArgumentError: a last-page length outside ``[1, page_size]`` for a sequence with pages.
+        InvalidArgumentError: a last-page length outside ``[1, page_size]`` for a sequence with pages, or a
+            sequence of more than ``2**31 - 1`` keys.
     """
-    num_pages = np.diff(pt.kv_indptr)
+    num_pages = np.diff(pt.kv_indptr).astype(np.int64)
     last = pt.kv_last_page_len
     has = num_pages > 0
     if ((last[has] < 1) | (last[has] > page_size)).any():
         raise InvalidArgumentError(f"kv_last_page_len: must be in [1, {page_size}] for every sequence")
-    return np.where(has, page_size * (num_pages - 1) + last, 0).astype(np.int32)
+    kv_len = np.where(has, page_size * (num_pages - 1) + last, 0)
+    if kv_len.size and int(kv_len.max()) > np.iinfo(np.int32).max:
+        raise InvalidArgumentError(
+            f"kv_indptr, kv_last_page_len: a sequence of {int(kv_len.max())} keys (kv_len) is past int32"
+        )
+    return kv_len.astype(np.int32)
 
 
 @dataclass
@@ -166,11 +189,13 @@ def plan_attention(
         chunk_len: force the keys per split for every sequence (a multiple of 64).
 
     Raises:
-        InvalidArgumentError: inconsistent shapes, a sequence with more query tokens than keys, or a
-            bad head count / chunk length.
+        InvalidDTypeError: an array is not 1-D integer (see :func:`unpack_page_table`).
+        InvalidArgumentError: inconsistent shapes, an offset or length outside int32, a sequence with more
+            query tokens than keys, or a bad head count / chunk length.
+        InvalidPageError: a page id that is 0, negative or past int32.
     """
     pt = unpack_page_table(page_table)
-    qi = _int32_1d(q_indptr, "q_indptr")
+    qi = _offsets(q_indptr, "q_indptr")
     batch = pt.kv_last_page_len.shape[0]
     if qi.shape[0] != batch + 1 or qi[0] != 0 or (np.diff(qi) < 0).any():
         raise InvalidArgumentError(f"q_indptr: expected [{batch + 1}] offsets from 0, non-decreasing")

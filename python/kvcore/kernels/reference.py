@@ -13,13 +13,15 @@ merged with ``w_i = exp(lse_i - max lse)``. So the CPU runs the split logic of t
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
-from kvcore.kernels.plan import AttentionPlan, PageTableLike, plan_attention
+from kvcore.kernels.plan import AttentionPlan, PageTableLike, plan_attention, unpack_page_table
 from kvcore.pool import KVPool, dtypes
+from kvcore.pool.checks import check_array, index_array, positive_scalar
 
 __all__ = [
     "append_kv",
@@ -32,11 +34,13 @@ __all__ = [
 
 
 # ------------------------------------------------------------------------------------ validation
-# (shared with the CUDA dispatch: every check runs before anything is written)
+# (shared with the CUDA dispatch: every check runs on the host before anything is written or launched;
+# index-like arguments go through kvcore.pool.checks.index_array, which ranges them before any cast)
 
 
 def check_rows(x: Any, name: str, num_rows: int | None, num_heads: int, head_dim: int) -> None:
-    """``x`` must be ``[num_rows, num_heads, head_dim]`` float (or uint16 bf16 bits)."""
+    """``x`` must be an array ``[num_rows, num_heads, head_dim]`` float (or uint16 bf16 bits)."""
+    check_array(x, name)
     shape = tuple(x.shape)
     if (
         len(shape) != 3
@@ -49,21 +53,32 @@ def check_rows(x: Any, name: str, num_rows: int | None, num_heads: int, head_dim
         raise InvalidDTypeError(f"{name}: expected float16/32/64 or uint16 (bf16 bits), got {x.dtype}")
 
 
-def check_slots(pool: KVPool, slot_mapping: Any, num_tokens: int) -> np.ndarray | None:
-    """Validate a slot mapping; returns it as a host int64 array (None when it lives on the device).
+def check_slots(pool: KVPool, slot_mapping: Any, *, device_ok: bool = False) -> Any:
+    """A slot mapping as int64 ``[num_tokens]``: checked values on the host, or a device array as it is.
 
-    Device arrays are only checked for shape and dtype (checking values would synchronize).
+    Host inputs (arrays or lists, any integer dtype) are ranged to ``[-1, num_pages * page_size)`` before
+    the cast and checked for repeats. Device arrays (only with ``device_ok``, the CUDA path) are checked
+    for shape and for a dtype that int64 holds exactly (reading their values would synchronize).
     """
-    if tuple(slot_mapping.shape) != (num_tokens,) or slot_mapping.dtype.kind not in "iu":
-        raise InvalidDTypeError(
-            f"slot_mapping: expected [{num_tokens}] int64, got {slot_mapping.dtype}{list(slot_mapping.shape)}"
-        )
-    if not isinstance(slot_mapping, np.ndarray):
-        return None
-    s = slot_mapping.astype(np.int64, copy=False)
+    if device_ok and hasattr(slot_mapping, "__cuda_array_interface__"):
+        if (
+            slot_mapping.ndim != 1
+            or slot_mapping.dtype.kind not in "iu"
+            or not np.can_cast(slot_mapping.dtype, np.int64)
+        ):
+            got = f"{slot_mapping.dtype}{list(slot_mapping.shape)}"
+            raise InvalidDTypeError(f"slot_mapping: expected a 1-D int64 device array, got {got}")
+        return slot_mapping
     limit = pool.num_pages * pool.page_size
-    if ((s < -1) | (s >= limit)).any():
-        raise InvalidArgumentError(f"slot_mapping: slots must be -1 (skip) or in [0, {limit})")
+    s = index_array(
+        slot_mapping,
+        "slot_mapping",
+        dtype=np.int64,
+        low=-1,
+        high=limit,
+        what="slots",
+        hint=" (-1 skips a row)",
+    )
     used = s[s >= 0]
     if np.unique(used).shape[0] != used.shape[0]:
         raise InvalidArgumentError("slot_mapping: a slot appears twice in one call")
@@ -71,26 +86,35 @@ def check_slots(pool: KVPool, slot_mapping: Any, num_tokens: int) -> np.ndarray 
 
 
 def check_page_ids(pool: KVPool, page_ids: Any, name: str = "page_ids") -> np.ndarray:
-    """1-D integer page ids in ``[1, num_pages)``, no repeats; returned as host int64."""
-    ids = np.asarray(page_ids)
-    if ids.ndim != 1 or ids.dtype.kind not in "iu":
-        raise InvalidDTypeError(f"{name}: expected 1-D int32 page ids, got {ids.dtype}{list(ids.shape)}")
-    ids = ids.astype(np.int64)
-    if ((ids < 1) | (ids >= pool.num_pages)).any():
-        raise InvalidPageError(f"{name}: page ids must be in [1, {pool.num_pages}) (page 0 is the null page)")
+    """1-D integer page ids (array or list) in ``[1, num_pages)``, no repeats; returned as host int64."""
+    ids = index_array(
+        page_ids,
+        name,
+        dtype=np.int64,
+        low=1,
+        high=pool.num_pages,
+        what="page ids",
+        hint=" (page 0 is the null page)",
+        error=InvalidPageError,
+    )
     if np.unique(ids).shape[0] != ids.shape[0]:
         raise InvalidArgumentError(f"{name}: a page appears twice")
     return ids
 
 
 def check_pairs(pool: KVPool, pairs: Any) -> np.ndarray:
-    """``[n, 2]`` (src, dst) page pairs: ids valid, destinations distinct and never a source."""
-    p = np.asarray(pairs)
-    if p.ndim != 2 or p.shape[1] != 2 or p.dtype.kind not in "iu":
-        raise InvalidDTypeError(f"pairs: expected [n, 2] int (src, dst), got {p.dtype}{list(p.shape)}")
-    p = p.astype(np.int64)
-    if ((p < 1) | (p >= pool.num_pages)).any():
-        raise InvalidPageError(f"pairs: page ids must be in [1, {pool.num_pages}) (page 0 is the null page)")
+    """``[n, 2]`` (src, dst) page pairs: ids valid, destinations distinct and never a source; host int64."""
+    p = index_array(
+        pairs,
+        "pairs",
+        dtype=np.int64,
+        low=1,
+        high=pool.num_pages,
+        trailing=(2,),
+        what="page ids",
+        hint=" (page 0 is the null page)",
+        error=InvalidPageError,
+    )
     src, dst = p[:, 0], p[:, 1]
     if np.unique(dst).shape[0] != dst.shape[0] or np.isin(dst, src).any():
         raise InvalidArgumentError("pairs: destinations must be distinct and none may also be a source")
@@ -98,7 +122,9 @@ def check_pairs(pool: KVPool, pairs: Any) -> np.ndarray:
 
 
 def check_host_buffer(pool: KVPool, buf: Any, num_pages: int, name: str) -> None:
-    """``buf`` must be ``[num_pages, num_layers, 2, *page_shape]``, the pool's storage dtype, C-contiguous."""
+    """``buf`` must be ``[num_pages, num_layers, 2, *page_shape]``, the pool's storage dtype, C-contiguous
+    (and writable when it is a NumPy ``out``)."""
+    check_array(buf, name)
     want = (num_pages, pool.num_layers, 2, *pool.page_shape)
     if tuple(buf.shape) != want or buf.dtype != pool.storage_dtype:
         raise InvalidDTypeError(
@@ -106,15 +132,63 @@ def check_host_buffer(pool: KVPool, buf: Any, num_pages: int, name: str) -> None
         )
     if not buf.flags.c_contiguous:
         raise InvalidDTypeError(f"{name}: must be C-contiguous")
+    if name == "out" and isinstance(buf, np.ndarray) and not buf.flags.writeable:
+        raise InvalidDTypeError(f"{name}: must be writable")
+
+
+def check_out(q: Any, out: Any) -> None:
+    """An ``out`` buffer (unless None) must be an array shaped and typed like ``q`` (and writable)."""
+    if out is None:
+        return
+    check_array(out, "out")
+    if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype:
+        raise InvalidDTypeError(f"out: expected {q.dtype}{list(q.shape)}, got {out.dtype}{list(out.shape)}")
+    if isinstance(out, np.ndarray) and not out.flags.writeable:
+        raise InvalidDTypeError("out: must be writable")
 
 
 def output_like(q: Any, xp: Any, out: Any) -> Any:
     """The output array: ``out`` checked against ``q``, or a new array shaped and typed like ``q``."""
     if out is None:
         return xp.empty(q.shape, dtype=q.dtype)
-    if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype:
-        raise InvalidDTypeError(f"out: expected {q.dtype}{list(q.shape)}, got {out.dtype}{list(out.shape)}")
+    check_out(q, out)
     return out
+
+
+def check_sm_scale(sm_scale: Any, head_dim: int) -> float:
+    """The softmax scale: ``1/sqrt(head_dim)`` for None, else a real number finite and > 0 as float32."""
+    return 1.0 / math.sqrt(head_dim) if sm_scale is None else positive_scalar(sm_scale, "sm_scale")
+
+
+def check_plan(plan: Any, pool: KVPool, q: Any) -> None:
+    """``plan`` must be an :class:`AttentionPlan` for ``q``'s shape and this pool (heads, page size, pages).
+
+    Raises:
+        InvalidDTypeError: not a plan, or ``q`` is not ``[plan.num_q_tokens, num_qo_heads, head_dim]``.
+        InvalidArgumentError: the plan was made for other head counts or another page size.
+        InvalidPageError: the plan's page table reads a page this pool does not have.
+    """
+    if not isinstance(plan, AttentionPlan):
+        raise InvalidDTypeError(
+            f"plan: expected an AttentionPlan from plan_attention, got {type(plan).__name__}"
+        )
+    if len(q.shape) != 3 or q.shape[2] != pool.head_dim:
+        raise InvalidDTypeError(
+            f"q: expected [num_tokens, num_qo_heads, {pool.head_dim}], got {list(q.shape)}"
+        )
+    if (
+        plan.num_qo_heads != q.shape[1]
+        or plan.num_kv_heads != pool.num_kv_heads
+        or plan.page_size != pool.page_size
+    ):
+        raise InvalidArgumentError("plan: made for other head counts or another page size")
+    if q.shape[0] != plan.num_q_tokens:
+        raise InvalidDTypeError(f"q: the plan has {plan.num_q_tokens} query tokens, q has {q.shape[0]}")
+    idx = plan.page_table.kv_indices
+    if idx.size and (int(idx.min()) < 1 or int(idx.max()) >= pool.num_pages):
+        raise InvalidPageError(
+            f"kv_indices: page ids must be in [1, {pool.num_pages}) (page 0 is the null page)"
+        )
 
 
 def _from_float32(x: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
@@ -134,18 +208,19 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
     Args:
         pool: a numpy-backend pool.
         layer: the layer written.
-        slot_mapping: int64 ``[num_tokens]``; ``slot = page_id * page_size + offset``; -1 skips the row.
+        slot_mapping: int64 ``[num_tokens]`` (or a list, or any integer dtype whose values fit);
+            ``slot = page_id * page_size + offset``; -1 skips the row.
         k: ``[num_tokens, num_kv_heads, head_dim]`` keys (float, or uint16 bf16 bits).
         v: same shape, values.
 
-    Side effects: writes ``pool.data[layer]`` at the given slots (and nothing else).
+    Side effects: writes ``pool.data[layer]`` at the given slots (and nothing else; nothing at all when an
+    argument is refused).
     """
     layer = pool.check_layer(layer)
-    T = int(slot_mapping.shape[0]) if hasattr(slot_mapping, "shape") else len(slot_mapping)
+    s = check_slots(pool, slot_mapping)
+    T = int(s.shape[0])
     check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim)
     check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
-    s = check_slots(pool, np.asarray(slot_mapping), T)
-    assert s is not None
     keep = s >= 0
     page, off = s[keep] // pool.page_size, s[keep] % pool.page_size
     for kv, x, scale in ((0, k, pool.k_scale), (1, v, pool.v_scale)):
@@ -227,51 +302,46 @@ def _prepare(
     layer: int,
     page_table: PageTableLike | tuple[Any, Any, Any],
     q_indptr: Any,
-    sm_scale: float | None,
+    sm_scale: Any,
     plan: AttentionPlan | None,
-    num_sms: int = 132,
-    blocks_per_sm: int = 2,
+    *,
+    decode: bool = False,
+    out: Any = None,
+    occupancy: Callable[[], dict[str, int]] | None = None,
 ) -> tuple[int, AttentionPlan, float]:
-    """Shared argument checks of decode and prefill (both backends); returns (layer, plan, sm_scale)."""
+    """Shared argument checks of decode and prefill (both backends); returns (layer, plan, sm_scale).
+
+    ``decode``: one query token per sequence (``q_indptr`` is not read); ``out``: the caller's output
+    buffer, checked against ``q``. Without a ``plan`` one is made here,
+    after the page table and ``q_indptr`` are checked; ``occupancy`` (the CUDA path) then gives its
+    ``num_sms`` and ``blocks_per_sm``. With a plan, ``page_table`` and ``q_indptr`` are not read.
+    """
     layer = pool.check_layer(layer)
+    scale = check_sm_scale(sm_scale, pool.head_dim)
+    check_array(q, "q")
     if len(q.shape) != 3 or q.shape[2] != pool.head_dim or q.shape[1] % pool.num_kv_heads:
         raise InvalidDTypeError(
             f"q: expected [num_tokens, num_qo_heads, {pool.head_dim}] with num_qo_heads a multiple of "
             f"{pool.num_kv_heads}, got {list(q.shape)}"
         )
     check_rows(q, "q", None, int(q.shape[1]), pool.head_dim)
+    check_out(q, out)
     if plan is None:
+        pt = unpack_page_table(page_table)
+        if decode:
+            q_indptr = np.arange(pt.kv_last_page_len.shape[0] + 1, dtype=np.int32)
+        else:
+            q_indptr = index_array(q_indptr, "q_indptr", dtype=np.int32, low=0, what="offsets")
         plan = plan_attention(
-            page_table,
+            pt,
             q_indptr,
             page_size=pool.page_size,
             num_qo_heads=int(q.shape[1]),
             num_kv_heads=pool.num_kv_heads,
-            num_sms=num_sms,
-            blocks_per_sm=blocks_per_sm,
+            **(occupancy() if occupancy is not None else {}),
         )
-    elif (
-        plan.num_qo_heads != q.shape[1]
-        or plan.num_kv_heads != pool.num_kv_heads
-        or plan.page_size != pool.page_size
-    ):
-        raise InvalidArgumentError("plan: made for other head counts or another page size")
-    if q.shape[0] != plan.num_q_tokens:
-        raise InvalidDTypeError(f"q: the plan has {plan.num_q_tokens} query tokens, q has {q.shape[0]}")
-    if (
-        plan.page_table.kv_indices.size
-        and ((plan.page_table.kv_indices < 1) | (plan.page_table.kv_indices >= pool.num_pages)).any()
-    ):
-        raise InvalidPageError(f"kv_indices: page ids must be in [1, {pool.num_pages})")
-    scale = 1.0 / math.sqrt(pool.head_dim) if sm_scale is None else float(sm_scale)
+    check_plan(plan, pool, q)
     return layer, plan, scale
-
-
-def decode_q_indptr(page_table: PageTableLike | tuple[Any, Any, Any]) -> np.ndarray:
-    """int32 [batch + 1] ``arange``: one query token per sequence."""
-    pt: Any = page_table
-    last = pt.kv_last_page_len if hasattr(pt, "kv_last_page_len") else tuple(pt)[2]
-    return np.arange(np.asarray(last).shape[0] + 1, dtype=np.int32)
 
 
 def paged_decode_attention(
@@ -291,15 +361,20 @@ def paged_decode_attention(
             head ``h // (num_qo_heads // num_kv_heads)``.
         pool: the pool, with this step's K/V already appended.
         layer: the layer read.
-        page_table: the batch's CSR page table (int32 host arrays).
-        sm_scale: softmax scale; ``1/sqrt(head_dim)`` by default.
+        page_table: the batch's CSR page table (int32 host arrays; lists and other integer dtypes are
+            ranged, then converted).
+        sm_scale: softmax scale, finite and > 0; ``1/sqrt(head_dim)`` by default.
         plan: a plan from :func:`plan_attention` for this batch, to reuse across layers.
         out: optional output, shaped and typed like ``q``.
 
     Returns:
         ``[batch, num_qo_heads, head_dim]`` in the dtype of ``q``.
+
+    Raises:
+        InvalidDTypeError: an argument of the wrong type, shape or dtype (``None`` or a list for ``q``).
+        InvalidArgumentError, InvalidPageError: a value out of range (a page id, an offset, ``sm_scale``).
     """
-    layer, plan, scale = _prepare(q, pool, layer, page_table, decode_q_indptr(page_table), sm_scale, plan)
+    layer, plan, scale = _prepare(q, pool, layer, page_table, None, sm_scale, plan, decode=True, out=out)
     return attention(q, pool, layer, plan, scale, output_like(q, np, out))
 
 
@@ -327,7 +402,7 @@ def paged_prefill_attention(
     Returns:
         ``[q_indptr[-1], num_qo_heads, head_dim]`` in the dtype of ``q``.
     """
-    layer, plan, scale = _prepare(q, pool, layer, page_table, q_indptr, sm_scale, plan)
+    layer, plan, scale = _prepare(q, pool, layer, page_table, q_indptr, sm_scale, plan, out=out)
     return attention(q, pool, layer, plan, scale, output_like(q, np, out))
 
 
@@ -348,7 +423,7 @@ def gather_pages(pool: KVPool, page_ids: Any, out: Any) -> Any:
     """Pack pages into a page-major host buffer (offload): ``out[i] = pool[:, :, page_ids[i]]``.
 
     Args:
-        page_ids: int32 ``[n]`` page ids.
+        page_ids: int32 ``[n]`` page ids (or a list, or any integer dtype whose values are page ids).
         out: ``[n, num_layers, 2, *page_shape]`` storage dtype, C-contiguous (:meth:`KVPool.host_buffer`).
 
     Returns:

@@ -24,6 +24,7 @@ from typing import Any, Final, Literal
 import numpy as np
 
 from kvcore.exceptions import ConfigError, InvalidDTypeError
+from kvcore.pool.checks import positive_array
 
 __all__ = [
     "FP8_E4M3_MAX",
@@ -189,6 +190,14 @@ def e4m3_bits_to_float(bits: Any, xp: ModuleType = np) -> Any:
 # ------------------------------------------------------------------------------------- encode/decode
 
 
+def _scale(scale: Any, xp: ModuleType) -> Any:
+    """A quantization scale as float32: host scales must be finite and > 0 (x / 0 or x * NaN would be
+    stored silently); device scales are the pool's, checked when set (reading them here would synchronize)."""
+    if xp is np:
+        return positive_array(scale, "scale")
+    return xp.asarray(scale, dtype=xp.float32)
+
+
 def to_float32(x: Any, xp: ModuleType = np) -> Any:
     """Activation values as float32: float16/32/64 are cast, ``uint16`` is read as bf16 bit patterns."""
     a = xp.asarray(x)
@@ -205,11 +214,15 @@ def encode(x: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) -> Any:
     Args:
         x: activation values (any float dtype, or uint16 bf16 bits), any shape ``S``.
         kv_dtype: the pool precision.
-        scale: float32 broadcastable to ``S`` (per-head scales broadcast over the head axis); only used
-            by fp8 and int8.
+        scale: float32 broadcastable to ``S`` (per-head scales broadcast over the head axis), finite and
+            > 0; only used by fp8 and int8.
 
     Returns:
         ``S`` array of :func:`storage_dtype` (``kv_dtype``).
+
+    Raises:
+        InvalidDTypeError: ``x`` is not float activations, or a host ``scale`` is not real numbers.
+        InvalidArgumentError: a host ``scale`` that is not finite and > 0 (fp8, int8).
     """
     name = normalize_kv_dtype(kv_dtype)
     f = to_float32(x, xp)
@@ -217,7 +230,7 @@ def encode(x: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) -> Any:
         return f.astype(xp.float16)
     if name == "bf16":
         return float_to_bf16_bits(f, xp)
-    y = f / xp.asarray(scale, dtype=xp.float32)
+    y = f / _scale(scale, xp)
     if name == "fp8":
         return float_to_e4m3_bits(y, xp)
     return xp.clip(xp.rint(y), -INT8_MAX, INT8_MAX).astype(xp.int8)
@@ -229,7 +242,12 @@ def decode(stored: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) ->
     Args:
         stored: ``S`` array of :func:`storage_dtype` (``kv_dtype``).
         kv_dtype: the pool precision.
-        scale: float32 broadcastable to ``S``; only used by fp8 and int8.
+        scale: float32 broadcastable to ``S``, finite and > 0; only used by fp8 and int8.
+
+    Raises:
+        InvalidDTypeError: ``stored`` is not the storage dtype of ``kv_dtype``, or a host ``scale`` is
+            not real numbers.
+        InvalidArgumentError: a host ``scale`` that is not finite and > 0 (fp8, int8).
     """
     name = normalize_kv_dtype(kv_dtype)
     s = xp.asarray(stored)
@@ -240,4 +258,4 @@ def decode(stored: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) ->
     if name == "bf16":
         return bf16_bits_to_float(s, xp)
     base = e4m3_bits_to_float(s, xp) if name == "fp8" else s.astype(xp.float32)
-    return base * xp.asarray(scale, dtype=xp.float32)
+    return base * _scale(scale, xp)

@@ -18,7 +18,7 @@ from typing import Any, Literal
 import numpy as np
 
 from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError
-from kvcore.pool import dtypes
+from kvcore.pool import checks, dtypes
 from kvcore.pool.backend import Backend, get_backend
 
 __all__ = ["KVPool", "Layout", "PoolStrides"]
@@ -227,8 +227,9 @@ class KVPool:
         """Set one layer's dequantization scales (fp8/int8 pools): scalars or ``[num_kv_heads]`` floats.
 
         Raises:
-            InvalidArgumentError: a scale is not finite and positive, or the pool is fp16/bf16.
-            InvalidDTypeError: a scale array is not a scalar or ``[num_kv_heads]``.
+            InvalidArgumentError: a scale is not finite and positive (as float32), or the pool is fp16/bf16.
+            InvalidDTypeError: a scale is not real numbers (a bool, string, complex, None), or not a scalar
+                or ``[num_kv_heads]``.
         """
         layer = self.check_layer(layer)
         if not dtypes.is_quantized(self.kv_dtype):
@@ -239,14 +240,34 @@ class KVPool:
         self.v_scale[layer] = self.xp.asarray(vs)
 
     def _check_scale(self, scale: Any, field: str) -> np.ndarray:
-        s = np.asarray(self.backend.asnumpy(scale) if hasattr(scale, "__cuda_array_interface__") else scale)
-        s = np.broadcast_to(s.astype(np.float32), (self.num_kv_heads,)) if s.ndim == 0 else s
+        s = checks.positive_array(
+            self.backend.asnumpy(scale) if hasattr(scale, "__cuda_array_interface__") else scale, field
+        )
+        s = np.broadcast_to(s, (self.num_kv_heads,)) if s.ndim == 0 else s
         if s.shape != (self.num_kv_heads,):
             raise InvalidDTypeError(f"{field}: expected a scalar or [{self.num_kv_heads}], got {s.shape}")
-        s = s.astype(np.float32)
-        if not (np.isfinite(s).all() and (s > 0).all()):
-            raise InvalidArgumentError(f"{field}: scales must be finite and > 0, got {s}")
         return s
+
+    def _sample(self, x: Any, name: str) -> np.ndarray:
+        """A calibration sample as host float32 ``[num_tokens >= 1, Hkv, D]``, every value finite."""
+        try:
+            host = self.backend.asnumpy(x)
+        except (TypeError, ValueError) as e:
+            raise InvalidDTypeError(f"{name}: expected an array of sample activations ({e})") from None
+        if not (host.dtype.kind == "f" or host.dtype == np.uint16):
+            raise InvalidDTypeError(f"{name}: expected float16/32/64 or uint16 (bf16 bits), got {host.dtype}")
+        a: np.ndarray = dtypes.to_float32(host)
+        if a.ndim != 3 or a.shape[1:] != (self.num_kv_heads, self.head_dim):
+            raise InvalidDTypeError(
+                f"{name}: expected [num_tokens, {self.num_kv_heads}, {self.head_dim}], got {a.shape}"
+            )
+        if a.shape[0] == 0:
+            raise InvalidArgumentError(f"{name}: an empty sample (0 tokens) cannot size a scale")
+        if not np.isfinite(a).all():
+            raise InvalidArgumentError(
+                f"{name}: the sample holds NaN or infinite values; a scale is sized from finite activations"
+            )
+        return a
 
     def calibrate_scales(self, layer: int, k: Any, v: Any, headroom: float = 1.0) -> None:
         """Set one layer's scales from sample K/V so that the largest magnitude per head fits.
@@ -256,20 +277,23 @@ class KVPool:
 
         Args:
             layer: the layer.
-            k: ``[num_tokens, num_kv_heads, head_dim]`` sample keys (float, or uint16 bf16 bits).
+            k: ``[num_tokens, num_kv_heads, head_dim]`` sample keys (float, or uint16 bf16 bits), at least
+                one token, every value finite.
             v: same shape, sample values.
-            headroom: >= 1 leaves room for values larger than the sample's.
+            headroom: finite and > 0; >= 1 leaves room for values larger than the sample's.
+
+        Raises:
+            InvalidArgumentError: a bad layer or headroom, an empty sample, a sample holding NaN or an
+                infinity (its scale would be NaN, infinite, or a silent 1.0), or a fp16/bf16 pool.
+            InvalidDTypeError: a sample that is not float activations of that shape.
         """
+        layer = self.check_layer(layer)
+        room = checks.positive_scalar(headroom, "headroom")
         q = dtypes.qmax(self.kv_dtype)
         scales = []
         for name, x in (("k", k), ("v", v)):
-            a = dtypes.to_float32(self.backend.asnumpy(x))
-            if a.ndim != 3 or a.shape[1:] != (self.num_kv_heads, self.head_dim):
-                raise InvalidDTypeError(
-                    f"{name}: expected [num_tokens, {self.num_kv_heads}, {self.head_dim}], got {a.shape}"
-                )
-            amax = np.abs(a).max(axis=(0, 2)) if a.shape[0] else np.zeros(self.num_kv_heads, np.float32)
-            scales.append(np.where(amax > 0, headroom * amax / q, 1.0).astype(np.float32))
+            amax = np.abs(self._sample(x, name)).max(axis=(0, 2))
+            scales.append(np.where(amax > 0, room * amax / q, 1.0).astype(np.float32))
         self.set_scales(layer, scales[0], scales[1])
 
     def to(self, backend: str) -> KVPool:
@@ -293,13 +317,22 @@ class KVPool:
     def read_slots(self, layer: int, slots: Any) -> tuple[np.ndarray, np.ndarray]:
         """Dequantized K and V of some slots, on the host: two float32 ``[len(slots), Hkv, D]`` arrays.
 
-        A debugging and test aid (one host copy), not a hot path. ``slots`` is int64 ``[n]``,
-        ``slot = page_id * page_size + offset``.
+        A debugging and test aid (one host copy), not a hot path. ``slots`` is int64 ``[n]`` (or a list,
+        or any integer dtype), ``slot = page_id * page_size + offset``.
+
+        Raises:
+            InvalidDTypeError: ``slots`` is not a 1-D integer array or list (floats are not truncated).
+            InvalidArgumentError: a slot outside ``[0, num_pages * page_size)``, checked before any cast.
         """
         layer = self.check_layer(layer)
-        s = np.asarray(self.backend.asnumpy(slots), dtype=np.int64)
-        if s.ndim != 1 or ((s < 0) | (s >= self.num_pages * self.page_size)).any():
-            raise InvalidArgumentError("slots: expected 1-D slots in [0, num_pages * page_size)")
+        s = checks.index_array(
+            self.backend.asnumpy(slots) if hasattr(slots, "__cuda_array_interface__") else slots,
+            "slots",
+            dtype=np.int64,
+            low=0,
+            high=self.num_pages * self.page_size,
+            what="slots",
+        )
         page = self.backend.asarray(s // self.page_size)
         off = self.backend.asarray(s % self.page_size)
         out = []

@@ -14,7 +14,7 @@ import pytest
 from kv_helpers import dense_outputs, write_batch
 
 from kvcore import kernels as K
-from kvcore.exceptions import InvalidArgumentError
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
 from kvcore.kernels import loader, plan_attention
 from kvcore.pool import KV_DTYPES, KVPool, Layout, dtypes
 from kvcore.pool._cupy import cupy_or_none, gpu_available
@@ -257,3 +257,28 @@ def test_kernels_are_memoized_and_cached_on_disk() -> None:
     a = loader.get_kernel("page_copy", "copy_pages", dev)
     assert loader.get_kernel("page_copy", "copy_pages", dev) is a
     assert any(loader.cache_dir().glob(f"page_copy-{loader.device_arch()}-*.cubin"))
+
+
+# ------------------------------------------------------------------------------------ hostile arguments
+
+
+def test_hostile_arguments_change_nothing_on_the_device() -> None:
+    """The CUDA path's host checks (``tests/python/test_kernels_hostile.py``) on a real CuPy pool."""
+    pool = KVPool(
+        num_layers=1, num_pages=6, num_kv_heads=2, head_dim=64, page_size=16, kv_dtype="fp16", backend="cupy"
+    )
+    pool.data[...] = 1
+    before = pool.data.get()
+    k = cp.ones((2, 2, 64), cp.float16)
+    with pytest.raises(InvalidArgumentError, match="slot_mapping"):  # uint64 max would wrap to -1 (skip)
+        K.append_kv(pool, 0, np.array([5, 2**64 - 1], np.uint64), k, k)
+    with pytest.raises(InvalidDTypeError, match="slot_mapping"):  # int64 cannot hold every uint64
+        K.append_kv(pool, 0, cp.asarray(np.array([5, 6], np.uint64)), k, k)
+    with pytest.raises(InvalidPageError, match="pairs"):
+        K.copy_pages(pool, np.array([[1, 2**32 + 2]], np.int64))
+    q = cp.ones((1, 2, 64), cp.float16)
+    with pytest.raises(InvalidPageError, match="kv_indices"):  # 2**32 + 1 would wrap to page 1
+        K.paged_decode_attention(q, pool, 0, (np.array([0, 1]), np.array([2**32 + 1]), np.array([3])))
+    with pytest.raises(InvalidArgumentError, match="sm_scale"):
+        K.paged_decode_attention(q, pool, 0, (np.array([0, 1]), np.array([1]), np.array([3])), float("nan"))
+    assert np.array_equal(pool.data.get(), before)

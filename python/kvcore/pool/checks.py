@@ -1,0 +1,169 @@
+"""Argument checks shared by the pool and the kernels: index arrays, arrays, positive scales.
+
+Why one place: page ids, slots and CSR offsets reach the kernels as int32 or int64, and a NumPy cast wraps
+(an int64 page id ``2**32 + 1`` becomes page 1; a uint64 slot ``2**64 - 1`` becomes the -1 "skip" slot). So
+every index-like argument goes through :func:`index_array`, which ranges the values in their *own* dtype
+before converting, and refuses what is not an integer array at all. The NumPy reference, the CUDA path (on
+the host, before any launch) and the pool all call these, so a refused call has written nothing.
+
+Cost: one ``min`` and one ``max`` reduction per array, no copy when the input already has the target dtype
+and is contiguous (STYLE rules 8 and 10).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import numbers
+from typing import Any
+
+import numpy as np
+
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
+
+__all__ = ["check_array", "index_array", "positive_array", "positive_scalar"]
+
+
+def _describe(x: Any) -> str:
+    """How an unacceptable argument reads in a message: ``None``, ``float64[2]``, ``list of object[1]``."""
+    if x is None:
+        return "None"
+    if hasattr(x, "__cuda_array_interface__"):
+        return f"a device array {x.dtype}{list(x.shape)}"
+    if isinstance(x, np.ndarray):
+        return f"{x.dtype}{list(x.shape)}"
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError, OverflowError):
+        return f"{type(x).__name__} (not an array)"
+    return f"{type(x).__name__} of {a.dtype}{list(a.shape)}"
+
+
+def index_array(
+    x: Any,
+    name: str,
+    *,
+    dtype: Any = np.int32,
+    low: int | None = None,
+    high: int | None = None,
+    trailing: tuple[int, ...] = (),
+    what: str = "values",
+    hint: str = "",
+    error: type[Exception] = InvalidArgumentError,
+) -> np.ndarray:
+    """``x`` as a C-contiguous ``dtype`` array ``[n, *trailing]`` whose values all lie in ``[low, high)``.
+
+    Takes NumPy integer arrays of any width, signed or unsigned, and lists or tuples of ints (an empty one
+    is ``[0, *trailing]``). The range is checked on the input's own values (exact integer ``min``/``max``)
+    and narrowed to what ``dtype`` holds, *before* the cast, so nothing wraps. No copy when ``x`` already
+    is a contiguous ``dtype`` array.
+
+    Args:
+        x: the argument.
+        name: the argument's name, for messages.
+        dtype: np.int32 or np.int64, the type the kernels read.
+        low, high: the half-open value range (None: the bounds of ``dtype``).
+        trailing: the shape after the first axis (``(2,)`` for ``[n, 2]`` pairs).
+        what, hint: how the message calls the values, and a note after the range.
+        error: the class raised for a value out of range (InvalidPageError for page ids).
+
+    Raises:
+        InvalidDTypeError: ``x`` is a device array, None, a bool/float/complex/object/str array, or has
+            another shape.
+        error: a value outside ``[low, high)``.
+    """
+    shape_text = "[n" + "".join(f", {t}" for t in trailing) + "]" if trailing else "1-D"
+    if hasattr(x, "__cuda_array_interface__"):
+        raise InvalidDTypeError(
+            f"{name}: expected a host (NumPy) {shape_text} integer array, got {_describe(x)}"
+        )
+    if isinstance(x, list | tuple) and len(x) == 0:
+        return np.empty((0, *trailing), dtype=dtype)
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError, OverflowError):
+        a = None
+    t_lo, t_hi = _bounds(np.dtype(dtype))
+    lo = t_lo if low is None else max(low, t_lo)
+    hi = t_hi if high is None else min(high, t_hi)
+    if a is not None and a.dtype.kind in "fO" and isinstance(x, list | tuple):
+        # A list of Python ints beyond int64 (or mixing < 0 and >= 2**63) becomes float64 or object:
+        # still integers, so it is a range error, found on the exact values (this path only ever raises).
+        exact = np.asarray(x, dtype=object)
+        values = exact.reshape(-1).tolist()
+        if (
+            exact.ndim == 1 + len(trailing)
+            and exact.shape[1:] == trailing
+            and all(isinstance(e, int | np.integer) and not isinstance(e, bool | np.bool_) for e in values)
+        ):
+            mn, mx = int(min(values)), int(max(values))
+            raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mn if mn < lo else mx}")
+    if a is None or a.dtype.kind not in "iu" or a.ndim != 1 + len(trailing) or a.shape[1:] != trailing:
+        want = f"a {shape_text} integer array or list ({np.dtype(dtype)} {what})"
+        raise InvalidDTypeError(f"{name}: expected {want}, got {_describe(x)}")
+    if a.size:
+        # Exact Python ints of the input's own values; a side its dtype cannot reach is not reduced.
+        a_lo, a_hi = _bounds(a.dtype)
+        if a_lo < lo and (mn := int(a.min())) < lo:
+            raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mn}")
+        if a_hi > hi and (mx := int(a.max())) >= hi:
+            raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mx}")
+    return np.ascontiguousarray(a, dtype=dtype)
+
+
+@functools.cache
+def _bounds(dtype: np.dtype[Any]) -> tuple[int, int]:
+    """The half-open value range ``[min, max + 1)`` of an integer dtype, as Python ints."""
+    info = np.iinfo(dtype)
+    return int(info.min), int(info.max) + 1
+
+
+def check_array(x: Any, name: str) -> None:
+    """``x`` must be an array (NumPy, CuPy or anything else with ``shape``, ``dtype`` and ``ndim``)."""
+    if not (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "ndim")):
+        raise InvalidDTypeError(f"{name}: expected a NumPy or CuPy array, got {type(x).__name__}")
+
+
+def positive_scalar(x: Any, name: str) -> float:
+    """A real number that is finite and > 0 as float32 (the kernels' type); returned as a float.
+
+    Raises:
+        InvalidDTypeError: a bool, a string, a complex number, a sequence, None.
+        InvalidArgumentError: NaN, an infinity, zero, a negative number, or one that float32 turns into one.
+    """
+    if isinstance(x, np.ndarray) and x.ndim == 0 and x.dtype.kind in "iuf":
+        x = x.item()
+    if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Real):
+        raise InvalidDTypeError(f"{name}: expected a real number, got {x!r}")
+    try:
+        value = float(x)
+    except OverflowError:
+        value = math.inf
+    with np.errstate(over="ignore"):
+        f32 = np.float32(value)
+    if not (np.isfinite(f32) and f32 > 0):
+        raise InvalidArgumentError(f"{name}: expected a finite number > 0 (as float32), got {x!r}")
+    return value
+
+
+def positive_array(x: Any, name: str) -> np.ndarray:
+    """Host float32 values of ``x`` (any shape), each finite and > 0 after the cast to float32.
+
+    Raises:
+        InvalidDTypeError: ``x`` is not real numbers (bool, complex, object, str, None).
+        InvalidArgumentError: a value is NaN, infinite, zero or negative as float32.
+    """
+    try:
+        a = np.asarray(x)
+    except (TypeError, ValueError, OverflowError):
+        a = None
+    if a is None or a.dtype.kind not in "iuf":
+        raise InvalidDTypeError(f"{name}: expected real numbers, got {_describe(x)}")
+    with np.errstate(over="ignore", under="ignore"):
+        f = a.astype(np.float32)
+    bad = ~(np.isfinite(f) & (f > 0))
+    if bad.any():
+        raise InvalidArgumentError(
+            f"{name}: scales must be finite and > 0 (as float32), got {a.reshape(-1)[bad.reshape(-1)][0]!r}"
+        )
+    return f

@@ -1,0 +1,148 @@
+"""Hostile arguments to the pool: refused with a kvcore error naming the argument, scales and bytes unchanged.
+
+``read_slots`` used to truncate float slots (``[1.7]`` read slot 1); ``calibrate_scales`` turned an all-NaN
+sample into scale 1.0; the conversions of :mod:`kvcore.pool.dtypes` quantized with a zero or NaN scale.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from kv_helpers import assert_refused, random_pool
+
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
+from kvcore.pool import dtypes
+
+NAN, INF = float("nan"), float("inf")
+
+
+# ------------------------------------------------------------------------------------ read_slots
+
+
+@pytest.mark.parametrize(
+    ("slots", "err"),
+    [
+        pytest.param([1.7], InvalidDTypeError, id="list-float"),
+        pytest.param(np.array([1.7]), InvalidDTypeError, id="float"),
+        pytest.param(np.array([1.0, 2.0]), InvalidDTypeError, id="integral-float"),
+        pytest.param([True], InvalidDTypeError, id="bool"),
+        pytest.param(None, InvalidDTypeError, id="None"),
+        pytest.param(np.array([[1, 2]]), InvalidDTypeError, id="2-D"),
+        pytest.param(np.array([2**64 - 1], np.uint64), InvalidArgumentError, id="uint64-max"),
+        pytest.param(np.array([2**32 + 1], np.int64), InvalidArgumentError, id="past-the-pool"),
+        pytest.param([-1], InvalidArgumentError, id="skip-slot"),
+    ],
+)
+def test_read_slots_refuses_what_is_not_a_slot(slots: Any, err: type[Exception]) -> None:
+    pool = random_pool()
+    assert_refused(pool, err, "slots", lambda: pool.read_slots(0, slots))
+
+
+def test_read_slots_takes_lists_and_narrow_integers() -> None:
+    pool = random_pool()
+    a = pool.read_slots(1, np.array([1, 23], np.int64))
+    for slots in ([1, 23], (1, 23), np.array([1, 23], np.uint8), np.array([1, 23], np.int32)):
+        b = pool.read_slots(1, slots)
+        assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert pool.read_slots(0, [])[0].shape == (0, 2, 8)
+
+
+# ------------------------------------------------------------------------------------ calibrate_scales
+
+
+def _sample(fill: float | None = None, n: int = 5) -> np.ndarray:
+    x = np.random.default_rng(1).normal(size=(n, 2, 8)).astype(np.float32)
+    if fill is not None:
+        x[...] = fill
+    return x
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+def test_calibrate_scales_refuses_a_sample_without_finite_values(kv_dtype: str) -> None:
+    pool = random_pool(kv_dtype)
+    good = _sample()
+    one_head_nan = _sample()
+    one_head_nan[:, 1] = NAN
+    one_inf = _sample()
+    one_inf[2, 0, 3] = INF
+    for k, v, name in (
+        (_sample(NAN), good, "k:"),
+        (good, _sample(NAN), "v:"),
+        (_sample(INF), good, "k:"),
+        (good, _sample(-INF), "v:"),
+        (one_head_nan, good, "k:"),
+        (good, one_inf, "v:"),
+        (_sample(n=0), good, "k:"),  # an empty sample says nothing about the range
+        (dtypes.float_to_bf16_bits(_sample(NAN)), good, "k:"),  # bf16 NaN bit patterns
+    ):
+        assert_refused(pool, InvalidArgumentError, name, pool.calibrate_scales, 1, k, v)
+
+
+@pytest.mark.parametrize(
+    ("headroom", "err"),
+    [
+        (NAN, InvalidArgumentError),
+        (0.0, InvalidArgumentError),
+        (-2.0, InvalidArgumentError),
+        (INF, InvalidArgumentError),
+        ("2", InvalidDTypeError),
+        (True, InvalidDTypeError),
+    ],
+)
+def test_calibrate_scales_refuses_a_bad_headroom(headroom: Any, err: type[Exception]) -> None:
+    pool = random_pool()
+    assert_refused(
+        pool, err, "headroom", lambda: pool.calibrate_scales(1, _sample(), _sample(), headroom=headroom)
+    )
+
+
+def test_calibrate_scales_refuses_non_arrays_and_integers() -> None:
+    pool = random_pool()
+    for k, name in ((None, "k:"), (np.ones((5, 2, 8), np.int32), "k:"), (np.ones((5, 2, 8), bool), "k:")):
+        assert_refused(pool, InvalidDTypeError, name, pool.calibrate_scales, 1, k, _sample())
+    assert_refused(
+        pool, InvalidArgumentError, "layer", lambda: pool.calibrate_scales(2, _sample(), _sample())
+    )
+
+
+def test_calibrate_scales_still_sets_zero_heads_to_one() -> None:
+    pool = random_pool()
+    k = _sample(0.0)
+    k[:, 0, 0] = 12.7
+    pool.calibrate_scales(0, k, _sample(0.0))
+    assert np.allclose(pool.k_scale[0], [0.1, 1.0]) and pool.v_scale[0].tolist() == [1.0, 1.0]
+
+
+# ------------------------------------------------------------------------------------ set_scales
+
+
+@pytest.mark.parametrize(
+    ("scale", "err"),
+    [
+        pytest.param(1e40, InvalidArgumentError, id="inf-as-float32"),
+        pytest.param(1e-50, InvalidArgumentError, id="zero-as-float32"),
+        pytest.param("0.5", InvalidDTypeError, id="str"),
+        pytest.param(None, InvalidDTypeError, id="None"),
+        pytest.param(True, InvalidDTypeError, id="bool"),
+        pytest.param([0.5, 1j], InvalidDTypeError, id="complex"),
+    ],
+)
+def test_set_scales_refuses_what_is_not_a_scale(scale: Any, err: type[Exception]) -> None:
+    pool = random_pool()
+    assert_refused(pool, err, "k_scale", lambda: pool.set_scales(0, scale, 1.0))
+
+
+# ------------------------------------------------------------------------------------ dtypes
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp8", "int8"])
+@pytest.mark.parametrize("scale", [0.0, -1.0, NAN, INF, np.array([0.5, 0.0])])
+def test_quantizing_conversions_refuse_a_bad_scale(kv_dtype: str, scale: Any) -> None:
+    x = np.ones((3, 2), np.float32)
+    stored = dtypes.encode(x, kv_dtype, 0.5)
+    with pytest.raises(InvalidArgumentError, match="scale"):
+        dtypes.encode(x, kv_dtype, scale)
+    with pytest.raises(InvalidArgumentError, match="scale"):
+        dtypes.decode(stored, kv_dtype, scale)
