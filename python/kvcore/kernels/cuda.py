@@ -144,6 +144,7 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
             _i32(pool.num_kv_heads),
             _i32(pool.head_dim),
             _i32(pool.page_size),
+            _i64(pool.num_pages * pool.page_size),  # the kernel skips device slots outside the pool
         ),
     )
 

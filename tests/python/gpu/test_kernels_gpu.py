@@ -282,3 +282,16 @@ def test_hostile_arguments_change_nothing_on_the_device() -> None:
     with pytest.raises(InvalidArgumentError, match="sm_scale"):
         K.paged_decode_attention(q, pool, 0, (np.array([0, 1]), np.array([1]), np.array([3])), float("nan"))
     assert np.array_equal(pool.data.get(), before)
+
+
+def test_device_slots_outside_the_pool_are_skipped_not_written() -> None:
+    """A device slot mapping is not read back on the host: the kernel itself skips slots outside the pool."""
+    pool = KVPool(
+        num_layers=1, num_pages=4, num_kv_heads=2, head_dim=64, page_size=16, kv_dtype="fp16", backend="cupy"
+    )
+    pool.data[...] = 1
+    before = pool.data.get()
+    k = cp.full((3, 2, 64), 7, cp.float16)
+    num_slots = pool.num_pages * pool.page_size
+    K.append_kv(pool, 0, cp.asarray([num_slots, num_slots + 10**9, -5], cp.int64), k, k)
+    assert np.array_equal(pool.data.get(), before)

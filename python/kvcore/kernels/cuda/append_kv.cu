@@ -3,8 +3,10 @@
 //
 // Grid: one thread block per token (num_tokens > 0; the host never launches an empty grid); 128
 // threads, each moving 8 elements (16 bytes of fp16/bf16 input) per step over 2 x num_kv_heads x
-// head_dim. A slot of -1 (a padding token) is skipped. Slots are distinct within a launch (the host
-// checks), so there is no write race.
+// head_dim. A slot of -1 (a padding token) is skipped, and so is any slot outside [0, num_slots): the
+// host ranges host slot mappings, but a device one is not read back (that would synchronize), so the
+// kernel itself never writes outside the layer. Slots are distinct within a launch (the host checks
+// host mappings; a device mapping is the caller's), so there is no write race.
 #include "common.cuh"
 
 namespace kv {
@@ -20,11 +22,12 @@ __device__ __forceinline__ void append_kv_impl(
     i64 kv_stride, i64 page_stride, i64 head_stride, i64 token_stride,  // elements (PoolStrides)
     const float* __restrict__ k_scale,          // [num_kv_heads] this layer's K scales (quantized pools)
     const float* __restrict__ v_scale,          // [num_kv_heads] this layer's V scales (quantized pools)
-    int num_kv_heads, int head_dim, int page_size) {
+    int num_kv_heads, int head_dim, int page_size,
+    i64 num_slots) {                            // num_pages * page_size: slots past it are skipped
   typedef typename Cache::storage S;
   const int token = blockIdx.x;
   const i64 slot = slot_mapping[token];
-  if (slot < 0) return;
+  if (slot < 0 || slot >= num_slots) return;
   const i64 page = slot / page_size;
   const i64 offset = slot - page * page_size;
   const int vecs_per_head = head_dim / 8;
@@ -68,10 +71,10 @@ __device__ __forceinline__ void append_kv_impl(
            const long long* __restrict__ slot_mapping, CACHE::storage* __restrict__ pool, long long kv_stride, \
            long long page_stride, long long head_stride, long long token_stride,                           \
            const float* __restrict__ k_scale, const float* __restrict__ v_scale, int num_kv_heads,         \
-           int head_dim, int page_size) {                                                                  \
+           int head_dim, int page_size, long long num_slots) {                                             \
     kv::append_kv_impl<ACT, CACHE>(k, v, k_token_stride, k_head_stride, v_token_stride, v_head_stride,    \
                                    slot_mapping, pool, kv_stride, page_stride, head_stride, token_stride, \
-                                   k_scale, v_scale, num_kv_heads, head_dim, page_size);                  \
+                                   k_scale, v_scale, num_kv_heads, head_dim, page_size, num_slots);       \
   }
 
 KV_APPEND(append_kv_fp16_fp16, __half, kv::CacheF16)
