@@ -3,7 +3,7 @@
 use numpy::PyArray1;
 use pyo3::prelude::*;
 
-use super::convert::{count_arg, int_value, new_page_array, page_ids, DETACH_MIN_PAGES};
+use super::convert::{count_arg, new_page_array, page_arg, page_ids, DETACH_MIN_PAGES};
 use crate::allocator::PageAllocator;
 use crate::{KvError, KvResult, PageId};
 
@@ -81,13 +81,7 @@ impl PyPageAllocator {
 
     /// References held on `page` (0 when free).
     fn ref_count(&self, page: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let value = int_value(page, "page")?;
-        let page = PageId::try_from(value).map_err(|_| {
-            KvError::InvalidPage(format!(
-                "page {value} is out of range; valid pages are 1..={}",
-                self.inner.num_pages() - 1
-            ))
-        })?;
+        let page = page_arg(page, self.inner.num_pages())?;
         Ok(self.inner.ref_count(page)?)
     }
 

@@ -267,6 +267,19 @@ pub(crate) fn int_arg<T: TryFrom<i64>>(
     })
 }
 
+/// One page id argument (`ref_count(page)`): an integer that fits a page id, else
+/// `InvalidPageError` naming the valid range (the core then checks it against the pool).
+pub(crate) fn page_arg(obj: &Bound<'_, PyAny>, num_pages: usize) -> PyResult<PageId> {
+    let value = int_value(obj, "page")?;
+    PageId::try_from(value).map_err(|_| {
+        KvError::InvalidPage(format!(
+            "page {value} is out of range; valid pages are 1..={}",
+            num_pages - 1
+        ))
+        .into()
+    })
+}
+
 /// An integer count argument: non-integers raise `InvalidDTypeError`, negatives `InvalidArgumentError`.
 pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     let value = int_value(obj, name)?;

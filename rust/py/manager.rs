@@ -12,8 +12,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PySlice, PyTuple};
 
 use super::convert::{
-    bool_arg, count_arg, float_arg, int_arg, int_value, namespace_arg, page_ids, seq_ids_arg,
-    str_arg, tokens, Arg,
+    bool_arg, count_arg, float_arg, int_arg, int_value, namespace_arg, page_arg, page_ids,
+    seq_ids_arg, str_arg, tokens, Arg,
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
@@ -403,13 +403,7 @@ impl PyKVCacheManager {
 
     /// References held on `page` (the tree's, each sequence's, and a queued copy's).
     fn ref_count(&self, page: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let value = int_value(page, "page")?;
-        let page = u32::try_from(value).map_err(|_| {
-            KvError::InvalidPage(format!(
-                "page {value} is out of range; valid pages are 1..={}",
-                self.inner.num_pages() - 1
-            ))
-        })?;
+        let page = page_arg(page, self.inner.num_pages())?;
         Ok(self.inner.ref_count(page)?)
     }
 

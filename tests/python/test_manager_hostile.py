@@ -44,14 +44,15 @@ def test_a_clock_that_resizes_the_prompt_cannot_crash_the_interpreter() -> None:
     r = run_python(
         """
         import numpy as np, kvcore
-        t = np.arange(1, 4097, dtype=np.int32)
+        n = 1 << 21  # 8 MiB: its own mapping, unmapped when the array moves
+        t = np.arange(1, n + 1, dtype=np.int32)
         def clock():
-            t.resize(10**6, refcheck=False)   # frees the buffer a raw view would point into
+            t.resize(4 * n, refcheck=False)   # frees the buffer a raw view would point into
             t[:] = 7
             return 1.0
-        m = kvcore.KVCacheManager(1024, 16, clock=clock)
+        m = kvcore.KVCacheManager(n // 16 + 64, 16, clock=clock)
         assert m.add_sequence(1, t) == 0
-        assert m.seq_len(1) == 4096
+        assert m.seq_len(1) == n
         m.append(1, t[:3]); m.pin(np.arange(1, 33, dtype=np.int32), 5.0)
         print("ok")
         """
@@ -221,6 +222,42 @@ def test_of_two_racing_frees_of_a_batch_exactly_one_succeeds(n: int) -> None:
         assert all(alloc.ref_count(int(p)) == 0 for p in pages[:: max(1, n // 64)])
     again = alloc.allocate(n)
     assert again is not None and len(np.unique(again)) == n and alloc.num_free == 0
+
+
+def test_crossing_double_frees_never_both_succeed_and_leave_every_count_exact() -> None:
+    """Two frees of one sole-owned batch, one of them listed backwards: they meet in the middle."""
+    n = 200_000
+    alloc = PageAllocator(n + 1)
+    for _ in range(60):
+        pages = alloc.allocate(n)
+        assert pages is not None
+        results: list[bool] = []
+        barrier = threading.Barrier(2)
+
+        def free(
+            batch: np.ndarray, barrier: threading.Barrier = barrier, results: list[bool] = results
+        ) -> None:
+            barrier.wait()
+            try:
+                alloc.free(batch)
+                results.append(True)
+            except DoubleFreeError:
+                results.append(False)
+
+        threads = [threading.Thread(target=free, args=(b,)) for b in (pages, pages[::-1].copy())]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert results.count(True) <= 1, "both frees succeeded"
+        counts = {alloc.ref_count(int(p)) for p in pages}
+        if True in results:
+            assert counts == {0} and alloc.num_free == n
+        else:  # both raised: each gave back what it took, so the pages are held once, as before
+            assert counts == {1} and alloc.num_free == 0
+            alloc.free(pages)
+    again = alloc.allocate(n)
+    assert again is not None and len(np.unique(again)) == n
 
 
 # ----- 5. out of memory ---------------------------------------------
