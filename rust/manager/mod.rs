@@ -32,10 +32,9 @@
 //!
 //! # Failure
 //! Caller mistakes return `Err` before anything changes. Running out of pages returns `None` /
-//! `false` with the sequences, the allocator and the cached pages unchanged. An admission that cannot
-//! fit even after evicting everything evictable is refused before its lookup touches anything; one
-//! that fails only because its own matched prefix counted as evictable (a rare edge) may have
-//! refreshed that prefix's recency, hit count and priority.
+//! `false` with the sequences, the allocator and the cached pages unchanged: an admission that cannot
+//! fit even after evicting everything evictable but its own matched prefix is refused before its
+//! lookup touches anything (recency, hit counts and priorities included).
 
 use std::collections::HashMap;
 
@@ -311,9 +310,13 @@ impl KVCacheManager {
         if num_pages > self.alloc.num_free() {
             // The pool may be short: refuse now if even evicting everything evictable cannot make
             // room, before the lookup touches recency, hit counts or priorities.
+            // Exact: the matched prefix's own evictable pages are locked by this admission, so
+            // they cannot make room for it.
             st.tree.expire_pins(now);
-            let need = num_pages - st.tree.peek_prefix_len(lookup_ns, lookup);
-            if need > self.alloc.num_free() + st.tree.num_evictable_pages() {
+            let (hit_pages, hit_evictable) = st.tree.peek_prefix(lookup_ns, lookup);
+            let need = num_pages - hit_pages;
+            let room = self.alloc.num_free() + st.tree.num_evictable_pages() - hit_evictable;
+            if need > room {
                 st.stats.num_refused += 1;
                 return Ok(None);
             }

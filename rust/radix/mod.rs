@@ -405,6 +405,25 @@ impl RadixTree {
         self.find(ns, tokens).total
     }
 
+    /// [`peek_prefix_len`](Self::peek_prefix_len), and how many of the matched pages are
+    /// evictable now: the pages that locking the match would take out of
+    /// [`num_evictable_pages`](Self::num_evictable_pages). No side effects.
+    pub fn peek_prefix(&self, ns: Namespace, tokens: &[u32]) -> (usize, usize) {
+        let found = self.find(ns, tokens);
+        let mut evictable = 0;
+        let mut matched_here = found.in_node; // the match may end inside its last node
+        let mut id = found.node;
+        while id != ROOT {
+            let n = &self.nodes[id as usize];
+            if n.class() == Class::Evictable {
+                evictable += matched_here;
+            }
+            id = n.parent;
+            matched_here = self.nodes[id as usize].pages.len();
+        }
+        (found.total, evictable)
+    }
+
     // ---------------------------------------------------------------------------------------
     // Insert
     // ---------------------------------------------------------------------------------------

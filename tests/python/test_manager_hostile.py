@@ -162,6 +162,24 @@ def test_copies_of_an_evicted_destination_are_cancelled() -> None:
     assert s.num_pages_free == s.num_pages_total
 
 
+def test_a_refused_admission_does_not_refresh_its_matched_prefix() -> None:
+    """The early refusal is exact: the admission's own matched prefix cannot make room for it, so a
+    refused call never got to touch that prefix (its LRU position is as before)."""
+    m = KVCacheManager(5, 4, "lru")  # 4 usable pages
+    a, b = list(range(100, 108)), list(range(200, 208))
+    for sid, prompt in ((1, a), (2, b)):
+        m.add_sequence(sid, prompt)
+        m.free_sequence(sid)
+    assert m.stats().num_pages_cached == 4
+    before = state(m)
+    assert m.add_sequence(3, a + list(range(13))) is None  # 6 pages: a's 2 + 4 more than can be had
+    after = state(m)
+    assert after[0].pop("num_refused") == 1 and before[0].pop("num_refused") == 0  # type: ignore[attr-defined]
+    assert after == before
+    m.add_sequence(4, list(range(300, 308)))  # needs 2 pages: evicts the least recently used, a
+    assert m.peek_prefix_len([*a, 0]) == 0 and m.peek_prefix_len([*b, 0]) == 8
+
+
 # ----- 3. fork during chunked prefill ---------------------------------------------
 
 
