@@ -147,7 +147,7 @@ impl PageAllocator {
             )));
         }
         // Fallible: a pool too large for the address space is an error, never an abort.
-        let ref_cnt = try_boxed_slice(num_pages, "page reference counts", |_| AtomicU32::new(0))?;
+        let ref_cnt = zeroed_counts(num_pages)?;
         // Shard s starts with a contiguous run of pages, lowest id on top, so a fresh allocator hands
         // out 1, 2, 3, ... from shard 0 and threads on different shards touch different cache lines.
         let usable = num_pages - 1;
@@ -747,6 +747,37 @@ impl PageAllocator {
     fn home_shard(&self) -> usize {
         0
     }
+}
+
+/// `n` reference counts at 0, or `OutOfMemory`. Zeroed memory straight from the system allocator:
+/// the pages of a huge pool are not touched until used, so building one costs no resident memory
+/// for its counts.
+#[cfg(not(loom))]
+fn zeroed_counts(n: usize) -> KvResult<Box<[AtomicU32]>> {
+    let oom = || {
+        KvError::OutOfMemory(format!(
+            "cannot allocate page reference counts: {n} elements of 4 bytes"
+        ))
+    };
+    let layout = std::alloc::Layout::array::<AtomicU32>(n).map_err(|_| oom())?;
+    if layout.size() == 0 {
+        return Ok(Box::new([]));
+    }
+    // SAFETY: `layout` has a non-zero size. All-zero bytes are a valid AtomicU32 (0); the pointer
+    // comes from the global allocator with this exact layout, as `Box<[AtomicU32]>` frees it.
+    unsafe {
+        let ptr = std::alloc::alloc_zeroed(layout).cast::<AtomicU32>();
+        if ptr.is_null() {
+            return Err(oom());
+        }
+        Ok(Box::from_raw(std::ptr::slice_from_raw_parts_mut(ptr, n)))
+    }
+}
+
+/// Under loom the atomics are loom's (not plain zeroable memory): built one by one.
+#[cfg(loom)]
+fn zeroed_counts(n: usize) -> KvResult<Box<[AtomicU32]>> {
+    try_boxed_slice(n, "page reference counts", |_| AtomicU32::new(0))
 }
 
 /// Whether `pages` lists some page twice. Small batches compare pairwise; larger ones mark a
