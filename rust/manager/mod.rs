@@ -278,16 +278,18 @@ impl KVCacheManager {
     /// if `cache_prompt`, cache the prompt's full pages (the engine computes them in this step).
     /// With `cache_prompt == false` (chunked prefill) pages are cached only by [`commit`](Self::commit).
     /// Returns the number of prompt tokens already cached, or `None` (nothing changed) if the pages
-    /// cannot be found even after evicting everything evictable.
-    pub fn add_sequence(
+    /// cannot be found even after evicting everything evictable. An owned `prompt` (a `Vec`) is
+    /// kept as the sequence's tokens without a copy.
+    pub fn add_sequence<P: AsRef<[u32]> + Into<Vec<u32>>>(
         &self,
         seq_id: SeqId,
-        prompt: &[u32],
+        prompt_tokens: P,
         namespace: Option<&str>,
         priority: i32,
         cache_prompt: bool,
         now: u64,
     ) -> KvResult<Option<usize>> {
+        let prompt = prompt_tokens.as_ref();
         let mut guard = self.state.lock();
         let st = &mut *guard;
         if st.seqs.contains_key(&seq_id) {
@@ -343,6 +345,7 @@ impl KVCacheManager {
             None => namespace.map_or(DEFAULT_NAMESPACE, |name| st.intern(name)),
         };
         st.add_live(ns);
+        let full_pages = prompt.len() / ps;
         // The sequence starts with the matched prefix cached and its node locked (the lock taken
         // above becomes the sequence's); its own full pages join the tree like appended ones.
         st.seqs.insert(
@@ -350,7 +353,7 @@ impl KVCacheManager {
             Sequence {
                 ns,
                 priority,
-                tokens: prompt.to_vec(),
+                tokens: prompt_tokens.into(),
                 pages,
                 num_inserted_pages: hit.num_pages,
                 auto_cache: cache_prompt,
@@ -359,7 +362,7 @@ impl KVCacheManager {
             },
         );
         if cache_prompt {
-            self.cache_full_pages(st, seq_id, prompt.len() / ps, now)?;
+            self.cache_full_pages(st, seq_id, full_pages, now)?;
         }
         Ok(Some(hit.num_pages * ps))
     }
@@ -892,13 +895,15 @@ mod tests {
         let m = manager(64, 4);
         let prompt: Vec<u32> = (0..10).collect();
         assert_eq!(
-            m.add_sequence(1, &prompt, None, 0, true, 0).unwrap(),
+            m.add_sequence(1, prompt.as_slice(), None, 0, true, 0)
+                .unwrap(),
             Some(0)
         );
         let mut other = prompt[..8].to_vec();
         other.extend([100, 101, 102]);
         assert_eq!(
-            m.add_sequence(2, &other, None, 0, true, 0).unwrap(),
+            m.add_sequence(2, other.as_slice(), None, 0, true, 0)
+                .unwrap(),
             Some(8)
         );
         let (a, b) = (m.seq_pages(1).unwrap(), m.seq_pages(2).unwrap());
@@ -908,7 +913,7 @@ mod tests {
         check_split(&m);
         // Another namespace sees nothing.
         assert_eq!(
-            m.add_sequence(3, &prompt, Some("tenant-b"), 0, true, 0)
+            m.add_sequence(3, prompt.as_slice(), Some("tenant-b"), 0, true, 0)
                 .unwrap(),
             Some(0)
         );
@@ -918,7 +923,7 @@ mod tests {
     #[test]
     fn fork_then_append_copies_the_shared_partial_page() {
         let m = manager(64, 4);
-        m.add_sequence(1, &[1, 2, 3, 4, 5, 6], None, 0, true, 0)
+        m.add_sequence(1, [1, 2, 3, 4, 5, 6], None, 0, true, 0)
             .unwrap();
         m.fork(1, 2).unwrap();
         let before = m.seq_pages(1).unwrap();
@@ -938,7 +943,7 @@ mod tests {
     #[test]
     fn chained_copies_resolve_to_the_source_and_freed_ones_are_cancelled() {
         let m = manager(64, 4);
-        m.add_sequence(1, &[1, 2, 3, 4, 5, 6], Some("a"), 0, true, 0)
+        m.add_sequence(1, [1, 2, 3, 4, 5, 6], Some("a"), 0, true, 0)
             .unwrap();
         let src = m.seq_pages(1).unwrap()[1];
         m.fork(1, 2).unwrap();
@@ -965,11 +970,11 @@ mod tests {
     fn refusal_changes_nothing() {
         let m = manager(5, 4); // 4 usable pages
         assert_eq!(
-            m.add_sequence(1, &[0; 12], None, 0, true, 0).unwrap(),
+            m.add_sequence(1, [0; 12], None, 0, true, 0).unwrap(),
             Some(0)
         );
         let before = m.stats(0);
-        assert_eq!(m.add_sequence(2, &[9; 8], None, 0, true, 0).unwrap(), None);
+        assert_eq!(m.add_sequence(2, [9; 8], None, 0, true, 0).unwrap(), None);
         assert!(!m.contains(2));
         let after = m.stats(0);
         assert_eq!(
@@ -979,7 +984,7 @@ mod tests {
         m.free_sequence(1).unwrap();
         assert_eq!(m.stats(0).num_pages_cached, 3);
         assert_eq!(
-            m.add_sequence(2, &[9; 16], None, 0, true, 0).unwrap(),
+            m.add_sequence(2, [9; 16], None, 0, true, 0).unwrap(),
             Some(0)
         ); // evicts
         assert_eq!(m.stats(0).num_evicted_pages, 3);

@@ -21,7 +21,7 @@ use crate::PageId;
 pub(crate) const DETACH_MIN_PAGES: usize = 4096;
 
 /// Ids up to this many are copied into an inline buffer (no heap allocation on the hot path).
-const INLINE_IDS: usize = 32;
+const INLINE_IDS: usize = 16;
 
 /// Ids copied out of the caller's object: inline when short, on the heap otherwise.
 pub(crate) enum Ids {
@@ -33,6 +33,22 @@ impl Ids {
     pub(crate) fn as_slice(&self) -> &[u32] {
         match self {
             Ids::Inline(buf, len) => &buf[..*len],
+            Ids::Heap(v) => v,
+        }
+    }
+}
+
+impl AsRef<[u32]> for Ids {
+    fn as_ref(&self) -> &[u32] {
+        self.as_slice()
+    }
+}
+
+impl From<Ids> for Vec<u32> {
+    /// The copy itself when it is on the heap (a prompt kept by the manager is not copied again).
+    fn from(ids: Ids) -> Vec<u32> {
+        match ids {
+            Ids::Inline(buf, len) => buf[..len].to_vec(),
             Ids::Heap(v) => v,
         }
     }
@@ -85,7 +101,11 @@ unsafe fn copy_u32(ptr: *const u32, len: usize) -> Ids {
         }
         return Ids::Inline(buf, len);
     }
-    Ids::Heap(src.iter().map(|s| s.load(Ordering::Relaxed)).collect())
+    let mut out = vec![0u32; len];
+    for (dst, s) in out.iter_mut().zip(src) {
+        *dst = s.load(Ordering::Relaxed);
+    }
+    Ids::Heap(out)
 }
 
 /// Copy `len` int64 values at `ptr`, each converted by `convert` (the first failure is returned).
@@ -136,7 +156,7 @@ fn copy_sequence(
     };
     let mut out = Vec::with_capacity(items.len());
     for (i, item) in items.iter().enumerate() {
-        match int_value(item, &format!("{what}[{i}]")) {
+        match int_value_named(item, || format!("{what}[{i}]")) {
             Ok(v) => match convert(v) {
                 Ok(v) => out.push(v),
                 Err(e) => return Some(Err(e)),
@@ -240,10 +260,17 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
 /// An integer argument as `i64`: bools and non-integers raise `InvalidDTypeError`, integers beyond
 /// int64 `InvalidArgumentError`, each naming the argument.
 pub(crate) fn int_value(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
+    int_value_named(obj, || name.to_owned())
+}
+
+/// [`int_value`] with the argument's name made only for an error message (list elements).
+fn int_value_named(obj: &Bound<'_, PyAny>, name: impl FnOnce() -> String) -> PyResult<i64> {
     if obj.is_instance_of::<PyBool>() {
+        let name = name();
         return Err(KvError::InvalidDType(format!("{name} must be an integer, got a bool")).into());
     }
     obj.extract::<i64>().map_err(|_| {
+        let name = name();
         let is_int = obj.is_instance_of::<PyInt>() || obj.hasattr("__index__").unwrap_or(false);
         if is_int {
             KvError::InvalidArgument(format!("{name} is out of range (int64), got {obj}")).into()
@@ -367,7 +394,7 @@ pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i6
     items
         .iter()
         .enumerate()
-        .map(|(i, item)| int_value(item, &format!("{name}[{i}]")))
+        .map(|(i, item)| int_value_named(item, || format!("{name}[{i}]")))
         .collect()
 }
 

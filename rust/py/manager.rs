@@ -147,7 +147,7 @@ impl PyKVCacheManager {
         let now = self.now(py)?;
         Ok(self.inner.add_sequence(
             id,
-            prompt.as_slice(),
+            prompt,
             namespace.as_deref(),
             priority,
             cache_prompt,
