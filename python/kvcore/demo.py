@@ -18,6 +18,8 @@ import numpy.typing as npt
 
 from kvcore import PageAllocator
 
+_MAX_THREADS = 1024  # a demo of sharing, not of the OS thread limit
+
 
 @dataclass
 class WorkerStats:
@@ -80,11 +82,15 @@ def run_demo(num_threads: int, num_requests: int, num_pages: int, page_size: int
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    from kvcore.cli import int_arg
+
     parser = subparsers.add_parser("demo", help="threads allocating, sharing and freeing pages")
-    parser.add_argument("--threads", type=int, default=4)
-    parser.add_argument("--requests", type=int, default=20_000, help="requests per thread")
-    parser.add_argument("--num-pages", type=int, default=20_001)
-    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--threads", type=int_arg(1, _MAX_THREADS), default=4, help="threads (default 4)")
+    parser.add_argument("--requests", type=int_arg(0), default=20_000, help="requests per thread")
+    parser.add_argument(
+        "--num-pages", type=int_arg(2), default=20_001, help="pages of the pool, page 0 included"
+    )
+    parser.add_argument("--page-size", type=int_arg(1), default=16, help="tokens per page (default 16)")
     parser.set_defaults(
         func=lambda a: run_demo(a.threads, a.requests, a.num_pages, a.page_size),
     )

@@ -1,23 +1,18 @@
 """``kvcore replay`` from the command line: the report, --json, the plot, and errors on stderr with exit
-code 2. The sub-command is registered on a parser of our own, as the top-level ``kvcore`` does."""
+code 2. Through ``kvcore.cli.main``, which is where errors become one line and the exit code."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import pytest
 
-from kvcore.replay.cli import register
+import kvcore.cli
 
 
 def run(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="kvcore")
-    register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["replay", *argv])
-    code: int = args.func(args)
-    return code
+    return kvcore.cli.main(["replay", *argv])
 
 
 def write_trace(path: Path, rows: list[dict[str, object]]) -> Path:

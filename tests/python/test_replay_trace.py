@@ -139,7 +139,7 @@ def test_error_line_numbers_count_blank_lines(tmp_path: Path) -> None:
     message = bad(
         tmp_path, [GOOD[0], "", "", {"timestamp": 1, "input_length": 0, "output_length": 0, "hash_ids": []}]
     )
-    assert message.startswith("line 4, field 'input_length'")
+    assert message.startswith(f"{tmp_path / 'bad.jsonl'}: line 4, field 'input_length'")
 
 
 def test_block_size_mismatch_is_reported(tmp_path: Path) -> None:

@@ -5,7 +5,8 @@ with *their* traffic. This package runs a workload through the real :class:`kvco
 and measures it:
 
 - :func:`read_trace` / :func:`write_trace`: Mooncake-format JSONL (prefix-chained 512-token hash ids),
-  read into a columnar :class:`Trace`; malformed lines raise ``TraceFormatError`` naming line and field;
+  read into a columnar :class:`Trace`; malformed lines raise ``TraceFormatError`` naming file, line and
+  field;
 - :func:`generate_workload`: the built-in, seeded workload (shared system prompts and tools with Zipf
   popularity, multi-turn chats, RAG documents);
 - :func:`replay`: one policy at one capacity, in ``sequential`` mode (trace order, prompts only, as in
@@ -47,11 +48,12 @@ from kvcore.replay.report import (
     format_report,
 )
 from kvcore.replay.tokens import TokenSource
-from kvcore.replay.trace import MOONCAKE_BLOCK_SIZE, Trace, read_trace, write_trace
+from kvcore.replay.trace import MAX_REQUEST_TOKENS, MOONCAKE_BLOCK_SIZE, Trace, read_trace, write_trace
 
 __all__ = [
     "DEFAULT_GPU",
     "DEFAULT_MODEL",
+    "MAX_REQUEST_TOKENS",
     "MODES",
     "MOONCAKE_BLOCK_SIZE",
     "POLICIES",

@@ -3,7 +3,9 @@
 Runs a Mooncake-format trace (or the built-in workload) through the real manager, once per policy,
 optionally over a capacity sweep, and prints a report; the plot (and ``report.json``) go to ``--out``.
 Every error a user can cause (malformed trace line, unknown preset, contradictory capacity, missing
-file) prints one line on stderr and exits with code 2, without a traceback.
+file, a cache too large for memory) prints one line on stderr and exits with code 2, without a
+traceback: the jobs raise ``ConfigError`` / ``TraceFormatError`` (naming the flag, or the file and line),
+and :func:`kvcore.cli.main` prints them.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 from typing import Any
+
+from kvcore.cli import float_arg, int_arg
 
 __all__ = ["register"]
 
@@ -35,21 +39,24 @@ def register(subparsers: Any) -> None:
     src = p.add_argument_group("workload")
     src.add_argument(
         "--trace-block-size",
-        type=int,
+        type=int_arg(1),
         default=512,
         metavar="N",
         help="tokens per hash id in TRACE (default 512)",
     )
-    src.add_argument("--limit", type=int, metavar="N", help="replay only the first N requests")
+    src.add_argument("--limit", type=int_arg(1), metavar="N", help="replay only the first N requests")
     src.add_argument(
-        "--requests", type=int, metavar="N", help="built-in workload: number of requests (default 4000)"
+        "--requests",
+        type=int_arg(1),
+        metavar="N",
+        help="built-in workload: number of requests (default 4000)",
     )
     src.add_argument(
-        "--seed", type=int, default=0, metavar="N", help="built-in workload: random seed (default 0)"
+        "--seed", type=int_arg(0), default=0, metavar="N", help="built-in workload: random seed (default 0)"
     )
     src.add_argument("--save-trace", metavar="PATH", help="also write the workload as Mooncake JSONL")
     cap = p.add_argument_group("capacity (default: what kvcore plan gives llama-3.1-8b on H100-80G)")
-    cap.add_argument("--capacity-pages", type=int, metavar="N", help="usable pages of the cache")
+    cap.add_argument("--capacity-pages", type=int_arg(1), metavar="N", help="usable pages of the cache")
     cap.add_argument(
         "--capacity-tokens", metavar="T", help="tokens of cache, e.g. 3000000 or 512k (k = 1024)"
     )
@@ -62,11 +69,15 @@ def register(subparsers: Any) -> None:
         "--kv-dtype", default="bf16", metavar="DTYPE", help="cache precision for --model (default bf16)"
     )
     cap.add_argument(
-        "--tp", type=int, default=1, metavar="N", help="tensor-parallel degree for --model/--gpu (default 1)"
+        "--tp",
+        type=int_arg(1),
+        default=1,
+        metavar="N",
+        help="tensor-parallel degree for --model/--gpu (default 1)",
     )
     cap.add_argument(
         "--page-size",
-        type=int,
+        type=int_arg(1),
         default=16,
         metavar="N",
         help="tokens per page (default 16; 512 = Mooncake blocks)",
@@ -95,20 +106,28 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument(
         "--prefill-rate",
-        type=float,
+        type=float_arg(0, strict=True),
         default=10_000.0,
         metavar="TOK_S",
         help="timed: prefill tokens/s per request",
     )
     run.add_argument(
-        "--decode-rate", type=float, default=50.0, metavar="TOK_S", help="timed: decode tokens/s per request"
+        "--decode-rate",
+        type=float_arg(0, strict=True),
+        default=50.0,
+        metavar="TOK_S",
+        help="timed: decode tokens/s per request",
     )
     run.add_argument(
-        "--decode-chunk", type=int, default=32, metavar="N", help="timed: tokens reserved per decode step"
+        "--decode-chunk",
+        type=int_arg(1),
+        default=32,
+        metavar="N",
+        help="timed: tokens reserved per decode step",
     )
     run.add_argument(
         "--max-queue-wait",
-        type=float,
+        type=float_arg(0),
         default=60.0,
         metavar="S",
         help="timed: seconds a request may wait before it is refused",
@@ -127,17 +146,7 @@ def register(subparsers: Any) -> None:
         "--progress", dest="progress", action="store_true", default=None, help="always draw progress"
     )
     prog.add_argument("--no-progress", dest="progress", action="store_false", help="never draw progress")
-    p.set_defaults(func=_main)
-
-
-def _main(args: argparse.Namespace) -> int:
-    from kvcore.exceptions import KVCoreError
-
-    try:
-        return _run(args)
-    except (KVCoreError, ValueError, OSError) as exc:
-        print(f"kvcore replay: error: {exc}", file=sys.stderr)
-        return 2
+    p.set_defaults(func=_run)
 
 
 def _tokens(text: str, what: str) -> int:

@@ -23,6 +23,10 @@ preemption); it comes back when a running request finishes, recomputing its prom
 generated so far (mostly cache hits). A request alone in the cache that still cannot grow is refused.
 Every request ends served or refused; none is lost.
 
+Memory follows the capacity, not the trace's numbers: a request's tokens are built only when they can
+fit the cache (a prompt longer than the whole cache is refused without them, as ``add_sequence``
+would refuse it), and an answer a decode chunk at a time.
+
 Hit accounting (see :mod:`kvcore.replay.report`): ``hit_tokens`` are uncapped. ``add_sequence`` caps
 its answer at ``prompt_len - 1``; the two differ only for a page-aligned prompt, so the engine asks
 ``peek_prefix_len`` (no side effects) first for those prompts only, about one in ``page_size`` of
@@ -32,6 +36,7 @@ them, which costs almost nothing.
 from __future__ import annotations
 
 import heapq
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -42,6 +47,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcore import CacheStats, KVCacheManager
+from kvcore._json import show
+from kvcore.exceptions import ConfigError
 from kvcore.replay.capacity import Capacity
 from kvcore.replay.progress import Progress
 from kvcore.replay.report import PolicyResult, ReplayReport, Timeline, UsageSplit, WorkloadSummary
@@ -67,20 +74,28 @@ class ReplayConfig:
     page_size: int = 16  # tokens per page, >= 1 (512 reproduces Mooncake's blocks)
     policy: str = "lru"  # eviction policy: one of POLICIES
     mode: str = "sequential"  # one of MODES
-    prefill_rate: float = 10_000.0  # timed: uncached prompt tokens computed per second per request, > 0
-    decode_rate: float = 50.0  # timed: tokens generated per second per request, > 0
+    prefill_rate: float = 10_000.0  # timed: uncached prompt tokens computed per s per request, > 0, finite
+    decode_rate: float = 50.0  # timed: tokens generated per second per request, > 0, finite
     decode_chunk: int = 32  # timed: tokens reserved per append, >= 1 (coarser is faster to simulate)
-    max_queue_wait_s: float = 60.0  # timed: longest wait for admission before a request is refused, >= 0
+    max_queue_wait_s: float = 60.0  # timed: longest wait for admission before a refusal, >= 0, finite
 
     def __post_init__(self) -> None:
-        if self.capacity_pages < 1 or self.page_size < 1 or self.decode_chunk < 1:
-            raise ValueError("capacity_pages, page_size and decode_chunk must be >= 1")
+        for name in ("capacity_pages", "page_size", "decode_chunk"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {show(value)}")
         if self.policy not in POLICIES:
-            raise ValueError(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {show(self.policy)}")
         if self.mode not in MODES:
-            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {self.mode!r}")
-        if not (self.prefill_rate > 0 and self.decode_rate > 0 and self.max_queue_wait_s >= 0):
-            raise ValueError("prefill_rate and decode_rate must be > 0, max_queue_wait_s >= 0")
+            raise ConfigError(f"mode must be one of {', '.join(MODES)}, got {show(self.mode)}")
+        rates = (self.prefill_rate, self.decode_rate, self.max_queue_wait_s)
+        # Finite: the settings go into report.json, and JSON has no infinity.
+        if not all(isinstance(x, (int, float)) and math.isfinite(x) for x in rates) or not (
+            self.prefill_rate > 0 and self.decode_rate > 0 and self.max_queue_wait_s >= 0
+        ):
+            raise ConfigError(
+                "prefill_rate and decode_rate must be finite and > 0, max_queue_wait_s finite and >= 0"
+            )
 
 
 class _Usage:
@@ -211,11 +226,14 @@ def _sequential(
     every = 1 if observer is not None else max(1, n // _TIMELINE_POINTS)
     usage = _Usage(m, 0.0, float(n), observer, "requests")
     add, free, peek, build = m.add_sequence, m.free_sequence, m.peek_prefix_len, src.prompt
+    cache_tokens = cfg.capacity_pages * ps
     hits = saved = 0
     queried = 0
     for i in range(n):
-        tokens = build(i)
         length = lens[i]
+        if length > cache_tokens:  # longer than the whole cache: add_sequence would refuse it
+            continue
+        tokens = build(i)
         whole = peek(tokens) if length % ps == 0 else -1
         hit = add(i, tokens, None, prios[i])
         if hit is None:
@@ -273,7 +291,7 @@ class _Timed:
 
     def __init__(self, trace: Trace, cfg: ReplayConfig, src: TokenSource, observer: Observer | None) -> None:
         if trace.timestamps_ms is None:
-            raise ValueError("timed mode needs a trace with timestamps")
+            raise ConfigError("timed mode needs a trace with timestamps")
         self.cfg = cfg
         self.src = src
         self.ps = cfg.page_size
@@ -284,9 +302,10 @@ class _Timed:
         self.in_lens: list[int] = trace.input_lens.tolist()
         self.out_lens: list[int] = trace.output_lens.tolist()
         self.prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
+        self.cache_tokens = cfg.capacity_pages * cfg.page_size  # no sequence can ever hold more
         self.generated = [0] * n  # output tokens reserved so far, per request
         self.epoch = [0] * n  # bumped at each preemption: older heap events are stale
-        self.outputs: dict[int, np.ndarray] = {}  # answer tokens of admitted (or preempted) requests
+        self.started: set[int] = set()  # admitted at least once (a preempted one is not new again)
         self.running: dict[int, None] = {}  # live requests in admission order (last = youngest)
         self.heap: list[tuple[float, int, int, int]] = []  # (time, tie-break, request, epoch)
         self.tie = count()
@@ -308,17 +327,20 @@ class _Timed:
 
     def admit(self, idx: int, t: float) -> bool:
         c, ps, src = self.c, self.ps, self.src
-        first = idx not in self.outputs
+        first = idx not in self.started
         g = self.generated[idx]
-        tokens = src.prompt(idx) if g == 0 else src.prompt_and_output(idx, self.outputs[idx][:g])
-        length = len(tokens)
+        length = self.in_lens[idx] + g
+        if length > self.cache_tokens:  # longer than the whole cache: add_sequence would refuse it
+            c["num_admission_failures"] += 1
+            return False
+        tokens = src.prompt(idx) if g == 0 else src.prompt_and_answer(idx, g)
         whole = self.m.peek_prefix_len(tokens) if first and length % ps == 0 else -1
         hit = self.m.add_sequence(idx, tokens, None, self.prios[idx])
         if hit is None:
             c["num_admission_failures"] += 1
             return False
         if first:
-            self.outputs[idx] = src.output(idx)
+            self.started.add(idx)
             got = whole if whole >= 0 else hit
             self.got[idx] = got
             self.looked_up[idx] = True
@@ -342,7 +364,6 @@ class _Timed:
     def refuse(self, idx: int, reason: str) -> None:
         self.c[reason] += 1
         self.c["num_refused"] += 1
-        self.outputs.pop(idx, None)
         self.done += 1
 
     def try_admit(self, t: float) -> None:
@@ -384,15 +405,16 @@ class _Timed:
         g, out = self.generated[idx], self.out_lens[idx]
         if g >= out:
             self.release(idx, t)
-            self.outputs.pop(idx, None)
             self.c["num_served"] += 1
             self.done += 1
             self.try_admit(t)
             return
         size = min(self.cfg.decode_chunk, out - g)
-        chunk = self.outputs[idx][g : g + size]
+        length = self.in_lens[idx] + g
+        # Beyond the whole cache no eviction makes room and append must fail: build no tokens for it.
+        chunk = self.src.answer(idx, g, g + size) if length + size <= self.cache_tokens else None
         append = self.m.append
-        while not append(idx, chunk):
+        while chunk is None or not append(idx, chunk):
             self.c["num_append_failures"] += 1
             if len(self.running) == 1:  # alone and still no room: this request can never finish here
                 self.release(idx, t)
@@ -405,7 +427,6 @@ class _Timed:
                 return
         self.generated[idx] = g + size
         heapq.heappush(self.heap, (t + size / self.cfg.decode_rate, next(self.tie), idx, self.epoch[idx]))
-        length = self.in_lens[idx] + g
         if -(-(length + size) // self.ps) != -(-length // self.ps):  # new pages: usage changed
             self.usage.sample(t, self.hit_rate())
 
@@ -491,7 +512,7 @@ def replay(
     admission (sequential), for invariant checks; it slows the replay down.
 
     Raises:
-        ValueError: timed mode on a trace without timestamps.
+        ConfigError: timed mode on a trace without timestamps (ConfigError is a ValueError).
     """
     src = tokens if tokens is not None else TokenSource(trace)
     if config.mode == "sequential":
@@ -500,7 +521,21 @@ def replay(
         result = _timed(trace, config, src, progress, observer)
     if progress is not None:
         progress.close(trace.num_requests)
+    _check_finite(result.to_dict(), config)
     return result
+
+
+def _check_finite(figures: dict[str, object], config: ReplayConfig, prefix: str = "") -> None:
+    """Refuse a result that JSON cannot hold: finite inputs can still overflow a double in timed mode
+    (a rate of 1e-320 tokens/s, arrivals 1e308 ms apart)."""
+    for name, value in figures.items():
+        if isinstance(value, dict):
+            _check_finite(value, config, f"{prefix}{name}.")
+        elif isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(
+                f"{config.mode} replay: {prefix}{name} is {value}: the simulated time overflows a double "
+                "(rates too small or timestamps too large)"
+            )
 
 
 def default_sweep_pages(trace: Trace, capacity_pages: int, page_size: int, num_points: int = 8) -> list[int]:
@@ -531,7 +566,7 @@ def run_replay(
             config.capacity_pages, config.page_size, f"{config.capacity_pages:,} pages (given)"
         )
     if capacity.pages != config.capacity_pages or capacity.page_size != config.page_size:
-        raise ValueError("capacity does not describe config")
+        raise ConfigError("capacity does not describe config")
     src = TokenSource(trace)
 
     def bar(label: str) -> Progress:

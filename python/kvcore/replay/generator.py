@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from kvcore.exceptions import ConfigError
 from kvcore.replay.trace import Trace
 
 __all__ = ["WorkloadConfig", "generate_workload"]
@@ -62,12 +63,12 @@ class WorkloadConfig:
             or self.num_system_prompts < 1
             or self.num_tool_sets < 1
         ):
-            raise ValueError("num_requests, block_size, num_system_prompts and num_tool_sets must be >= 1")
+            raise ConfigError("num_requests, block_size, num_system_prompts and num_tool_sets must be >= 1")
         if not (self.session_rate > 0 and self.think_time_s > 0 and self.mean_turns >= 1):
-            raise ValueError("session_rate and think_time_s must be > 0, mean_turns >= 1")
+            raise ConfigError("session_rate and think_time_s must be > 0, mean_turns >= 1")
         for name in ("tool_share", "rag_share", "vip_share"):
             if not 0 <= getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in [0, 1]")
+                raise ConfigError(f"{name} must be in [0, 1]")
 
 
 class _Ids:

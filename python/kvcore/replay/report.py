@@ -171,7 +171,9 @@ class ReplayReport:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2)
+        """The ``--json`` document as text. Strict JSON: a NaN or an infinity raises ValueError rather
+        than reach report.json (every input is checked finite where it is read)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
 
 
 def _pct(x: float) -> str:

@@ -11,6 +11,11 @@ Why runs: real traces number new blocks consecutively, so a prompt's ids are a f
 ``h, h+1, h+2, ...`` whose tokens form one contiguous integer range. Each run is one vectorized add
 of a ramp into a reused buffer (no allocation, no page faults), about 0.1 s for the whole
 conversation trace. Tokens are ``uint32``: the manager reads them in place without a sign check.
+
+Why lazy: lengths come from the trace, and an 80-byte line may ask for 10**9 output tokens. Nothing here
+is sized by a length up front: the buffers grow to the longest request actually built, answers without
+ids of their own are never materialized, and the engine builds only what fits its cache (a decode
+chunk at a time for answers), so memory follows the capacity and the file, never a number in it.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.replay.trace import Trace
+from kvcore.exceptions import TraceFormatError
+from kvcore.replay.trace import MAX_REQUEST_TOKENS, Trace
 
 __all__ = ["TokenSource"]
 
 _U32 = npt.NDArray[np.uint32]
-_TOKEN_LIMIT = 2**32  # tokens are uint32
+_TOKEN_LIMIT = MAX_REQUEST_TOKENS  # tokens are uint32: 2**32 distinct ids
 
 
 @dataclass(frozen=True)
@@ -59,67 +65,149 @@ def _runs(
     return _Runs(run_indptr.tolist(), starts.tolist(), ends.tolist(), (ids[start_idx] * bs).tolist())
 
 
+def _fresh_runs(
+    first_id: int, first_block: npt.NDArray[np.int64], lens: npt.NDArray[np.int64], bs: int
+) -> _Runs:
+    """Runs of answers that have no ids in the trace: request ``i``'s answer is the consecutive blocks
+    ``first_id + first_block[i] + [0, ceil(lens[i] / bs))``, so one run (none when ``lens[i]`` is 0)."""
+    has = lens > 0  # [num_requests]
+    indptr = np.zeros(len(lens) + 1, dtype=np.int64)
+    np.cumsum(has, out=indptr[1:])
+    ends: list[int] = lens[has].tolist()
+    bases: list[int] = ((first_id + first_block[has]) * bs).tolist()
+    return _Runs(indptr.tolist(), [0] * len(ends), ends, bases)
+
+
+def _dense(
+    ids: npt.NDArray[np.int64], num_extra: int, bs: int, name: str
+) -> tuple[npt.NDArray[np.int64], int]:
+    """``ids`` renumbered ``0..U-1`` (same id, same number; order kept), and ``U``; refused when ``U``
+    blocks plus ``num_extra`` more do not fit uint32 token ids."""
+    uniq, inverse = np.unique(ids, return_inverse=True)
+    if (len(uniq) + num_extra) * bs > _TOKEN_LIMIT:
+        raise TraceFormatError(
+            f"{name}: {len(uniq) + num_extra:,} distinct blocks of {bs} tokens do not fit uint32 token ids"
+        )
+    return inverse.astype(np.int64, copy=False), len(uniq)
+
+
 class TokenSource:
     """Prompt and answer token ids of every request of a trace (``uint32``, see the module docs).
 
     Answers: a trace's ``output_ids`` when it has them (the generator's, so that a later turn which
     repeats an answer finds it cached); otherwise fresh ids after the largest prompt id, so each answer
     is unique, as it would be for a trace that does not link turns.
+
+    Raises:
+        TraceFormatError: the distinct blocks of the trace do not fit uint32 token ids.
     """
 
     def __init__(self, trace: Trace) -> None:
         bs = trace.block_size
         prompt_ids = trace.hash_ids
+        top_prompt = int(prompt_ids.max()) if len(prompt_ids) else -1
         if trace.output_ids is not None and trace.output_indptr is not None:
-            out_ids, out_indptr = trace.output_ids, trace.output_indptr
+            out_ids = trace.output_ids
+            top = max(top_prompt, int(out_ids.max()) if len(out_ids) else -1)
+            if (top + 1) * bs > _TOKEN_LIMIT:
+                # Dense ids keep the token ranges disjoint; the same id still maps to the same tokens.
+                both, _ = _dense(np.concatenate([prompt_ids, out_ids]), 0, bs, trace.name)
+                prompt_ids, out_ids = both[: len(prompt_ids)], both[len(prompt_ids) :]
+            self._output = _runs(out_ids, trace.output_indptr, trace.output_lens, bs)
         else:
-            counts = -(-trace.output_lens // bs)
-            out_indptr = np.zeros(len(counts) + 1, dtype=np.int64)
-            np.cumsum(counts, out=out_indptr[1:])
-            first_fresh = int(prompt_ids.max()) + 1 if len(prompt_ids) else 0
-            out_ids = np.arange(first_fresh, first_fresh + out_indptr[-1], dtype=np.int64)
-        top = max(int(prompt_ids.max()) if len(prompt_ids) else 0, int(out_ids.max()) if len(out_ids) else 0)
-        if (top + 1) * bs > _TOKEN_LIMIT:
-            # Dense ids keep the token ranges disjoint; the same id still maps to the same tokens.
-            uniq, inverse = np.unique(np.concatenate([prompt_ids, out_ids]), return_inverse=True)
-            if len(uniq) * bs > _TOKEN_LIMIT:
-                raise ValueError(f"{len(uniq):,} distinct blocks of {bs} tokens do not fit uint32 token ids")
-            prompt_ids, out_ids = inverse[: len(prompt_ids)], inverse[len(prompt_ids) :]
+            first_block = np.zeros(trace.num_requests + 1, dtype=np.int64)  # [num_requests + 1]
+            np.cumsum(-(-trace.output_lens // bs), out=first_block[1:])
+            num_fresh = int(first_block[-1])
+            first_fresh = top_prompt + 1
+            if (first_fresh + num_fresh) * bs > _TOKEN_LIMIT:
+                prompt_ids, first_fresh = _dense(prompt_ids, num_fresh, bs, trace.name)
+            self._output = _fresh_runs(first_fresh, first_block[:-1], trace.output_lens, bs)
         self.block_size = bs
         self._prompt = _runs(prompt_ids, trace.hash_indptr, trace.input_lens, bs)
-        self._output = _runs(out_ids, out_indptr, trace.output_lens, bs)
         self._input_lens: list[int] = trace.input_lens.tolist()
         self._output_lens: list[int] = trace.output_lens.tolist()
-        longest = int((trace.input_lens + trace.output_lens).max()) if trace.num_requests else 0
-        self._ramp: _U32 = np.arange(max(longest, 1), dtype=np.uint32)  # [longest] 0, 1, 2, ...
-        self._buf: _U32 = np.empty(max(longest, 1), dtype=np.uint32)  # [longest] the last prompt built
+        # Grown on demand (see the module docs), never shrunk.
+        self._ramp: _U32 = np.arange(1, dtype=np.uint32)  # [>= longest run built] 0, 1, 2, ...
+        self._buf: _U32 = np.empty(1, dtype=np.uint32)  # [>= longest prompt built] the last prompt
+        self._answer: _U32 = np.empty(1, dtype=np.uint32)  # [>= longest answer range] the last range
 
-    def _fill(self, runs: _Runs, i: int, out: _U32) -> None:
-        ramp = self._ramp
+    @staticmethod
+    def _grown(buf: _U32, n: int) -> _U32:
+        """``buf`` if it holds ``n`` tokens, else a new one of at least ``n`` (doubling, so a workload of
+        growing prompts reallocates a few times only)."""
+        if len(buf) >= n:
+            return buf
+        return np.empty(max(n, min(2 * len(buf), _TOKEN_LIMIT)), dtype=np.uint32)
+
+    def _ramp_for(self, n: int) -> _U32:
+        if len(self._ramp) < n:
+            self._ramp = np.arange(len(self._grown(self._ramp, n)), dtype=np.uint32)
+        return self._ramp
+
+    def _fill(self, runs: _Runs, i: int, out: _U32, n: int) -> None:
+        """Request ``i``'s first ``n`` tokens of ``runs`` (its whole prompt or answer) into ``out``."""
+        ramp = self._ramp_for(n)
         add = np.add
         starts, ends, bases = runs.starts, runs.ends, runs.bases
         for k in range(runs.indptr[i], runs.indptr[i + 1]):
             a = starts[k]
-            b = ends[k]
+            b = min(ends[k], n)
+            if a >= b:
+                break
             add(ramp[: b - a], bases[k], out=out[a:b])
 
     def prompt(self, i: int) -> _U32:
         """Request ``i``'s prompt, ``[input_len]`` uint32: a view of an internal buffer that the next
         call overwrites (the manager copies what it keeps)."""
         n = self._input_lens[i]
-        self._fill(self._prompt, i, self._buf)
-        return self._buf[:n]
+        self._buf = buf = self._grown(self._buf, n)
+        self._fill(self._prompt, i, buf, n)
+        return buf[:n]
 
     def output(self, i: int) -> _U32:
         """Request ``i``'s answer, ``[output_len]`` uint32, a new array."""
-        out = np.empty(self._output_lens[i], dtype=np.uint32)
-        self._fill(self._output, i, out)
+        n = self._output_lens[i]
+        out = np.empty(n, dtype=np.uint32)
+        self._fill(self._output, i, out, n)
         return out
 
-    def prompt_and_output(self, i: int, output: _U32) -> _U32:
-        """The prompt followed by ``output`` (what a preempted request recomputes); buffer view as in
-        :meth:`prompt`."""
+    def answer(self, i: int, start: int, stop: int) -> _U32:
+        """Tokens ``[start, stop)`` of request ``i``'s answer (``0 <= start <= stop <= output_len``),
+        ``[stop - start]`` uint32: a view of an internal buffer that the next call overwrites. What the
+        engine appends per decode step, so an answer is never built whole."""
+        n = stop - start
+        if len(self._answer) < n:
+            self._answer = self._grown(self._answer, n)
+        out, ramp, runs = self._answer, self._ramp_for(n), self._output
+        first, last = runs.indptr[i], runs.indptr[i + 1]
+        if last - first == 1 and runs.starts[first] <= start and stop <= runs.ends[first]:
+            # One run holds the range: every fresh answer, and the generator's. One add per step.
+            np.add(ramp[:n], runs.bases[first] + (start - runs.starts[first]), out=out[:n])
+            return out[:n]
+        if not 0 <= start <= stop <= self._output_lens[i]:
+            raise IndexError(f"answer range [{start}, {stop}) outside [0, {self._output_lens[i]}]")
+        for k in range(first, last):
+            a = runs.starts[k]
+            lo, hi = max(a, start), min(runs.ends[k], stop)
+            if lo < hi:  # the run's tokens at answer positions [lo, hi)
+                np.add(ramp[: hi - lo], runs.bases[k] + (lo - a), out=out[lo - start : hi - start])
+        return out[:n]
+
+    def prompt_and_answer(self, i: int, num_answer: int) -> _U32:
+        """The prompt followed by the first ``num_answer`` answer tokens (what a preempted request
+        recomputes); buffer view as in :meth:`prompt`."""
         n = self._input_lens[i]
-        self._fill(self._prompt, i, self._buf)
-        self._buf[n : n + len(output)] = output
-        return self._buf[: n + len(output)]
+        if not 0 <= num_answer <= self._output_lens[i]:
+            raise IndexError(f"{num_answer} answer tokens outside [0, {self._output_lens[i]}]")
+        self._buf = buf = self._grown(self._buf, n + num_answer)
+        self._fill(self._prompt, i, buf, n)
+        self._fill(self._output, i, buf[n:], num_answer)
+        return buf[: n + num_answer]
+
+    def prompt_and_output(self, i: int, output: _U32) -> _U32:
+        """The prompt followed by ``output`` (any tokens); buffer view as in :meth:`prompt`."""
+        n = self._input_lens[i]
+        self._buf = buf = self._grown(self._buf, n + len(output))
+        self._fill(self._prompt, i, buf, n)
+        buf[n : n + len(output)] = output
+        return buf[: n + len(output)]

@@ -19,13 +19,19 @@ Two optional fields are kvcore's own (the generator writes them; other tools ign
 ids of the answer's blocks, ``ceil(output_length / block_size)`` of them, so a later turn that
 repeats the answer can find it cached in timed mode).
 
-Every malformed line raises :class:`~kvcore.exceptions.TraceFormatError` naming the line (1-based)
-and the field.
+Limits, so that a line can never make the reader (or the replay) allocate by a number written in it:
+lengths are at most :data:`MAX_REQUEST_TOKENS`, hash ids are int64 (``< 2**63``), timestamps finite, and a
+line at most :data:`MAX_LINE_BYTES`. Lines are strict JSON (:mod:`kvcore._json`): UTF-8, no ``NaN`` or
+``Infinity``, no integer too long to convert, no nesting deep enough to exhaust the stack.
+
+Every malformed line raises :class:`~kvcore.exceptions.TraceFormatError` naming the file, the line
+(1-based) and the field: ``trace.jsonl: line 4, field 'input_length': must be >= 1, got 0``.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from itertools import chain
@@ -35,12 +41,28 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from kvcore._json import JSONInputError, decode_utf8, loads, show
 from kvcore.exceptions import TraceFormatError
 
-__all__ = ["MOONCAKE_BLOCK_SIZE", "Trace", "read_trace", "write_trace"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_REQUEST_TOKENS",
+    "MOONCAKE_BLOCK_SIZE",
+    "Trace",
+    "read_trace",
+    "write_trace",
+]
 
 # Tokens per hash id in Mooncake's traces ("hashing token blocks (with a block size of 512)").
 MOONCAKE_BLOCK_SIZE = 512
+# Most tokens in a prompt or an output, and the largest block size: token ids are uint32
+# (kvcore.replay.tokens), so no longer sequence has distinct tokens. Lengths are only counted, never
+# allocated: the replay builds the tokens of requests that fit the cache, so memory follows the capacity.
+MAX_REQUEST_TOKENS = 2**32
+# Largest hash id: ids are kept as int64.
+_MAX_ID = 2**63 - 1
+# Longest line read (a 128k-token prompt in 16-token blocks is about 60 KiB of ids).
+MAX_LINE_BYTES = 64 * 2**20
 
 _I64 = npt.NDArray[np.int64]
 
@@ -65,29 +87,30 @@ class Trace:
     name: str = "trace"  # where the workload came from (a file name, "generated"), for reports
 
     def __post_init__(self) -> None:
+        _check_block_size(self.block_size)
         n = len(self.input_lens)
-        if self.block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {self.block_size}")
         if len(self.output_lens) != n or len(self.hash_indptr) != n + 1:
-            raise ValueError("input_lens, output_lens and hash_indptr disagree on the number of requests")
+            raise TraceFormatError(
+                "input_lens, output_lens and hash_indptr disagree on the number of requests"
+            )
         if self.hash_indptr[-1] != len(self.hash_ids):
-            raise ValueError("hash_indptr[-1] must equal len(hash_ids)")
+            raise TraceFormatError("hash_indptr[-1] must equal len(hash_ids)")
         expected = -(-self.input_lens // self.block_size)
         if not np.array_equal(np.diff(self.hash_indptr), expected):
-            raise ValueError("each request needs ceil(input_len / block_size) hash ids")
+            raise TraceFormatError("each request needs ceil(input_len / block_size) hash ids")
         for name, column in (("timestamps_ms", self.timestamps_ms), ("priorities", self.priorities)):
             if column is not None and len(column) != n:
-                raise ValueError(f"{name} must have one entry per request")
+                raise TraceFormatError(f"{name} must have one entry per request")
         if (self.output_indptr is None) != (self.output_ids is None):
-            raise ValueError("output_indptr and output_ids go together")
+            raise TraceFormatError("output_indptr and output_ids go together")
         if self.output_indptr is not None and self.output_ids is not None:
             out_expected = -(-self.output_lens // self.block_size)
             if len(self.output_indptr) != n + 1 or not np.array_equal(
                 np.diff(self.output_indptr), out_expected
             ):
-                raise ValueError("each request needs ceil(output_len / block_size) output ids")
+                raise TraceFormatError("each request needs ceil(output_len / block_size) output ids")
             if self.output_indptr[-1] != len(self.output_ids):
-                raise ValueError("output_indptr[-1] must equal len(output_ids)")
+                raise TraceFormatError("output_indptr[-1] must equal len(output_ids)")
 
     @property
     def num_requests(self) -> int:
@@ -162,37 +185,66 @@ class Trace:
         )
 
 
-def _fail(line_no: int, field: str | None, message: str) -> TraceFormatError:
-    where = f"line {line_no}" + (f", field {field!r}" if field else "")
-    return TraceFormatError(f"{where}: {message}")
+def _check_block_size(block_size: object) -> int:
+    if isinstance(block_size, bool) or not isinstance(block_size, int):
+        raise TraceFormatError(f"block_size must be an integer, got {show(block_size)}")
+    if not 1 <= block_size <= MAX_REQUEST_TOKENS:
+        raise TraceFormatError(f"block_size must be in [1, {MAX_REQUEST_TOKENS:,}], got {block_size:,}")
+    return block_size
 
 
-def _int_field(obj: dict[str, Any], field: str, line_no: int, minimum: int) -> int:
+class _Line:
+    """Where the line being read is, for its errors."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.no = 0
+
+    def fail(self, field: str | None, message: str, line_no: int | None = None) -> TraceFormatError:
+        where = f"{self.path}: line {self.no if line_no is None else line_no}"
+        return TraceFormatError(where + (f", field {field!r}" if field else "") + f": {message}")
+
+
+def _int_field(obj: dict[str, Any], field: str, at: _Line, minimum: int) -> int:
     if field not in obj:
-        raise _fail(line_no, field, "missing")
+        raise at.fail(field, "missing")
     value = obj[field]
     if isinstance(value, bool) or not isinstance(value, int):
-        raise _fail(line_no, field, f"expected an integer, got {value!r}")
+        raise at.fail(field, f"expected an integer, got {show(value)}")
     if value < minimum:
-        raise _fail(line_no, field, f"must be >= {minimum}, got {value}")
+        raise at.fail(field, f"must be >= {minimum}, got {show(value)}")
+    if value > MAX_REQUEST_TOKENS:
+        raise at.fail(field, f"must be <= {MAX_REQUEST_TOKENS:,} (uint32 token ids), got {show(value)}")
     return value
 
 
-def _id_list(obj: dict[str, Any], field: str, line_no: int, expected: int) -> list[int]:
+def _id_list(obj: dict[str, Any], field: str, at: _Line, expected: int) -> list[int]:
     ids = obj[field]
     if not isinstance(ids, list):
-        raise _fail(line_no, field, f"expected a list of integers, got {type(ids).__name__}")
-    for k, h in enumerate(ids):
-        if isinstance(h, bool) or not isinstance(h, int) or h < 0:
-            raise _fail(line_no, field, f"item {k} must be a non-negative integer, got {h!r}")
+        raise at.fail(field, f"expected a list of integers, got {type(ids).__name__}")
+    # The common case in C (type, min, max over the list); the item loop only to name a bad item.
+    if ids and not (set(map(type, ids)) == {int} and min(ids) >= 0 and max(ids) <= _MAX_ID):
+        for k, h in enumerate(ids):
+            if isinstance(h, bool) or not isinstance(h, int) or not 0 <= h <= _MAX_ID:
+                raise at.fail(field, f"item {k} must be a non-negative integer below 2**63, got {show(h)}")
     if len(ids) != expected:
-        raise _fail(
-            line_no,
+        raise at.fail(
             field,
             f"{len(ids)} ids, expected ceil(length / block_size) = {expected}"
             " (is the trace block size right? see --trace-block-size)",
         )
     return ids
+
+
+def _timestamp(stamp: object, at: _Line) -> float:
+    if not isinstance(stamp, bool) and isinstance(stamp, (int, float)):
+        try:
+            ms = float(stamp)
+        except OverflowError:  # an integer beyond any double
+            ms = math.inf
+        if math.isfinite(ms) and ms >= 0:
+            return ms
+    raise at.fail("timestamp", f"expected a number of ms >= 0 (and finite), got {show(stamp)}")
 
 
 def read_trace(
@@ -207,11 +259,12 @@ def read_trace(
     only (for quick looks at long traces).
 
     Raises:
-        TraceFormatError: a malformed line (the message names the line and the field), or an empty trace.
+        TraceFormatError: a malformed line (the message names the file, the line and the field), an
+            empty trace, or a ``block_size`` outside ``[1, MAX_REQUEST_TOKENS]``.
         OSError: the file cannot be read.
     """
-    if block_size < 1:
-        raise TraceFormatError(f"block_size must be >= 1, got {block_size}")
+    _check_block_size(block_size)
+    at = _Line(os.fspath(path))
     inputs: list[int] = []
     outputs: list[int] = []
     stamps: list[float] = []
@@ -222,53 +275,56 @@ def read_trace(
     timed: bool | None = None  # decided by the first request
     has_prio = has_out = False
     first_line = 0
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if limit is not None and len(inputs) >= limit:
+    # Binary lines: a line that is not UTF-8 is an error of that line, not of the whole file.
+    with open(path, "rb") as f:
+        while limit is None or len(inputs) < limit:
+            raw = f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
                 break
-            if not line.strip():
+            at.no += 1
+            if len(raw) > MAX_LINE_BYTES:
+                raise at.fail(None, f"longer than {MAX_LINE_BYTES:,} bytes")
+            if not raw.strip():
                 continue
             try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise _fail(line_no, None, f"not valid JSON ({exc.msg} at column {exc.colno})") from None
+                obj = loads(decode_utf8(raw))
+            except JSONInputError as exc:
+                raise at.fail(None, str(exc)) from None
             if not isinstance(obj, dict):
-                raise _fail(line_no, None, f"expected a JSON object, got {type(obj).__name__}")
-            n_in = _int_field(obj, "input_length", line_no, 1)
-            n_out = _int_field(obj, "output_length", line_no, 0)
+                raise at.fail(None, f"expected a JSON object, got {type(obj).__name__}")
+            n_in = _int_field(obj, "input_length", at, 1)
+            n_out = _int_field(obj, "output_length", at, 0)
             if "hash_ids" not in obj:
-                raise _fail(line_no, "hash_ids", "missing")
-            id_lists.append(_id_list(obj, "hash_ids", line_no, -(-n_in // block_size)))
+                raise at.fail("hash_ids", "missing")
+            id_lists.append(_id_list(obj, "hash_ids", at, -(-n_in // block_size)))
             stamp = obj.get("timestamp")
             if timed is None:
-                timed, first_line = stamp is not None, line_no
+                timed, first_line = stamp is not None, at.no
             if (stamp is not None) != timed:
                 state = "has" if timed else "has no"
-                raise _fail(line_no, "timestamp", f"missing or extra: line {first_line} {state} timestamp")
+                raise at.fail("timestamp", f"missing or extra: line {first_line} {state} timestamp")
             if stamp is not None:
-                if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not stamp >= 0:
-                    raise _fail(line_no, "timestamp", f"expected a number of ms >= 0, got {stamp!r}")
-                stamps.append(float(stamp))
+                stamps.append(_timestamp(stamp, at))
             prio = obj.get("priority", 0)
             if isinstance(prio, bool) or not isinstance(prio, int) or not -(2**31) <= prio < 2**31:
-                raise _fail(line_no, "priority", f"expected a 32-bit integer, got {prio!r}")
+                raise at.fail("priority", f"expected a 32-bit integer, got {show(prio)}")
             has_prio |= prio != 0
             prios.append(prio)
             if "output_hash_ids" in obj:
                 has_out = True
-                out_lists.append(_id_list(obj, "output_hash_ids", line_no, -(-n_out // block_size)))
+                out_lists.append(_id_list(obj, "output_hash_ids", at, -(-n_out // block_size)))
             else:
                 out_lists.append([])
-            line_nos.append(line_no)
+            line_nos.append(at.no)
             inputs.append(n_in)
             outputs.append(n_out)
     if not inputs:
-        raise TraceFormatError(f"{path}: no requests")
+        raise TraceFormatError(f"{at.path}: no requests")
     out_counts = [len(x) for x in out_lists]
     if has_out:
         for k, (count, n_out) in enumerate(zip(out_counts, outputs, strict=True)):
             if count != -(-n_out // block_size):
-                raise _fail(line_nos[k], "output_hash_ids", "missing (other lines have it)")
+                raise at.fail("output_hash_ids", "missing (other lines have it)", line_nos[k])
     counts = np.fromiter((len(x) for x in id_lists), dtype=np.int64, count=len(id_lists))
     indptr = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
@@ -312,4 +368,4 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
                 row["priority"] = int(trace.priorities[i])
             if out_ids is not None and out_indptr is not None:
                 row["output_hash_ids"] = out_ids[out_indptr[i] : out_indptr[i + 1]]
-            f.write(json.dumps(row, separators=(", ", ": ")) + "\n")
+            f.write(json.dumps(row, separators=(", ", ": "), allow_nan=False) + "\n")

@@ -34,7 +34,15 @@ from kvcore.sizing.dtypes import (
     weight_dtype_bits,
 )
 from kvcore.sizing.formula import kv_cache_bytes, pages_for_budget, weight_bytes
-from kvcore.sizing.model import LAYER_KINDS, LayerGroup, ModelSpec, load_model, model_from_config
+from kvcore.sizing.model import (
+    LAYER_KINDS,
+    MAX_CONFIG_BYTES,
+    MAX_LAYERS,
+    LayerGroup,
+    ModelSpec,
+    load_model,
+    model_from_config,
+)
 from kvcore.sizing.plan import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_RESERVE_FRACTION,
@@ -54,6 +62,8 @@ __all__ = [
     "GPU_PRESETS",
     "KV_DTYPES",
     "LAYER_KINDS",
+    "MAX_CONFIG_BYTES",
+    "MAX_LAYERS",
     "MODEL_PRESETS",
     "SCALE_BYTES",
     "WEIGHT_DTYPES",

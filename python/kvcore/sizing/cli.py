@@ -1,9 +1,9 @@
 """``kvcore size`` and ``kvcore plan``: the sizing questions from the command line.
 
 Readable tables by default, ``--json`` for scripts. Every error a user can cause (unknown preset, bad
-size, contradictory config) is a :class:`~kvcore.exceptions.ConfigError`: its message goes to stderr and
-the exit code is 2, without a traceback. ``plan`` exits 1 when what was asked does not fit (the warning
-says by how much), 0 otherwise.
+size or count, contradictory or hostile config file) is a :class:`~kvcore.exceptions.ConfigError`;
+:func:`kvcore.cli.main` prints its message as one line on stderr and exits with code 2, without a
+traceback. ``plan`` exits 1 when what was asked does not fit (the warning says by how much), 0 otherwise.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
-from decimal import Decimal, InvalidOperation
+from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 from kvcore.exceptions import ConfigError
@@ -54,7 +54,7 @@ def register(subparsers: Any) -> None:
         help=f"tokens per sequence, comma-separated for several (k = 1024; default {_DEFAULT_CONTEXTS})",
     )
     size_p.add_argument("--batch", default="1", help="sequences of that length (default 1)")
-    size_p.set_defaults(func=_guarded(_cmd_size))
+    size_p.set_defaults(func=_cmd_size)
 
     plan_p = subparsers.add_parser(
         "plan",
@@ -84,20 +84,7 @@ def register(subparsers: Any) -> None:
         metavar="PROMPT+OUTPUT",
         help="one request of a distribution, e.g. 24k+8k (repeat, or comma-separate)",
     )
-    plan_p.set_defaults(func=_guarded(_cmd_plan))
-
-
-def _guarded(command: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
-    """Turn a ConfigError into its message on stderr and exit code 2 (no traceback)."""
-
-    def run(args: argparse.Namespace) -> int:
-        try:
-            return command(args)
-        except ConfigError as exc:
-            print(f"kvcore {args.command}: error: {exc}", file=sys.stderr)
-            return 2
-
-    return run
+    plan_p.set_defaults(func=_cmd_plan)
 
 
 # ---- size ----------------------------------------------------------------------------------------
@@ -267,11 +254,16 @@ def _plan_lines(p: Any) -> list[str]:
 
 
 def _int(text: str, field: str) -> int:
-    """A plain non-negative integer (GPU, request and page counts take no suffixes)."""
+    """A plain non-negative integer (GPU, request and page counts take no suffixes), at most int64."""
+    from kvcore.sizing.formula import check_int
+
     value = text.strip().replace(",", "").replace("_", "")
-    if not value.isdigit():
-        raise ConfigError(f"{field}: {text!r} is not a whole number")
-    return int(value)
+    # ASCII digits only: "²".isdigit() is True, and int("²") raises.
+    if not (value.isascii() and value.isdigit()):
+        raise ConfigError(f"{field}: {text!r:.60} is not a whole number")
+    if len(value) > 19:
+        raise ConfigError(f"{field}: {text!r:.60} is too large")
+    return check_int(int(value), field)
 
 
 def _need_model(args: argparse.Namespace) -> str:
@@ -286,10 +278,12 @@ def _parse_reserve(text: str) -> tuple[int | None, float]:
     value = text.strip()
     if value.endswith("%"):
         try:
-            share = Decimal(value[:-1].strip()) / 100
-        except InvalidOperation:
-            raise ConfigError(f"reserve: {text!r} is not a percentage (example: 10%)") from None
-        return None, float(share)
+            share = float(Decimal(value[:-1].strip()) / 100)
+        except ArithmeticError:  # decimal's InvalidOperation, Overflow, ...
+            share = float("nan")
+        if not 0 <= share < 1:  # also NaN and infinities
+            raise ConfigError(f"reserve: {text!r:.60} is not a percentage in [0, 100) (example: 10%)")
+        return None, share
     if not value:
         return None, DEFAULT_RESERVE_FRACTION
     return parse_bytes(value, "reserve"), DEFAULT_RESERVE_FRACTION

@@ -11,18 +11,26 @@ number of query heads: using the query heads over-estimates a GQA cache by the g
 
 from __future__ import annotations
 
+from kvcore._json import show
 from kvcore.exceptions import ConfigError
 from kvcore.sizing.dtypes import kv_dtype_bits, weight_dtype_bits
 
-__all__ = ["bits_to_bytes", "check_int", "kv_cache_bytes", "pages_for_budget", "weight_bytes"]
+__all__ = ["MAX_INT", "bits_to_bytes", "check_int", "kv_cache_bytes", "pages_for_budget", "weight_bytes"]
+
+# Largest count or size kvcore accepts (int64, what the core and NumPy hold). Every figure derived from a
+# few such inputs stays a small Python int, printable and exact; a count beyond it is a mistake.
+MAX_INT = 2**63 - 1
 
 
-def check_int(value: object, field: str, minimum: int = 0) -> int:
-    """``value`` as an int >= ``minimum``, or ConfigError naming ``field`` (bools are not counts)."""
+def check_int(value: object, field: str, minimum: int = 0, maximum: int = MAX_INT) -> int:
+    """``value`` as an int in ``[minimum, maximum]``, or ConfigError naming ``field`` (bools are not
+    counts)."""
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{field}: expected an integer, got {value!r}")
+        raise ConfigError(f"{field}: expected an integer, got {show(value)}")
     if value < minimum:
-        raise ConfigError(f"{field}: must be >= {minimum}, got {value}")
+        raise ConfigError(f"{field}: must be >= {minimum}, got {show(value)}")
+    if value > maximum:
+        raise ConfigError(f"{field}: must be <= {maximum:,}, got {show(value)}")
     return value
 
 
@@ -82,8 +90,7 @@ def pages_for_budget(budget_bytes: int, page_bytes: int) -> int:
     Raises:
         ConfigError: ``page_bytes`` is not a positive integer, or ``budget_bytes`` is not an integer.
     """
-    if isinstance(budget_bytes, bool) or not isinstance(budget_bytes, int):
-        raise ConfigError(f"budget_bytes: expected an integer, got {budget_bytes!r}")
+    check_int(budget_bytes, "budget_bytes", minimum=-MAX_INT)
     check_int(page_bytes, "page_bytes", minimum=1)
     return max(0, budget_bytes // page_bytes)
 

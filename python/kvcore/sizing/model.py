@@ -12,6 +12,10 @@ meaning kvcore cannot pin down (a ``sliding_window`` on an architecture whose wi
 not know, a ``layer_types`` entry it has never seen, two fields that disagree) raises
 :class:`~kvcore.exceptions.ConfigError` naming the field.
 
+Config files are read as strict JSON (:mod:`kvcore._json`: UTF-8, finite numbers, bounded nesting) of at
+most :data:`MAX_CONFIG_BYTES`; a model has at most :data:`MAX_LAYERS` layers, and every integer field is
+at most int64. Errors read from a file name the file.
+
 Tensor parallelism divides K/V heads across GPUs. When a model has fewer K/V heads than GPUs, heads are
 replicated (each GPU keeps ``max(1, kv_heads // tp)`` heads), so the per-GPU cache stops shrinking. An
 MLA latent is not split by heads at all: every GPU keeps the whole latent.
@@ -19,30 +23,39 @@ MLA latent is not split by heads at all: every GPU keeps the whole latent.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvcore._json import JSONInputError, decode_utf8, loads, show
 from kvcore.exceptions import ConfigError
 from kvcore.sizing.dtypes import (
     SCALE_BYTES,
     is_quantized_kv_dtype,
     kv_dtype_bits,
+    normalize_kv_dtype,
     normalize_weight_dtype,
     weight_dtype_bits,
 )
-from kvcore.sizing.formula import bits_to_bytes, check_int
+from kvcore.sizing.formula import MAX_INT, bits_to_bytes, check_int
 
 __all__ = [
     "LAYER_KINDS",
+    "MAX_CONFIG_BYTES",
+    "MAX_LAYERS",
     "LayerGroup",
     "ModelSpec",
     "load_model",
     "model_from_config",
 ]
+
+# Most decoder layers a config may declare. Far above any published model (Llama 3.1 405B has 126), and
+# low enough that the per-layer lists built while reading a config stay small whatever the file says.
+MAX_LAYERS = 65_536
+# Largest config.json read (real ones are a few KiB): a bound on memory for a path to something else.
+MAX_CONFIG_BYTES = 64 * 2**20
 
 # What a group of layers keeps per token.
 #   full_attention     K and V of every token of the context
@@ -98,6 +111,8 @@ class LayerGroup:
             )
         check_int(self.num_layers, "num_layers", minimum=1)
         check_int(self.state_bytes, "state_bytes")
+        if not isinstance(self.tp_sharded, bool):
+            raise ConfigError(f"tp_sharded: expected true or false, got {show(self.tp_sharded)}")
         if self.kind == "linear_attention":
             if self.num_kv_heads or self.head_dim or self.num_tensors or self.window is not None:
                 raise ConfigError("linear_attention: a constant-state group caches no per-token K/V")
@@ -157,16 +172,18 @@ class LayerGroup:
 
         A constant of the pool, not a cost per token (see :mod:`kvcore.sizing.dtypes`).
         """
+        heads = self.kv_heads_per_gpu(tp)
         if not is_quantized_kv_dtype(kv_dtype):
             return 0
-        return SCALE_BYTES * self.num_layers * self.num_tensors * self.kv_heads_per_gpu(tp)
+        return SCALE_BYTES * self.num_layers * self.num_tensors * heads
 
     def state_bytes_per_gpu(self, tp: int = 1) -> int:
         """Constant state of one sequence for the whole group on one GPU (split by head, rounded up)."""
+        _check_tp(tp)
         total = self.num_layers * self.state_bytes
         if not self.tp_sharded:
             return total
-        return -(-total // _check_tp(tp))
+        return -(-total // tp)
 
     def describe(self) -> str:
         """One line: ``'25 sliding_attention (window 1,024)'``."""
@@ -205,6 +222,12 @@ class ModelSpec:
     source: str = "dict"
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"name: expected a string, got {show(self.name)}")
+        if not isinstance(self.source, str):
+            raise ConfigError(f"source: expected a string, got {show(self.source)}")
+        if not isinstance(self.groups, tuple) or not all(isinstance(g, LayerGroup) for g in self.groups):
+            raise ConfigError(f"groups: expected a tuple of LayerGroup, got {show(self.groups)}")
         if not self.groups:
             raise ConfigError(f"{self.name}: a model needs at least one layer group")
         check_int(self.num_kv_shared_layers, "num_kv_shared_layers")
@@ -256,6 +279,7 @@ class ModelSpec:
 
     def elements_per_token(self, tp: int = 1) -> int:
         """Cached elements per token over all layers on one GPU, before windows bound anything."""
+        _check_tp(tp)
         return sum(g.elements_per_token(tp) for g in self.cache_groups)
 
     def bytes_per_token(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
@@ -268,17 +292,22 @@ class ModelSpec:
     def kv_bytes(self, num_tokens: int, kv_dtype: str = "bf16", batch: int = 1, tp: int = 1) -> int:
         """K/V bytes of ``batch`` sequences of ``num_tokens`` tokens on one GPU; windows applied, no
         scales, no constant state. For a full-attention model this equals :func:`kv_cache_bytes`."""
+        check_int(num_tokens, "num_tokens")
         check_int(batch, "batch")
+        _check_tp(tp)
         elements = sum(g.elements_per_token(tp) * g.cached_tokens(num_tokens) for g in self.cache_groups)
         return bits_to_bytes(elements * batch * kv_dtype_bits(kv_dtype))
 
     def scale_bytes(self, kv_dtype: str = "bf16", tp: int = 1) -> int:
         """Scale bytes of a pool on one GPU (0 unless fp8/int8/int4): a constant, whatever the tokens."""
+        normalize_kv_dtype(kv_dtype)
+        _check_tp(tp)
         return sum(g.scale_bytes(kv_dtype, tp) for g in self.cache_groups)
 
     def state_bytes(self, batch: int = 1, tp: int = 1) -> int:
         """Constant-state bytes of ``batch`` sequences on one GPU, whatever their length."""
-        return check_int(batch, "batch") * sum(g.state_bytes_per_gpu(tp) for g in self.groups)
+        check_int(batch, "batch")
+        return batch * sum(g.state_bytes_per_gpu(tp) for g in self.groups)
 
     def total_bytes(self, num_tokens: int, kv_dtype: str = "bf16", batch: int = 1, tp: int = 1) -> int:
         """Everything ``batch`` sequences of ``num_tokens`` tokens keep on one GPU: K/V (windows
@@ -301,6 +330,8 @@ class ModelSpec:
 
     def weight_bytes_estimate(self, weight_dtype: str | None = None) -> int | None:
         """Parameters × weight width, if both are known (``weight_dtype`` overrides the declared one)."""
+        if weight_dtype is not None:
+            normalize_weight_dtype(weight_dtype)
         dtype = weight_dtype or self.weight_dtype
         if self.num_params is None or dtype is None:
             return None
@@ -341,28 +372,43 @@ class _Fields:
         found: list[tuple[str, Any]] = [(k, self.data[k]) for k in keys if self.data.get(k) is not None]
         if not found:
             return keys[0], None
+        for key, value in found:
+            # Only scalars are compared: == on two lists nested 900 deep would exhaust the stack.
+            if not isinstance(value, (int, float, str)):
+                raise self.fail(key, f"expected a number or a string, got {show(value)}")
         for key, value in found[1:]:
             if value != found[0][1]:
                 raise self.fail(
-                    found[0][0], f"{found[0][1]!r} contradicts {self.path(key)} = {value!r}; they must agree"
+                    found[0][0],
+                    f"{show(found[0][1])} contradicts {self.path(key)} = {show(value)}; they must agree",
                 )
         return found[0]
 
-    def int_(self, *keys: str, minimum: int = 1, required: bool = False) -> int | None:
+    def int_(
+        self, *keys: str, minimum: int = 1, maximum: int = MAX_INT, required: bool = False
+    ) -> int | None:
         key, value = self.raw(*keys)
         if value is None:
             if required:
                 raise self.fail(key, "missing (needed to size the KV cache)")
             return None
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.fail(key, f"expected an integer, got {value!r}")
+            raise self.fail(key, f"expected an integer, got {show(value)}")
         if value < minimum:
-            raise self.fail(key, f"must be >= {minimum}, got {value}")
+            raise self.fail(key, f"must be >= {minimum}, got {show(value)}")
+        if value > maximum:
+            raise self.fail(key, f"must be <= {maximum:,}, got {show(value)}")
         return value
 
-    def need(self, *keys: str, minimum: int = 1) -> int:
-        value = self.int_(*keys, minimum=minimum, required=True)
+    def need(self, *keys: str, minimum: int = 1, maximum: int = MAX_INT) -> int:
+        value = self.int_(*keys, minimum=minimum, maximum=maximum, required=True)
         assert value is not None
+        return value
+
+    def str_(self, key: str) -> str | None:
+        value = self.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise self.fail(key, f"expected a string, got {show(value)}")
         return value
 
     def flag(self, key: str) -> bool | None:
@@ -375,18 +421,23 @@ class _Fields:
 
 
 def _read_config_file(path: Path) -> tuple[Mapping[str, Any], str]:
-    if path.is_dir():
-        path = path / "config.json"
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"config: cannot read {str(path)!r}: {exc.strerror or exc}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
+        if path.is_dir():
+            path = path / "config.json"
+        with path.open("rb") as f:
+            data_bytes = f.read(MAX_CONFIG_BYTES + 1)
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise ConfigError(
-            f"config: {str(path)!r} is not valid JSON ({exc.msg} at line {exc.lineno})"
+            f"config: cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
         ) from None
+    if len(data_bytes) > MAX_CONFIG_BYTES:
+        raise ConfigError(
+            f"config: {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes: not a config.json"
+        )
+    try:
+        data = loads(decode_utf8(data_bytes))
+    except JSONInputError as exc:
+        raise ConfigError(f"config: {str(path)!r}: {exc}") from None
     if not isinstance(data, Mapping):
         raise ConfigError(f"config: {str(path)!r} holds a JSON {type(data).__name__}, not an object")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
@@ -410,7 +461,8 @@ def _weight_dtype(config: Mapping[str, Any], fields: _Fields) -> str | None:
     for source in (fields.data, config):
         quant = source.get("quantization_config")
         if isinstance(quant, Mapping):
-            method = str(quant.get("quant_method", "")).lower()
+            method = quant.get("quant_method")
+            method = method.lower() if isinstance(method, str) else ""
             if method in ("fp8", "fbgemm_fp8"):
                 return "fp8"
             if method == "mxfp4":
@@ -518,20 +570,27 @@ def model_from_config(
     Raises:
         ConfigError: a missing, malformed, unknown or contradictory field (the message names it).
     """
+    if name is not None and not isinstance(name, str):
+        raise ConfigError(f"name: expected a string, got {show(name)}")
     source = "dict"
+    where = None  # the file, for error messages
     if isinstance(config, (str, os.PathLike)):
         source = os.fspath(config)
-        config, file_name = _read_config_file(Path(config))
+        if not isinstance(source, str):
+            raise ConfigError(f"config: expected a text path, got {show(source)}")
+        config, file_name = _read_config_file(Path(source))
         name = name or file_name
+        where = f"config {source!r}"
     if not isinstance(config, Mapping):
         raise ConfigError(f"config: expected a mapping or a path, got {type(config).__name__}")
     label = name or "config"
-    f = _text_fields(config, label)
+    f = _text_fields(config, where or label)
     if config.get("is_encoder_decoder") is True or f.data.get("is_encoder_decoder") is True:
         raise f.fail("is_encoder_decoder", "encoder-decoder models are not supported (decoder-only only)")
 
-    num_layers = f.need("num_hidden_layers", "n_layer", "num_layers")
-    model_type = str(f.data.get("model_type") or config.get("model_type") or "")
+    num_layers = f.need("num_hidden_layers", "n_layer", "num_layers", maximum=MAX_LAYERS)
+    top = _Fields(config, "", f.label)
+    model_type = f.str_("model_type") or top.str_("model_type") or ""
     max_context = f.int_("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
     shared = f.int_("num_kv_shared_layers", minimum=0) or 0
     if shared >= num_layers:
@@ -634,6 +693,13 @@ def _linear_attention_group(f: _Fields, config: Mapping[str, Any], count: int) -
     return LayerGroup("linear_attention", count, 0, 0, num_tensors=0, state_bytes=state)
 
 
+def _exists(path: str) -> bool:
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError):  # a name too long for a path, or holding a NUL: not a file
+        return False
+
+
 def load_model(model: ModelSpec | Mapping[str, Any] | str | os.PathLike[str]) -> ModelSpec:
     """A :class:`ModelSpec` from whatever an operator has at hand.
 
@@ -647,7 +713,7 @@ def load_model(model: ModelSpec | Mapping[str, Any] | str | os.PathLike[str]) ->
         return model
     if isinstance(model, Mapping):
         return model_from_config(model)
-    if isinstance(model, os.PathLike) or (isinstance(model, str) and Path(model).exists()):
+    if isinstance(model, os.PathLike) or (isinstance(model, str) and _exists(model)):
         return model_from_config(model)
     if not isinstance(model, str):
         raise ConfigError(

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from kvcore._json import show
 from kvcore.exceptions import ConfigError
 from kvcore.sizing.dtypes import (
     SCALE_BYTES,
@@ -37,7 +38,7 @@ from kvcore.sizing.dtypes import (
     normalize_weight_dtype,
     weight_dtype_bits,
 )
-from kvcore.sizing.formula import bits_to_bytes, check_int, pages_for_budget
+from kvcore.sizing.formula import MAX_INT, bits_to_bytes, check_int, pages_for_budget
 from kvcore.sizing.model import ModelSpec, load_model
 from kvcore.sizing.presets import GpuSpec, gpu_preset
 from kvcore.sizing.units import format_bytes
@@ -319,6 +320,8 @@ def _resolve_gpu(gpu: GpuSpec | str | int) -> GpuSpec:
         return gpu
     if isinstance(gpu, str):
         return gpu_preset(gpu)
+    if isinstance(gpu, bool) or not isinstance(gpu, int):
+        raise ConfigError(f"gpu: expected a GpuSpec, a preset name or a size in bytes, got {show(gpu)}")
     return GpuSpec("custom", check_int(gpu, "gpu_mem_bytes", minimum=1))
 
 
@@ -397,6 +400,16 @@ def plan(
         check_int(context_len, "context_len", minimum=1)
     if concurrency is not None:
         check_int(concurrency, "concurrency", minimum=1)
+    if weight_dtype is not None:
+        normalize_weight_dtype(weight_dtype)
+    if isinstance(reserve_fraction, bool) or not isinstance(reserve_fraction, (int, float)):
+        raise ConfigError(f"reserve_fraction: expected a number in [0, 1), got {show(reserve_fraction)}")
+    if not 0 <= reserve_fraction < 1:
+        raise ConfigError(f"reserve_fraction: must be in [0, 1), got {reserve_fraction}")
+    if isinstance(requests, (str, bytes, Mapping)) or not isinstance(requests, Iterable):
+        raise ConfigError(
+            f"requests: expected a sequence of (prompt_len, output_len) pairs, got {show(requests)}"
+        )
     request_lens: list[int] = []
     for i, pair in enumerate(requests):
         if not isinstance(pair, tuple) or len(pair) != 2:
@@ -411,10 +424,6 @@ def plan(
     weights, weight_source = _weights(spec, weight_bytes, num_params, weight_dtype)
     weights_per_gpu = -(-weights // tp)
     if reserve_bytes is None:
-        if isinstance(reserve_fraction, bool) or not isinstance(reserve_fraction, (int, float)):
-            raise ConfigError(f"reserve_fraction: expected a number in [0, 1), got {reserve_fraction!r}")
-        if not 0 <= reserve_fraction < 1:
-            raise ConfigError(f"reserve_fraction: must be in [0, 1), got {reserve_fraction}")
         # The decimal the caller wrote (0.1 is 1/10, not the nearest double), rounded up: never under-reserve.
         share = Fraction(repr(float(reserve_fraction)))
         reserve = -(-(device.mem_bytes * share.numerator) // share.denominator)
@@ -423,6 +432,8 @@ def plan(
 
     budget = device.mem_bytes - weights_per_gpu - reserve
     page = spec.page_bytes(page_size, kv_dtype, tp)
+    if page > MAX_INT:
+        raise ConfigError(f"page_size: a page of {page:,} bytes of {spec.name} is beyond any memory")
     scales = spec.scale_bytes(kv_dtype, tp)
     state = spec.state_bytes(1, tp)
     # What pages and states can use: the pool's scales and its null page come first.
@@ -460,7 +471,7 @@ def plan(
         candidates = [concurrency, max_at_context, worst]
         reserved_requests = next((c for c in candidates if c is not None), 0)
     state_reserved = reserved_requests * state
-    num_pages = pages_for_budget(budget - scales - state_reserved, page)
+    num_pages = pages_for_budget(max(0, budget - scales - state_reserved), page)
     usable = max(0, num_pages - 1)
 
     warnings: list[str] = []

@@ -19,6 +19,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
+from kvcore._json import show
 from kvcore.exceptions import ConfigError
 from kvcore.sizing.formula import check_int
 from kvcore.sizing.model import ModelSpec, model_from_config
@@ -54,6 +55,8 @@ class GpuSpec:
     mem_bytes: int
 
     def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise ConfigError(f"gpu name: expected a string, got {show(self.name)}")
         check_int(self.mem_bytes, "gpu_mem_bytes", minimum=1)
 
 
@@ -293,7 +296,7 @@ def _unknown(kind: str, name: str, choices: list[str]) -> ConfigError:
         )
     else:
         hint = f"known presets: {', '.join(sorted(choices))}"
-    return ConfigError(f"{kind}: unknown preset {name!r}; {hint}")
+    return ConfigError(f"{kind}: unknown preset {show(name)}; {hint}")
 
 
 def model_preset(name: str) -> ModelSpec:
@@ -302,6 +305,8 @@ def model_preset(name: str) -> ModelSpec:
     Raises:
         ConfigError: unknown name; the message suggests the closest preset names.
     """
+    if not isinstance(name, str):
+        raise ConfigError(f"model: expected a preset name, got {show(name)}")
     key = _model_key(name)
     preset = MODEL_PRESETS.get(key)
     if preset is None:
@@ -316,6 +321,8 @@ def gpu_preset(name: str) -> GpuSpec:
     Raises:
         ConfigError: unknown name; the message suggests the closest GPU names.
     """
+    if not isinstance(name, str):
+        raise ConfigError(f"gpu: expected a preset name, got {show(name)}")
     key = _gpu_key(name)
     by_key = {_gpu_key(n): gpu for n, gpu in GPU_PRESETS.items()}
     gpu = by_key.get(key) or (GPU_PRESETS[_GPU_ALIASES[key]] if key in _GPU_ALIASES else None)

@@ -3,14 +3,17 @@
 Token counts use binary suffixes (``32k`` = 32,768, ``128K`` = 131,072, ``1m`` = 1,048,576) because
 context lengths are quoted that way ("a 128K context" is 131,072 tokens for Llama 3.1). Byte sizes keep
 the SI/IEC distinction: ``80GB`` is 80·10⁹ bytes, ``80GiB`` is 80·2³⁰; a bare number is bytes. Counts of
-things (parameters) use SI suffixes: ``70B`` = 70·10⁹ parameters.
+things (parameters) use SI suffixes: ``70B`` = 70·10⁹ parameters. Every parser takes a string or an int and
+gives an int in ``[0, 2**63 - 1]``; anything else is a :class:`~kvcore.exceptions.ConfigError`.
 """
 
 from __future__ import annotations
 
 import re
 
+from kvcore._json import show
 from kvcore.exceptions import ConfigError
+from kvcore.sizing.formula import check_int
 
 __all__ = [
     "GB",
@@ -32,6 +35,9 @@ TiB = 1 << 40
 GB = 10**9
 
 _NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+# Longest number accepted, in characters: int64 has 19 digits; more is a typo or an attack (int() of a
+# 5,000-digit string raises, and converting long ones costs quadratic time).
+_MAX_NUMBER_LEN = 40
 _TOKENS_RE = re.compile(rf"^{_NUMBER}\s*([km]?)$", re.IGNORECASE)
 _BYTES_RE = re.compile(rf"^{_NUMBER}\s*([a-z]*)$", re.IGNORECASE)
 _COUNT_RE = re.compile(rf"^{_NUMBER}\s*([kmbt]?)$", re.IGNORECASE)
@@ -57,6 +63,8 @@ _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 
 def _whole(number: str, scale: int, text: str, field: str) -> int:
+    if len(number) > _MAX_NUMBER_LEN:
+        raise ConfigError(f"{field}: {text!r:.60} has more than {_MAX_NUMBER_LEN} digits")
     # Decimal arithmetic on the digits keeps "1.5k" exact (1536) without float rounding.
     if "." in number:
         whole, frac = number.split(".")
@@ -69,10 +77,15 @@ def _whole(number: str, scale: int, text: str, field: str) -> int:
     return num * scale // den
 
 
+def _text(text: object, field: str, what: str) -> str | int:
+    if isinstance(text, bool) or not isinstance(text, (str, int)):
+        raise ConfigError(f"{field}: expected {what} (a string or an int), got {show(text)}")
+    return text
+
+
 def parse_tokens(text: str | int, field: str = "tokens") -> int:
     """Token count from ``4096``, ``32k``, ``128K`` or ``1m`` (k = 1024, m = 1024²); must be >= 0."""
-    if isinstance(text, bool):
-        raise ConfigError(f"{field}: expected a token count, got {text!r}")
+    text = _text(text, field, "a token count")
     if isinstance(text, int):
         value = text
     else:
@@ -80,15 +93,12 @@ def parse_tokens(text: str | int, field: str = "tokens") -> int:
         if match is None:
             raise ConfigError(f"{field}: {text!r} is not a token count (examples: 4096, 32k, 128K)")
         value = _whole(match.group(1), _TOKEN_SUFFIX[match.group(2).lower()], text, field)
-    if value < 0:
-        raise ConfigError(f"{field}: must be >= 0, got {value}")
-    return value
+    return check_int(value, field)
 
 
 def parse_bytes(text: str | int, field: str = "bytes") -> int:
     """Byte size from ``81559MiB``, ``80GiB``, ``80GB`` (10⁹), ``1.5TiB`` or a bare number of bytes."""
-    if isinstance(text, bool):
-        raise ConfigError(f"{field}: expected a size in bytes, got {text!r}")
+    text = _text(text, field, "a size in bytes")
     if isinstance(text, int):
         value = text
     else:
@@ -97,15 +107,12 @@ def parse_bytes(text: str | int, field: str = "bytes") -> int:
         if match is None or suffix not in _BYTE_SUFFIX:
             raise ConfigError(f"{field}: {text!r} is not a size (examples: 80GiB, 24GB, 81559MiB, 1048576)")
         value = _whole(match.group(1), _BYTE_SUFFIX[suffix], text, field)
-    if value < 0:
-        raise ConfigError(f"{field}: must be >= 0, got {value}")
-    return value
+    return check_int(value, field)
 
 
 def parse_count(text: str | int, field: str = "count") -> int:
     """Count with SI suffixes, for parameters: ``70B`` = 70·10⁹, ``8.03b``, ``671B``, ``405000000000``."""
-    if isinstance(text, bool):
-        raise ConfigError(f"{field}: expected a count, got {text!r}")
+    text = _text(text, field, "a count")
     if isinstance(text, int):
         value = text
     else:
@@ -113,13 +120,13 @@ def parse_count(text: str | int, field: str = "count") -> int:
         if match is None:
             raise ConfigError(f"{field}: {text!r} is not a count (examples: 8.03B, 70B, 405000000000)")
         value = _whole(match.group(1), _COUNT_SUFFIX[match.group(2).lower()], text, field)
-    if value < 0:
-        raise ConfigError(f"{field}: must be >= 0, got {value}")
-    return value
+    return check_int(value, field)
 
 
 def format_count(value: int) -> str:
     """``1342177280`` -> ``'1,342,177,280'`` (exact figures are what the tests and operators compare)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"format_count: expected an integer, got {show(value)}")
     return f"{value:,}"
 
 
@@ -128,10 +135,18 @@ def format_bytes(value: int) -> str:
 
     Both readings are shown because sources mix them (the seed quotes 1.34 GB and 4 GiB).
     """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"format_bytes: expected an integer number of bytes, got {show(value)}")
     sign = "-" if value < 0 else ""
     mag = abs(value)
-    if mag < KiB:
-        return f"{sign}{mag:,} B"
+    try:
+        exact = f"{mag:,}"
+    except ValueError:  # beyond int-to-str conversion's digit limit
+        raise ConfigError(
+            f"format_bytes: an integer of {mag.bit_length():,} bits is too large to print"
+        ) from None
+    if mag < KiB or mag.bit_length() > 1000:  # the float readings of a larger one would overflow
+        return f"{sign}{exact} B"
     for unit, size, dec_unit, dec in (
         ("TiB", TiB, "TB", 10**12),
         ("GiB", GiB, "GB", GB),
@@ -139,5 +154,5 @@ def format_bytes(value: int) -> str:
         ("KiB", KiB, "kB", 10**3),
     ):
         if mag >= size:
-            return f"{sign}{mag:,} B ({sign}{mag / size:.2f} {unit}, {sign}{mag / dec:.2f} {dec_unit})"
+            return f"{sign}{exact} B ({sign}{mag / size:.2f} {unit}, {sign}{mag / dec:.2f} {dec_unit})"
     raise AssertionError("unreachable")  # pragma: no cover

@@ -1,0 +1,342 @@
+"""The ``kvcore`` command line against hostile files and flags: every one is refused with exactly one
+line on stderr that says what is wrong and where (the file, and the line of a trace), and exit code 2;
+never a traceback, never memory sized by a number inside the input.
+
+Most cases run ``kvcore.cli.main`` in-process (fast); a few run the real command in a subprocess, to
+prove the exit status and the absence of a traceback end to end, and to bound memory with RLIMIT_AS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+import kvcore.cli
+import kvcore.demo
+import kvcore.replay.engine
+from kvcore.exceptions import KVCoreError, TraceFormatError
+from kvcore.replay import ReplayConfig, read_trace, run_replay
+
+LLAMA = {
+    "model_type": "llama",
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "hidden_size": 4096,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+}
+ROW = {"timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [1, 2]}
+
+
+def cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    code = kvcore.cli.main(argv)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_line(err: str, *needles: str) -> str:
+    """The single stderr line of a refused command; it contains every needle."""
+    assert "Traceback" not in err, err
+    lines = err.splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("kvcore "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    return lines[0]
+
+
+def refused(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    code, out, err = cli(argv, capsys)
+    assert code == 2, (code, out, err)
+    assert out == ""
+    return one_line(err, *needles)
+
+
+def replay_argv(trace: Path, tmp_path: Path, *extra: str) -> list[str]:
+    return [
+        "replay",
+        str(trace),
+        "--trace-block-size",
+        "16",
+        "--capacity-pages",
+        "100",
+        "--no-plot",
+        "--out",
+        str(tmp_path / "out"),
+        *extra,
+    ]
+
+
+# ---- model config files (kvcore size / plan) ------------------------------------------------------
+
+
+def test_config_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"num_hidden_layers": 32, "name": "\xff"}')
+    refused(["size", str(path)], capsys, str(path), "UTF-8")
+
+
+def test_config_nested_too_deeply(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "deep.json"
+    path.write_text('{"x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    refused(["size", str(path)], capsys, str(path), "nested")
+
+
+def test_config_with_a_5000_digit_number(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "big.json"
+    path.write_text('{"num_hidden_layers": ' + "9" * 5000 + "}")
+    refused(["plan", str(path), "--gpu", "H100-80G"], capsys, str(path), "digits")
+
+
+def test_config_with_1e30_layers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "huge.json"
+    path.write_text(json.dumps({**LLAMA, "num_hidden_layers": 10**30}))
+    refused(["size", str(path)], capsys, str(path), "num_hidden_layers")
+
+
+# ---- numeric flags --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["size", "llama-3.1-8b", "--batch", "²"], "batch"),
+        (["size", "llama-3.1-8b", "--tp", "²"], "tp"),
+        (["plan", "llama-3.1-8b", "--gpu", "H100-80G", "--page-size", "²"], "page_size"),
+        (["plan", "llama-3.1-8b", "--gpu", "H100-80G", "--concurrency", "²"], "concurrency"),
+        (["replay", "--capacity-pages", "²"], "--capacity-pages"),
+        (["replay", "--limit", "²"], "--limit"),
+        (["replay", "--page-size", "²"], "--page-size"),
+        (["replay", "--decode-chunk", "²"], "--decode-chunk"),
+        (["demo", "--threads", "²"], "--threads"),
+        (["demo", "--num-pages", "²"], "--num-pages"),
+    ],
+)
+def test_superscript_digits_in_numeric_flags(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # "²".isdigit() is True and int("²") raises: neither may reach the user as a traceback.
+    refused(argv, capsys, flag, "'²'")
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e999"])
+@pytest.mark.parametrize("flag", ["--prefill-rate", "--decode-rate", "--max-queue-wait"])
+def test_non_finite_rates_are_refused(
+    flag: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An infinite rate or wait would end up in report.json, which JSON cannot hold.
+    argv = ["replay", "--requests", "20", "--no-plot", "--out", str(tmp_path), f"{flag}={value}"]
+    refused(argv, capsys, flag, "finite")
+
+
+@pytest.mark.parametrize("flag", ["--prefill-rate", "--decode-rate"])
+def test_finite_rates_whose_times_overflow_are_refused(
+    flag: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1e-320 is finite and > 0, but 32 tokens / 1e-320 tokens/s is infinite: report.json cannot hold it.
+    argv = ["replay", "--requests", "20", "--no-plot", "--out", str(tmp_path), flag, "1e-320"]
+    refused(argv, capsys, "kvcore replay: error: timed replay:", "overflows")
+    assert not (tmp_path / "report.json").exists()
+
+
+def test_demo_page_size_zero(capsys: pytest.CaptureFixture[str]) -> None:
+    # Was a ZeroDivisionError in every worker thread (one traceback each).
+    refused(["demo", "--threads", "2", "--requests", "5", "--page-size", "0"], capsys, "--page-size")
+
+
+# ---- trace lines (kvcore replay) ------------------------------------------------------------------
+
+
+def write_lines(path: Path, lines: Sequence[str | bytes]) -> Path:
+    data = b"".join((x if isinstance(x, bytes) else x.encode()) + b"\n" for x in lines)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "needles"),
+    [
+        (json.dumps({**ROW, "hash_ids": [1, 2**63]}), ("field 'hash_ids'", "item 1")),
+        (
+            json.dumps({**ROW, "output_length": 20, "output_hash_ids": [7, 2**64]}),
+            ("field 'output_hash_ids'", "item 1"),
+        ),
+        ('{"input_length": 20, "output_length": 4, "hash_ids": [1, 2], "x": ' + "[" * 100_000, ("nested",)),
+        ('{"input_length": ' + "9" * 5000 + ', "output_length": 4, "hash_ids": [1, 2]}', ("digits",)),
+        (json.dumps({**ROW, "output_length": 10**30}), ("field 'output_length'",)),
+        (json.dumps({**ROW, "timestamp": 10**400}), ("field 'timestamp'",)),
+        (json.dumps({**ROW, "priority": 10**300}), ("field 'priority'",)),
+    ],
+)
+def test_malformed_trace_line_names_file_and_line(
+    line: str, needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW), line])
+    refused(replay_argv(trace, tmp_path), capsys, f"{trace}: line 2", *needles)
+
+
+def test_trace_line_that_is_not_utf8(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = b'{"input_length": 20, "output_length": 4, "hash_ids": [1, 2], "x": "\xc3\x28"}'
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW), "", bad])
+    refused(replay_argv(trace, tmp_path), capsys, f"{trace}: line 3", "UTF-8")
+
+
+@pytest.mark.parametrize("stamp", ["Infinity", "-Infinity", "NaN", "1e999"])
+def test_non_finite_timestamp_is_refused_when_read(
+    stamp: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    line = f'{{"timestamp": {stamp}, "input_length": 20, "output_length": 4, "hash_ids": [1, 2]}}'
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW), line])
+    refused(replay_argv(trace, tmp_path), capsys, f"{trace}: line 2", stamp, "finite")
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
+NESTED_800 = "[" * 800 + "]" * 800  # parses, but its repr is 1,600 characters (and deeper, no stack)
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "needles"),
+    [
+        (
+            "t.jsonl",
+            f'{{"input_length": {NESTED_800}, "output_length": 1, "hash_ids": [1]}}',
+            ("line 1, field 'input_length'", "a list"),
+        ),
+        (
+            "t.jsonl",
+            f'{{"input_length": 20, "output_length": 1, "hash_ids": [1, {NESTED_800}]}}',
+            ("line 1, field 'hash_ids'", "item 1"),
+        ),
+        (
+            "t.jsonl",
+            f'{{"input_length": {"9" * 4000}, "output_length": 1, "hash_ids": [1]}}',
+            ("line 1, field 'input_length'", "bits"),
+        ),
+        ("config.json", f'{{"num_hidden_layers": 32, "n_layer": {NESTED_800}}}', ("n_layer", "a list")),
+        ("config.json", f'{{"num_hidden_layers": {"9" * 4000}}}', ("num_hidden_layers", "bits")),
+    ],
+)
+def test_values_quoted_from_a_file_are_short(
+    name: str, text: str, needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_lines(tmp_path / name, [text])
+    argv = replay_argv(path, tmp_path) if name.endswith(".jsonl") else ["size", str(path)]
+    line = refused(argv, capsys, str(path), *needles)
+    assert len(line) < 300 + len(str(path)), line
+
+
+def test_every_trace_format_error_names_the_file(tmp_path: Path) -> None:
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW), json.dumps({**ROW, "input_length": 0})])
+    with pytest.raises(TraceFormatError) as info:
+        read_trace(trace, block_size=16)
+    assert str(info.value).startswith(f"{trace}: line 2, field 'input_length': must be >= 1")
+
+
+def test_report_json_never_holds_nan(tmp_path: Path) -> None:
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW)])
+    report = run_replay(read_trace(trace, block_size=16), ReplayConfig(capacity_pages=10, page_size=4))
+    report.settings["prefill_rate"] = float("nan")
+    with pytest.raises(ValueError):
+        report.to_json()
+
+
+# ---- the job itself running out of memory ---------------------------------------------------------
+
+
+def _out_of_memory(*args: object, **kwargs: object) -> object:
+    raise MemoryError("cannot allocate 2,000,000,001 pages")
+
+
+@pytest.mark.parametrize("command", ["replay", "demo"])
+def test_memory_error_in_the_job_is_one_line(
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # What the native core raises for `--capacity-pages 2000000000` on a small machine: caught once, in
+    # kvcore.cli.main, for every sub-command.
+    monkeypatch.setattr(kvcore.replay.engine, "KVCacheManager", _out_of_memory)
+    monkeypatch.setattr(kvcore.demo, "PageAllocator", _out_of_memory)
+    if command == "replay":
+        argv = ["replay", "--requests", "10", "--capacity-pages", "2000000000", "--no-plot"]
+        argv += ["--out", str(tmp_path)]
+    else:
+        argv = ["demo", "--num-pages", "2000000001"]
+    line = refused(argv, capsys, f"kvcore {command}: error:", "out of memory", "2,000,000,001 pages")
+    assert "Traceback" not in line
+
+
+def test_kvcore_errors_of_every_command_are_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(*args: object, **kwargs: object) -> object:
+        raise KVCoreError("the core said no")
+
+    monkeypatch.setattr(kvcore.demo, "PageAllocator", broken)
+    refused(["demo"], capsys, "kvcore demo: error: the core said no")
+
+
+# ---- end to end: exit status, no traceback, bounded memory ------------------------------------------
+
+
+def run_kvcore(
+    argv: list[str], cwd: Path, limit_bytes: int | None = None
+) -> subprocess.CompletedProcess[str]:
+    preexec = None
+    if limit_bytes is not None:
+
+        def preexec() -> None:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "kvcore", *argv],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        preexec_fn=preexec,
+    )
+
+
+def test_subprocess_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_bytes(b'{"num_hidden_layers": "\xff\xfe"}')
+    proc = run_kvcore(["size", str(path)], tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    one_line(proc.stderr, str(path), "UTF-8")
+
+
+def test_subprocess_deep_trace_exits_2_without_traceback(tmp_path: Path) -> None:
+    trace = write_lines(tmp_path / "t.jsonl", ["[" * 200_000 + "]" * 200_000])
+    proc = run_kvcore(replay_argv(trace, tmp_path), tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    one_line(proc.stderr, f"{trace}: line 1", "nested")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+@pytest.mark.parametrize("mode", ["sequential", "timed"])
+def test_output_length_1e9_allocates_nothing_near_it(mode: str, tmp_path: Path) -> None:
+    # An 80-byte line asking for 10**9 output tokens used to allocate 3.7 GiB of token ids up front.
+    # Memory now follows the cache (100 pages of 16 tokens) and the file, never the number: under a
+    # 1 GiB address-space limit the replay finishes, and the request is refused as too large.
+    row = {"timestamp": 0, "input_length": 10, "output_length": 10**9, "hash_ids": [1]}
+    line = json.dumps(row, separators=(",", ":"))
+    assert len(line) <= 80
+    trace = write_lines(tmp_path / "t.jsonl", [line])
+    argv = [*replay_argv(trace, tmp_path, "--mode", mode, "--json", "--page-size", "16")]
+    proc = run_kvcore(argv, tmp_path, limit_bytes=1 << 30)
+    assert proc.returncode == 0, proc.stderr
+    lru = json.loads(proc.stdout)["results"]["lru"]
+    if mode == "timed":
+        assert (lru["num_served"], lru["num_refused_too_large"]) == (0, 1)
+    else:  # sequential replays prompts only
+        assert (lru["num_served"], lru["prompt_tokens"]) == (1, 10)
