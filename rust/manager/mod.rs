@@ -43,8 +43,17 @@ use parking_lot::Mutex;
 use crate::allocator::PageAllocator;
 use crate::error::{KvError, KvResult};
 use crate::eviction::EvictionPolicy;
-use crate::radix::{Namespace, NodeId, RadixTree, DEFAULT_NAMESPACE, PUBLIC_NAMESPACE};
+use crate::radix::{Namespace, NodeId, RadixTree, DEFAULT_NAMESPACE};
 use crate::PageId;
+
+mod copies;
+mod namespace;
+mod page_table;
+mod stats;
+
+use namespace::UNSEEN_NAMESPACE;
+pub use page_table::PageTable;
+pub use stats::CacheStats;
 
 /// Largest page size: `kv_last_page_len` is int32, and no engine uses pages of more tokens.
 pub const MAX_PAGE_SIZE: usize = 1 << 20;
@@ -66,77 +75,6 @@ pub struct ManagerConfig {
     pub policy: EvictionPolicy,
     /// Most pages TTL pins may cover (None: unlimited).
     pub pin_budget_pages: Option<usize>,
-}
-
-/// Defines [`CacheStats`] from one list of fields: the struct (a Python class too, with the
-/// `python` feature), its field names and its values, so no other place lists them.
-macro_rules! cache_stats {
-    ($($(#[doc = $doc:literal])+ $name:ident: $ty:ty,)+) => {
-        /// The usage split and counters, read in one consistent snapshot.
-        #[cfg_attr(
-            feature = "python",
-            pyo3::pyclass(name = "CacheStats", module = "kvcore._kvcore", frozen, get_all, eq)
-        )]
-        #[derive(Clone, Debug, Default, PartialEq, Eq)]
-        pub struct CacheStats {
-            $($(#[doc = $doc])+ pub $name: $ty,)+
-        }
-
-        impl CacheStats {
-            /// The field names, in declaration order.
-            pub const FIELDS: &'static [&'static str] = &[$(stringify!($name)),+];
-
-            /// The field values, in [`FIELDS`](Self::FIELDS) order.
-            pub fn values(&self) -> Vec<u64> {
-                vec![$(self.$name as u64),+]
-            }
-        }
-    };
-}
-
-cache_stats! {
-    /// Usable pages (`num_pages - 1`); the four splits below sum to it.
-    num_pages_total: usize,
-    /// Held by a live sequence, protected by its lock, or held for a queued copy.
-    num_pages_in_use: usize,
-    /// Cached and evictable (only the tree holds them, nothing protects them).
-    num_pages_cached: usize,
-    /// Cached and protected by an unexpired TTL pin (and no lock).
-    num_pages_pinned: usize,
-    /// In the allocator's free pool.
-    num_pages_free: usize,
-    /// Live sequences.
-    num_sequences: usize,
-    /// Prompt tokens looked up by `add_sequence` since creation (admitted requests).
-    prefix_query_tokens: u64,
-    /// Of those, tokens found cached.
-    prefix_hit_tokens: u64,
-    /// Pages evicted from the tree since creation.
-    num_evicted_pages: u64,
-    /// Copy-on-write page copies queued since creation.
-    num_cow_copies: u64,
-    /// `add_sequence` / `append` calls refused for lack of pages.
-    num_refused: u64,
-}
-
-impl CacheStats {
-    /// Fraction of looked-up prompt tokens that were cached (0 before any lookup).
-    pub fn hit_rate(&self) -> f64 {
-        if self.prefix_query_tokens == 0 {
-            0.0
-        } else {
-            self.prefix_hit_tokens as f64 / self.prefix_query_tokens as f64
-        }
-    }
-
-    /// Fraction of usable pages not free (in use, cached or pinned).
-    pub fn usage(&self) -> f64 {
-        if self.num_pages_total == 0 {
-            0.0
-        } else {
-            1.0 - self.num_pages_free as f64 / self.num_pages_total as f64
-        }
-    }
 }
 
 /// One live sequence.
@@ -197,17 +135,6 @@ pub struct KVCacheManager {
     alloc: PageAllocator,
     page_size: usize,
     state: Mutex<State>,
-}
-
-/// FlashInfer's CSR page table of a batch, built by [`KVCacheManager::page_table`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct PageTable {
-    /// `[batch + 1]` int32.
-    pub kv_indptr: Vec<i32>,
-    /// `[kv_indptr[batch]]` int32.
-    pub kv_indices: Vec<i32>,
-    /// `[batch]` int32, each in `1..=page_size`.
-    pub kv_last_page_len: Vec<i32>,
 }
 
 /// A core call that cannot fail unless kvcore itself is broken failed: report it as
@@ -507,95 +434,6 @@ impl KVCacheManager {
         Ok(())
     }
 
-    /// The page table of `seq_ids` (in order; repeats allowed), in fresh vectors. Unknown ids fail.
-    pub fn page_table(&self, seq_ids: &[SeqId]) -> KvResult<PageTable> {
-        let mut table = PageTable::default();
-        let guard = self.state.lock();
-        let total = page_table_len(&guard, seq_ids)?;
-        table.kv_indptr.resize(seq_ids.len() + 1, 0);
-        table.kv_indices.resize(total, 0);
-        table.kv_last_page_len.resize(seq_ids.len(), 0);
-        self.fill_page_table(
-            &guard,
-            seq_ids,
-            &mut table.kv_indptr,
-            &mut table.kv_indices,
-            &mut table.kv_last_page_len,
-        );
-        Ok(table)
-    }
-
-    /// The page table of `seq_ids` written into caller buffers (reused from step to step, so the
-    /// scheduler's hot path allocates nothing). Returns the number of indices written. Fails, with
-    /// nothing written, on an unknown id or a buffer too short (`kv_indptr` needs `batch + 1`,
-    /// `kv_last_page_len` `batch`, `kv_indices` the total number of pages).
-    pub fn page_table_into(
-        &self,
-        seq_ids: &[SeqId],
-        kv_indptr: &mut [i32],
-        kv_indices: &mut [i32],
-        kv_last_page_len: &mut [i32],
-    ) -> KvResult<usize> {
-        let guard = self.state.lock();
-        let total = page_table_len(&guard, seq_ids)?;
-        let batch = seq_ids.len();
-        if kv_indptr.len() < batch + 1 || kv_last_page_len.len() < batch || kv_indices.len() < total
-        {
-            return Err(KvError::InvalidArgument(format!(
-                "page table buffers too short: need kv_indptr >= {}, kv_indices >= {total}, \
-                 kv_last_page_len >= {batch}; got {}, {}, {}",
-                batch + 1,
-                kv_indptr.len(),
-                kv_indices.len(),
-                kv_last_page_len.len()
-            )));
-        }
-        self.fill_page_table(&guard, seq_ids, kv_indptr, kv_indices, kv_last_page_len);
-        Ok(total)
-    }
-
-    /// Write a validated batch's CSR page table (see [`page_table_len`]).
-    fn fill_page_table(
-        &self,
-        st: &State,
-        seq_ids: &[SeqId],
-        kv_indptr: &mut [i32],
-        kv_indices: &mut [i32],
-        kv_last_page_len: &mut [i32],
-    ) {
-        let ps = self.page_size;
-        let mut at = 0usize;
-        kv_indptr[0] = 0;
-        for (i, id) in seq_ids.iter().enumerate() {
-            let seq = &st.seqs[id];
-            let n = seq.pages.len();
-            // Page ids are < num_pages <= i32::MAX, and the total fits int32 (page_table_len).
-            for (dst, &page) in kv_indices[at..at + n].iter_mut().zip(&seq.pages) {
-                *dst = page as i32;
-            }
-            at += n;
-            kv_indptr[i + 1] = at as i32;
-            kv_last_page_len[i] = (seq.tokens.len() - (n - 1) * ps) as i32;
-        }
-    }
-
-    /// The slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`.
-    pub fn slot_mapping(&self, seq_id: SeqId, num_tokens: usize) -> KvResult<Vec<i64>> {
-        let guard = self.state.lock();
-        let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        let len = seq.tokens.len();
-        if num_tokens > len {
-            return Err(KvError::InvalidArgument(format!(
-                "sequence {seq_id} has {len} tokens, cannot map the last {num_tokens}"
-            )));
-        }
-        let ps = self.page_size;
-        // No overflow: new() checks num_pages * page_size fits i64.
-        Ok((len - num_tokens..len)
-            .map(|t| i64::from(seq.pages[t / ps]) * ps as i64 + (t % ps) as i64)
-            .collect())
-    }
-
     /// Evict up to `num_pages` cached pages (policy order); returns how many were evicted.
     pub fn evict(&self, num_pages: usize, now: u64) -> KvResult<usize> {
         let mut guard = self.state.lock();
@@ -632,21 +470,6 @@ impl KVCacheManager {
         // A namespace never seen has no pages of its own, but sees the public ones.
         let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
         guard.tree.peek_prefix_len(ns, tokens) * self.page_size
-    }
-
-    /// Copies `(src_page, dst_page)` queued by copy-on-write since the last call, to apply before
-    /// the next kernel writes the pool. One call's pairs are always one valid batch for
-    /// `copy_pages`: destinations are distinct, no destination is a source, and each pair's
-    /// source already holds the destination's content (chains are resolved to their original
-    /// source), so they may be applied in any order or all at once. Pairs of a sequence freed
-    /// (or a page evicted) before this call were cancelled then.
-    pub fn take_pending_copies(&self) -> KvResult<Vec<(PageId, PageId)>> {
-        let mut guard = self.state.lock();
-        let pairs = std::mem::take(&mut guard.pending_copies);
-        let sources: Vec<PageId> = pairs.iter().map(|&(src, _)| src).collect();
-        // The holds end here; a source freed now can only be written by a later step's kernels.
-        self.alloc.free_serialized(&sources).map_err(internal)?;
-        Ok(pairs)
     }
 
     /// Interned namespace names (those with a live sequence or a cached page).
@@ -750,118 +573,6 @@ impl KVCacheManager {
         st.emptied = emptied;
         Ok(n)
     }
-
-    /// Drop one reference per listed page, then cancel the queued copies whose destination lost
-    /// its last owner (before anything can reuse it: the allocator is the manager's, under its lock).
-    fn release(&self, st: &mut State, pages: &[PageId]) -> KvResult<()> {
-        self.alloc.free_serialized(pages).map_err(internal)?;
-        if st.pending_copies.is_empty() {
-            return Ok(());
-        }
-        let mut i = 0;
-        while i < st.pending_copies.len() {
-            let (src, dst) = st.pending_copies[i];
-            if self.alloc.ref_count(dst).map_err(internal)? == 0 {
-                st.pending_copies.remove(i);
-                // Sources are never destinations: releasing this hold cancels nothing else.
-                self.alloc.free_serialized(&[src]).map_err(internal)?;
-            } else {
-                i += 1;
-            }
-        }
-        Ok(())
-    }
-
-    /// Queue a copy of `src` into the fresh page `dst`. A `src` that is itself the destination
-    /// of a queued copy (a fork of a fork, before the copies were taken) still holds garbage: the
-    /// copy is made from that copy's source instead, which holds what `src` will. The source is
-    /// held until the pair is taken or cancelled, so it is never freed and reused meanwhile; hence
-    /// sources are never destinations, and destinations (fresh pages, each held by its sequence
-    /// until its pair ends) are distinct.
-    fn queue_copy(&self, st: &mut State, src: PageId, dst: PageId) -> KvResult<()> {
-        let src = st
-            .pending_copies
-            .iter()
-            .find(|&&(_, d)| d == src)
-            .map_or(src, |&(s, _)| s);
-        self.alloc.retain_serialized(&[src]).map_err(internal)?;
-        st.pending_copies.push((src, dst));
-        Ok(())
-    }
-}
-
-/// Stands for a namespace name never used to cache anything: it owns no node.
-const UNSEEN_NAMESPACE: Namespace = u64::MAX - 1;
-
-impl State {
-    /// Allocator references held by queued copies on `page` (as their source).
-    fn copy_holds(&self, page: PageId) -> u32 {
-        self.pending_copies
-            .iter()
-            .filter(|&&(src, _)| src == page)
-            .count() as u32
-    }
-
-    /// Intern a namespace name not known yet.
-    fn intern(&mut self, name: &str) -> Namespace {
-        let ns = self.next_namespace;
-        self.next_namespace += 1;
-        self.namespaces.insert(name.to_owned(), ns);
-        self.namespace_names.insert(ns, name.to_owned());
-        ns
-    }
-
-    /// A live sequence of `ns` was added.
-    fn add_live(&mut self, ns: Namespace) {
-        if self.namespace_names.contains_key(&ns) {
-            *self.namespace_seqs.entry(ns).or_default() += 1;
-        }
-    }
-
-    /// A live sequence of `ns` was removed.
-    fn remove_live(&mut self, ns: Namespace) {
-        if let Some(n) = self.namespace_seqs.get_mut(&ns) {
-            *n -= 1;
-            if *n == 0 {
-                self.namespace_seqs.remove(&ns);
-            }
-        }
-        self.forget_if_unused(ns);
-    }
-
-    /// Forget `ns`'s name once it has no live sequence and no cached page (pins are on cached
-    /// pages): a namespace that holds nothing costs nothing.
-    fn forget_if_unused(&mut self, ns: Namespace) {
-        if self.namespace_seqs.contains_key(&ns) || self.tree.num_namespace_nodes(ns) > 0 {
-            return;
-        }
-        if let Some(name) = self.namespace_names.remove(&ns) {
-            self.namespaces.remove(&name);
-        }
-    }
-
-    /// The id of a namespace name, without interning a new one.
-    fn known_namespace(&self, name: Option<&str>) -> Option<Namespace> {
-        match name {
-            None => Some(DEFAULT_NAMESPACE),
-            Some(PUBLIC_NAMESPACE_NAME) => Some(PUBLIC_NAMESPACE),
-            Some(name) => self.namespaces.get(name).copied(),
-        }
-    }
-}
-
-/// Total pages of a batch's page table; fails on an unknown id or a total beyond int32.
-fn page_table_len(st: &State, seq_ids: &[SeqId]) -> KvResult<usize> {
-    let mut total = 0usize;
-    for &id in seq_ids {
-        total += st.seqs.get(&id).ok_or_else(|| unknown(id))?.pages.len();
-    }
-    if total > i32::MAX as usize {
-        return Err(KvError::InvalidArgument(format!(
-            "page table of {total} pages exceeds int32"
-        )));
-    }
-    Ok(total)
 }
 
 fn unknown(seq_id: SeqId) -> KvError {

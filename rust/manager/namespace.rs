@@ -1,0 +1,60 @@
+//! Namespace names: interned while they hold something, forgotten once they hold nothing.
+//!
+//! A name is interned when a sequence of it is admitted and kept while it has a live sequence or a
+//! node in the tree (pins are on nodes). Ids are never reused, so a forgotten name cannot alias
+//! a new one; a refused call or a lookup under an unknown name interns nothing.
+
+use super::{State, PUBLIC_NAMESPACE_NAME};
+use crate::radix::{Namespace, DEFAULT_NAMESPACE, PUBLIC_NAMESPACE};
+
+/// Stands for a namespace name never used to cache anything: it owns no node.
+pub(super) const UNSEEN_NAMESPACE: Namespace = u64::MAX - 1;
+
+impl State {
+    /// Intern a namespace name not known yet.
+    pub(super) fn intern(&mut self, name: &str) -> Namespace {
+        let ns = self.next_namespace;
+        self.next_namespace += 1;
+        self.namespaces.insert(name.to_owned(), ns);
+        self.namespace_names.insert(ns, name.to_owned());
+        ns
+    }
+
+    /// A live sequence of `ns` was added.
+    pub(super) fn add_live(&mut self, ns: Namespace) {
+        if self.namespace_names.contains_key(&ns) {
+            *self.namespace_seqs.entry(ns).or_default() += 1;
+        }
+    }
+
+    /// A live sequence of `ns` was removed.
+    pub(super) fn remove_live(&mut self, ns: Namespace) {
+        if let Some(n) = self.namespace_seqs.get_mut(&ns) {
+            *n -= 1;
+            if *n == 0 {
+                self.namespace_seqs.remove(&ns);
+            }
+        }
+        self.forget_if_unused(ns);
+    }
+
+    /// Forget `ns`'s name once it has no live sequence and no cached page (pins are on cached
+    /// pages): a namespace that holds nothing costs nothing.
+    pub(super) fn forget_if_unused(&mut self, ns: Namespace) {
+        if self.namespace_seqs.contains_key(&ns) || self.tree.num_namespace_nodes(ns) > 0 {
+            return;
+        }
+        if let Some(name) = self.namespace_names.remove(&ns) {
+            self.namespaces.remove(&name);
+        }
+    }
+
+    /// The id of a namespace name, without interning a new one.
+    pub(super) fn known_namespace(&self, name: Option<&str>) -> Option<Namespace> {
+        match name {
+            None => Some(DEFAULT_NAMESPACE),
+            Some(PUBLIC_NAMESPACE_NAME) => Some(PUBLIC_NAMESPACE),
+            Some(name) => self.namespaces.get(name).copied(),
+        }
+    }
+}
