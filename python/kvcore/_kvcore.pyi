@@ -89,6 +89,8 @@ class CacheStats:
     def __eq__(self, other: object, /) -> bool: ...
     def __ne__(self, other: object, /) -> bool: ...
 
+_Ids: TypeAlias = Sequence[int] | npt.NDArray[np.int64] | npt.NDArray[np.int32]
+
 _Tokens: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64] | Sequence[int]
 
 @final
@@ -124,13 +126,19 @@ class KVCacheManager:
         """Release a sequence: full pages stay cached, its queued copies are cancelled."""
     def page_table(
         self,
-        seq_ids: Sequence[int] | npt.NDArray[np.int64] | npt.NDArray[np.int32],
+        seq_ids: _Ids,
+        num_tokens: _Ids | None = None,
         out: PageTable
         | tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]
         | None = None,
     ) -> PageTable:
-        """The CSR page table; with ``out`` (reused int32 buffers), views of them are returned."""
-    def slot_mapping(self, seq_id: int, num_tokens: int) -> npt.NDArray[np.int64]: ...
+        """The CSR page table, of each sequence's first ``num_tokens[i]`` tokens if given (a prefill
+        chunk); with ``out`` (reused int32 buffers), views of them are returned."""
+    def block_table(self, seq_ids: _Ids, out: npt.NDArray[np.int32] | None = None) -> npt.NDArray[np.int32]:
+        """Dense ``[batch, max_pages]`` int32 block table padded with the null page (vLLM's format);
+        with ``out`` (a reused ``[rows, cols]`` buffer), the view ``out[:batch, :max_pages]``."""
+    def slot_mapping(self, seq_id: int, num_tokens: int, start: int | None = None) -> npt.NDArray[np.int64]:
+        """int64 slots of ``num_tokens`` tokens from ``start`` (default: the last ``num_tokens``)."""
     def evict(self, num_pages: int) -> int: ...
     def pin(self, tokens: _Tokens, ttl_s: float, namespace: str | None = None) -> int: ...
     def unpin(self, tokens: _Tokens, namespace: str | None = None) -> int: ...

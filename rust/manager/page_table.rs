@@ -1,7 +1,9 @@
-//! Page tables for the kernels: FlashInfer's CSR triple of a batch, and slot mappings.
+//! Page tables for the kernels: FlashInfer's CSR triple of a batch (whole sequences, or their first
+//! tokens for a prefill chunk), vLLM's dense block table, and slot mappings.
 
 use super::{unknown, KVCacheManager, SeqId, State};
 use crate::error::{KvError, KvResult};
+use crate::NULL_PAGE;
 
 /// FlashInfer's CSR page table of a batch, built by [`KVCacheManager::page_table`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -15,17 +17,25 @@ pub struct PageTable {
 }
 
 impl KVCacheManager {
-    /// The page table of `seq_ids` (in order; repeats allowed), in fresh vectors. Unknown ids fail.
-    pub fn page_table(&self, seq_ids: &[SeqId]) -> KvResult<PageTable> {
+    /// The page table of `seq_ids` (in order; repeats allowed), in fresh vectors. With
+    /// `num_tokens` (`[batch]`), sequence `i`'s table covers only its first `num_tokens[i]` tokens
+    /// (a prefill chunk: what the attention of that step may read); each must be in `1..=len`.
+    /// Unknown ids or bad counts fail, nothing built.
+    pub fn page_table(
+        &self,
+        seq_ids: &[SeqId],
+        num_tokens: Option<&[usize]>,
+    ) -> KvResult<PageTable> {
         let mut table = PageTable::default();
         let guard = self.state.lock();
-        let total = page_table_len(&guard, seq_ids)?;
+        let total = self.page_table_len(&guard, seq_ids, num_tokens)?;
         table.kv_indptr.resize(seq_ids.len() + 1, 0);
         table.kv_indices.resize(total, 0);
         table.kv_last_page_len.resize(seq_ids.len(), 0);
         self.fill_page_table(
             &guard,
             seq_ids,
+            num_tokens,
             &mut table.kv_indptr,
             &mut table.kv_indices,
             &mut table.kv_last_page_len,
@@ -33,19 +43,20 @@ impl KVCacheManager {
         Ok(table)
     }
 
-    /// The page table of `seq_ids` written into caller buffers (reused from step to step, so the
-    /// scheduler's hot path allocates nothing). Returns the number of indices written. Fails, with
-    /// nothing written, on an unknown id or a buffer too short (`kv_indptr` needs `batch + 1`,
-    /// `kv_last_page_len` `batch`, `kv_indices` the total number of pages).
+    /// [`page_table`](Self::page_table) written into caller buffers (reused from step to step, so
+    /// the scheduler's hot path allocates nothing). Returns the number of indices written. Fails,
+    /// with nothing written, on an unknown id, a bad count or a buffer too short (`kv_indptr`
+    /// needs `batch + 1`, `kv_last_page_len` `batch`, `kv_indices` the total number of pages).
     pub fn page_table_into(
         &self,
         seq_ids: &[SeqId],
+        num_tokens: Option<&[usize]>,
         kv_indptr: &mut [i32],
         kv_indices: &mut [i32],
         kv_last_page_len: &mut [i32],
     ) -> KvResult<usize> {
         let guard = self.state.lock();
-        let total = page_table_len(&guard, seq_ids)?;
+        let total = self.page_table_len(&guard, seq_ids, num_tokens)?;
         let batch = seq_ids.len();
         if kv_indptr.len() < batch + 1 || kv_last_page_len.len() < batch || kv_indices.len() < total
         {
@@ -58,15 +69,99 @@ impl KVCacheManager {
                 kv_last_page_len.len()
             )));
         }
-        self.fill_page_table(&guard, seq_ids, kv_indptr, kv_indices, kv_last_page_len);
+        self.fill_page_table(
+            &guard,
+            seq_ids,
+            num_tokens,
+            kv_indptr,
+            kv_indices,
+            kv_last_page_len,
+        );
         Ok(total)
     }
 
-    /// Write a validated batch's CSR page table (see [`page_table_len`]).
+    /// The dense block table of `seq_ids` (vLLM's and FlashAttention's format): row `i` holds
+    /// sequence `i`'s pages, padded with the null page to the longest row. Returns the rows
+    /// (`[batch * max_pages]`, row-major) and `max_pages`.
+    pub fn block_table(&self, seq_ids: &[SeqId]) -> KvResult<(Vec<i32>, usize)> {
+        let guard = self.state.lock();
+        let width = max_pages(&guard, seq_ids)?;
+        let mut rows = vec![NULL_PAGE as i32; seq_ids.len() * width];
+        fill_block_table(&guard, seq_ids, &mut rows, width);
+        Ok((rows, width))
+    }
+
+    /// [`block_table`](Self::block_table) written into a caller buffer of rows of `row_len`
+    /// entries (row-major, reused from step to step): rows `0..batch` are written, each padded
+    /// with the null page up to `row_len`. Returns `max_pages`. Fails, with nothing written, on an
+    /// unknown id or a buffer with too few rows or rows too short.
+    pub fn block_table_into(
+        &self,
+        seq_ids: &[SeqId],
+        out: &mut [i32],
+        row_len: usize,
+    ) -> KvResult<usize> {
+        let guard = self.state.lock();
+        let width = max_pages(&guard, seq_ids)?;
+        let rows = out.len().checked_div(row_len).unwrap_or(0);
+        if width > row_len || rows < seq_ids.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "block table buffer too small: need {} rows of >= {width} entries, got {rows} rows \
+                 of {row_len}",
+                seq_ids.len()
+            )));
+        }
+        fill_block_table(
+            &guard,
+            seq_ids,
+            &mut out[..seq_ids.len() * row_len],
+            row_len,
+        );
+        Ok(width)
+    }
+
+    /// Total pages of a batch's page table; fails on an unknown id, a count out of `1..=len`, a
+    /// `num_tokens` of another length than the batch, or a total beyond int32.
+    fn page_table_len(
+        &self,
+        st: &State,
+        seq_ids: &[SeqId],
+        num_tokens: Option<&[usize]>,
+    ) -> KvResult<usize> {
+        if let Some(counts) = num_tokens {
+            if counts.len() != seq_ids.len() {
+                return Err(KvError::InvalidArgument(format!(
+                    "num_tokens has {} entries for a batch of {}",
+                    counts.len(),
+                    seq_ids.len()
+                )));
+            }
+        }
+        let mut total = 0usize;
+        for (i, &id) in seq_ids.iter().enumerate() {
+            let len = st.seqs.get(&id).ok_or_else(|| unknown(id))?.tokens.len();
+            let n = num_tokens.map_or(len, |c| c[i]);
+            if n == 0 || n > len {
+                return Err(KvError::InvalidArgument(format!(
+                    "num_tokens[{i}] must be in 1..={len} (the tokens of sequence {id}), got {n}"
+                )));
+            }
+            total += n.div_ceil(self.page_size);
+        }
+        if total > i32::MAX as usize {
+            return Err(KvError::InvalidArgument(format!(
+                "page table of {total} pages exceeds int32"
+            )));
+        }
+        Ok(total)
+    }
+
+    /// Write a validated batch's CSR page table (see [`page_table_len`](Self::page_table_len)).
     fn fill_page_table(
         &self,
         st: &State,
         seq_ids: &[SeqId],
+        num_tokens: Option<&[usize]>,
         kv_indptr: &mut [i32],
         kv_indices: &mut [i32],
         kv_last_page_len: &mut [i32],
@@ -76,45 +171,71 @@ impl KVCacheManager {
         kv_indptr[0] = 0;
         for (i, id) in seq_ids.iter().enumerate() {
             let seq = &st.seqs[id];
-            let n = seq.pages.len();
+            let tokens = num_tokens.map_or(seq.tokens.len(), |c| c[i]);
+            let n = tokens.div_ceil(ps);
             // Page ids are < num_pages <= i32::MAX, and the total fits int32 (page_table_len).
             for (dst, &page) in kv_indices[at..at + n].iter_mut().zip(&seq.pages) {
                 *dst = page as i32;
             }
             at += n;
             kv_indptr[i + 1] = at as i32;
-            kv_last_page_len[i] = (seq.tokens.len() - (n - 1) * ps) as i32;
+            kv_last_page_len[i] = (tokens - (n - 1) * ps) as i32;
         }
     }
 
-    /// The slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`.
-    pub fn slot_mapping(&self, seq_id: SeqId, num_tokens: usize) -> KvResult<Vec<i64>> {
+    /// The slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` starting at
+    /// token `start` (`None`: the last `num_tokens`). Fails, nothing built, if the range is not
+    /// inside the sequence.
+    pub fn slot_mapping(
+        &self,
+        seq_id: SeqId,
+        num_tokens: usize,
+        start: Option<usize>,
+    ) -> KvResult<Vec<i64>> {
         let guard = self.state.lock();
         let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let len = seq.tokens.len();
-        if num_tokens > len {
-            return Err(KvError::InvalidArgument(format!(
-                "sequence {seq_id} has {len} tokens, cannot map the last {num_tokens}"
-            )));
-        }
+        let start = match start {
+            None if num_tokens <= len => len - num_tokens,
+            None => {
+                return Err(KvError::InvalidArgument(format!(
+                    "sequence {seq_id} has {len} tokens, cannot map the last {num_tokens}"
+                )))
+            }
+            Some(s) if s.checked_add(num_tokens).is_some_and(|end| end <= len) => s,
+            Some(s) => {
+                return Err(KvError::InvalidArgument(format!(
+                    "sequence {seq_id} has {len} tokens, cannot map {num_tokens} from token {s}"
+                )))
+            }
+        };
         let ps = self.page_size;
         // No overflow: new() checks num_pages * page_size fits i64.
-        Ok((len - num_tokens..len)
+        Ok((start..start + num_tokens)
             .map(|t| i64::from(seq.pages[t / ps]) * ps as i64 + (t % ps) as i64)
             .collect())
     }
 }
 
-/// Total pages of a batch's page table; fails on an unknown id or a total beyond int32.
-fn page_table_len(st: &State, seq_ids: &[SeqId]) -> KvResult<usize> {
-    let mut total = 0usize;
+/// The longest page table of a batch; fails on an unknown id.
+fn max_pages(st: &State, seq_ids: &[SeqId]) -> KvResult<usize> {
+    let mut width = 0;
     for &id in seq_ids {
-        total += st.seqs.get(&id).ok_or_else(|| unknown(id))?.pages.len();
+        width = width.max(st.seqs.get(&id).ok_or_else(|| unknown(id))?.pages.len());
     }
-    if total > i32::MAX as usize {
-        return Err(KvError::InvalidArgument(format!(
-            "page table of {total} pages exceeds int32"
-        )));
+    Ok(width)
+}
+
+/// Write validated rows of `row_len` entries: each sequence's pages, then null pages.
+fn fill_block_table(st: &State, seq_ids: &[SeqId], rows: &mut [i32], row_len: usize) {
+    if row_len == 0 {
+        return;
     }
-    Ok(total)
+    for (row, id) in rows.chunks_exact_mut(row_len).zip(seq_ids) {
+        let pages = &st.seqs[id].pages;
+        for (dst, &page) in row.iter_mut().zip(pages) {
+            *dst = page as i32;
+        }
+        row[pages.len()..].fill(NULL_PAGE as i32);
+    }
 }

@@ -398,6 +398,19 @@ pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i6
         .collect()
 }
 
+/// Non-negative counts (`num_tokens` per sequence): a list or tuple of ints, or a 1-D integer array.
+pub(crate) fn counts_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
+    seq_ids_arg(obj, name)?
+        .into_iter()
+        .enumerate()
+        .map(|(i, v)| {
+            usize::try_from(v).map_err(|_| {
+                KvError::InvalidArgument(format!("{name}[{i}] must be >= 0, got {v}")).into()
+            })
+        })
+        .collect()
+}
+
 /// A fresh, uninitialised `int32` array of `len` elements and a mutable view of it as `PageId`s.
 ///
 /// # Safety

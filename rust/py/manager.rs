@@ -6,14 +6,14 @@
 
 use std::time::Instant;
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyDict, PySlice, PyTuple};
 
 use super::convert::{
-    bool_arg, count_arg, float_arg, int_arg, int_value, namespace_arg, page_arg, page_ids,
-    seq_ids_arg, str_arg, tokens, Arg,
+    bool_arg, count_arg, counts_arg, float_arg, int_arg, int_value, namespace_arg, page_arg,
+    page_ids, seq_ids_arg, str_arg, tokens, Arg,
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
@@ -196,21 +196,28 @@ impl PyKVCacheManager {
     }
 
     /// `PageTable(kv_indptr, kv_indices, kv_last_page_len)` (int32) of the listed sequences. With
-    /// `out` (a `PageTable`, or any 3-tuple, of writable int32 buffers reused from step to step),
-    /// the table is written into it and views of the used prefixes are returned: nothing is
-    /// allocated but the views.
-    #[pyo3(signature = (seq_ids, out = None))]
+    /// `num_tokens` (`[batch]` ints), sequence `i`'s table covers its first `num_tokens[i]` tokens
+    /// only (a prefill chunk). With `out` (a `PageTable`, or any 3-tuple, of writable int32 buffers
+    /// reused from step to step), the table is written into it and views of the used prefixes are
+    /// returned: nothing is allocated but the views.
+    #[pyo3(signature = (seq_ids, num_tokens = None, out = None))]
     fn page_table<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
+        num_tokens: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let counts = match num_tokens.filter(|n| !n.is_none()) {
+            Some(n) => Some(counts_arg(n, "num_tokens")?),
+            None => None,
+        };
+        let counts = counts.as_deref();
         let page_table = python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?;
         let Some(out) = out.filter(|o| !o.is_none()) else {
             // Built under the manager's lock into Rust vectors, handed to NumPy without a copy.
-            let table = self.inner.page_table(&seq_ids)?;
+            let table = self.inner.page_table(&seq_ids, counts)?;
             let indptr = PyArray1::from_vec(py, table.kv_indptr);
             let indices = PyArray1::from_vec(py, table.kv_indices);
             let last = PyArray1::from_vec(py, table.kv_last_page_len);
@@ -252,8 +259,11 @@ impl PyKVCacheManager {
                     "out buffers must be contiguous".into(),
                 ))
             };
+            // Written through rust-numpy's exclusive borrow (no other Rust borrower); nothing of
+            // kvcore's state is read back from these caller-owned buffers.
             self.inner.page_table_into(
                 &seq_ids,
+                counts,
                 w_indptr.as_slice_mut().map_err(contiguous)?,
                 w_indices.as_slice_mut().map_err(contiguous)?,
                 w_last.as_slice_mut().map_err(contiguous)?,
@@ -270,16 +280,65 @@ impl PyKVCacheManager {
         ))
     }
 
-    /// The int64 slots (`page_id * page_size + offset`) of the last `num_tokens` tokens of `seq_id`.
+    /// The int64 slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` from
+    /// token `start` (default: the last `num_tokens`).
+    #[pyo3(signature = (seq_id, num_tokens, start = None))]
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
         seq_id: &Bound<'py, PyAny>,
         num_tokens: &Bound<'py, PyAny>,
+        start: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
-        Ok(PyArray1::from_vec(py, self.inner.slot_mapping(id, n)?))
+        let start = match start.filter(|s| !s.is_none()) {
+            Some(s) => Some(count_arg(s, "start")?),
+            None => None,
+        };
+        Ok(PyArray1::from_vec(
+            py,
+            self.inner.slot_mapping(id, n, start)?,
+        ))
+    }
+
+    /// The dense `[batch, max_pages]` int32 block table (vLLM / FlashAttention format): row `i`
+    /// holds sequence `i`'s pages, padded with the null page 0. With `out` (a writable C-contiguous
+    /// `[rows >= batch, cols >= max_pages]` int32 array reused from step to step), rows `0..batch`
+    /// are written (padded to `cols`) and the view `out[:batch, :max_pages]` is returned.
+    #[pyo3(signature = (seq_ids, out = None))]
+    fn block_table<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let Some(out) = out.filter(|o| !o.is_none()) else {
+            let (rows, width) = self.inner.block_table(&seq_ids)?;
+            return Ok(PyArray1::from_vec(py, rows)
+                .reshape([seq_ids.len(), width])?
+                .into_any());
+        };
+        let array = out.cast::<PyArray2<i32>>().map_err(|_| {
+            PyErr::from(KvError::InvalidDType(
+                "out must be a 2-D int32 array [rows, cols]".into(),
+            ))
+        })?;
+        let row_len = array.shape()[1];
+        let width = {
+            let mut w = array.try_readwrite().map_err(|_| {
+                PyErr::from(KvError::InvalidDType("out must be a writable array".into()))
+            })?;
+            let slice = w.as_slice_mut().map_err(|_| {
+                PyErr::from(KvError::InvalidDType("out must be C-contiguous".into()))
+            })?;
+            // Written through rust-numpy's exclusive borrow; nothing is read back from `out`.
+            self.inner.block_table_into(&seq_ids, slice, row_len)?
+        };
+        let rows = PySlice::new(py, 0, seq_ids.len() as isize, 1);
+        let cols = PySlice::new(py, 0, width as isize, 1);
+        array.get_item((rows, cols))
     }
 
     /// Evict up to `num_pages` cached pages; returns how many were evicted.

@@ -167,19 +167,24 @@ class PagedRunner:
         self.manager.free_sequence(seq_id)
         del self.tokens[seq_id]
 
-    def step(self, work: dict[int, int], *, decode: bool = False) -> dict[int, np.ndarray]:
-        """Compute the last ``work[seq]`` tokens of each sequence (slots reserved); last-token logits."""
+    def step(
+        self, work: dict[int, int], *, decode: bool = False, upto: dict[int, int] | None = None
+    ) -> dict[int, np.ndarray]:
+        """Compute ``work[seq]`` tokens of each sequence (slots reserved): its last ones, or those
+        ending at ``upto[seq]`` (a prefill chunk, whose attention sees only the tokens before it);
+        returns each chunk's last-token logits."""
         pairs = take_copies(self.manager)  # copy-on-write before anything writes the new pages
         if pairs.shape[0]:
             K.copy_pages(self.pool, pairs)
         ids = list(work)
-        pt = self.manager.page_table(ids)
+        end = {s: (upto or {}).get(s, len(self.tokens[s])) for s in ids}
+        # The table of a chunk covers the tokens up to its end only: a whole-sequence table would let
+        # the chunk attend to (uncomputed) slots after it.
+        pt = self.manager.page_table(ids, num_tokens=[end[s] for s in ids])
         q_indptr = np.concatenate([[0], np.cumsum([work[s] for s in ids])]).astype(np.int32)
-        toks = np.concatenate([self.tokens[s][-work[s] :] for s in ids])
-        pos = np.concatenate(
-            [np.arange(len(self.tokens[s]) - work[s], len(self.tokens[s])) for s in ids]
-        ).astype(np.float64)
-        slots = np.concatenate([self.manager.slot_mapping(s, work[s]) for s in ids])
+        toks = np.concatenate([self.tokens[s][end[s] - work[s] : end[s]] for s in ids])
+        pos = np.concatenate([np.arange(end[s] - work[s], end[s]) for s in ids]).astype(np.float64)
+        slots = np.concatenate([self.manager.slot_mapping(s, work[s], start=end[s] - work[s]) for s in ids])
         plan = plan_attention(
             pt, q_indptr, page_size=self.pool.page_size, num_qo_heads=HQ, num_kv_heads=HKV, chunk_len=64
         )
@@ -257,3 +262,31 @@ def test_paged_generation_matches_no_cache(kv_dtype: str, page_size: int) -> Non
     decode([1, 2, 3], 3)
     for s in (1, 2, 3):
         runner.free(s)
+
+
+@pytest.mark.parametrize(("kv_dtype", "page_size", "chunk"), [("fp16", 4, 5), ("bf16", 3, 4), ("fp8", 4, 8)])
+def test_chunked_prefill_matches_no_cache(kv_dtype: str, page_size: int, chunk: int) -> None:
+    """A prompt prefilled in chunks (cache_prompt=False, page_table(num_tokens=...), commit) gives
+    the no-cache logits; only committed pages are shared with a later request."""
+    model = TinyDecoder(seed=3, kv_dtype=kv_dtype)
+    runner = PagedRunner(model, num_pages=64, page_size=page_size)
+    rng = np.random.default_rng(4)
+    prompt = rng.integers(0, VOCAB, 19).tolist()
+    assert runner.manager.add_sequence(0, prompt, cache_prompt=False) == 0
+    runner.tokens[0] = list(prompt)
+    done = 0
+    while done < len(prompt):
+        n = min(chunk, len(prompt) - done)
+        logits = runner.step({0: n}, upto={0: done + n})
+        done += n
+        if done < len(prompt):  # a mid-prompt chunk: its last logits predict the next prompt token
+            want = model.no_cache_logits(prompt[:done])
+            assert np.abs(logits[0] - want).max() < 2e-3 * max(1.0, np.abs(want).max())
+        runner.manager.commit(0, done)
+    check(runner, logits)
+    # A second request with the same first 11 tokens hits exactly the committed full pages.
+    other = prompt[:11] + rng.integers(0, VOCAB, 4).tolist()
+    hit = runner.admit(1, other)
+    assert hit == 11 // page_size * page_size
+    logits.update(runner.step({1: len(other) - hit}))
+    check(runner, {1: logits[1]})

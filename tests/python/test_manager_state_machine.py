@@ -227,6 +227,57 @@ class ManagerMachine(RuleBasedStateMachine):
         if pinned:
             self.pins.append((ns, tuple(prefix[: pinned * self.ps]), self.clock.now + ttl))
 
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def tables_for_a_step(self, data: st.DataObject) -> None:
+        """page_table(num_tokens=...), block_table and slot_mapping(start=...) against the pages."""
+        ids = data.draw(st.lists(st.sampled_from(sorted(self.seqs)), min_size=1, max_size=4))
+        counts = [data.draw(st.integers(1, len(self.seqs[sid].tokens))) for sid in ids]
+        full = {sid: self.m.seq_pages(sid).tolist() for sid in ids}
+        pt = self.m.page_table(ids, num_tokens=np.array(counts, dtype=np.int64))
+        total = 0
+        for i, (sid, n) in enumerate(zip(ids, counts, strict=True)):
+            pages = pt.kv_indices[pt.kv_indptr[i] : pt.kv_indptr[i + 1]].tolist()
+            assert pages == full[sid][: -(-n // self.ps)]
+            assert pt.kv_last_page_len[i] == n - (len(pages) - 1) * self.ps
+            total += len(pages)
+        out = kvcore.PageTable(
+            np.full(len(ids) + 3, -1, np.int32),
+            np.full(total + 2, -1, np.int32),
+            np.full(len(ids), -1, np.int32),
+        )
+        into = self.m.page_table(ids, counts, out=out)
+        assert all(np.array_equal(a, b) for a, b in zip(into, pt, strict=True))
+        width = max(len(p) for p in full.values())
+        bt = self.m.block_table(ids)
+        assert bt.dtype == np.int32 and bt.shape == (len(ids), width)
+        for i, sid in enumerate(ids):
+            assert bt[i].tolist() == full[sid] + [0] * (width - len(full[sid]))
+        buf = np.full((len(ids) + 1, width + 2), -1, np.int32)
+        assert np.array_equal(self.m.block_table(ids, out=buf), bt)
+        assert (buf[: len(ids), width:] == 0).all() and (buf[len(ids) :] == -1).all()
+        sid = ids[0]
+        length = len(self.seqs[sid].tokens)
+        start = data.draw(st.integers(0, length))
+        n = data.draw(st.integers(0, length - start))
+        slots = self.m.slot_mapping(sid, n, start=start).tolist()
+        assert slots == [full[sid][t // self.ps] * self.ps + t % self.ps for t in range(start, start + n)]
+        before = self.snapshot()
+        for call in (
+            lambda: self.m.page_table(ids, num_tokens=[0] * len(ids)),
+            lambda: self.m.page_table(ids, num_tokens=[length + 1, *counts[1:]]),
+            lambda: self.m.page_table(ids, num_tokens=[*counts, 1]),
+            lambda: self.m.slot_mapping(sid, 1, start=length),
+            lambda: self.m.block_table(ids, out=np.zeros((len(ids), max(0, width - 1)), np.int32)),
+        ):
+            try:
+                call()
+            except InvalidArgumentError:
+                pass
+            else:
+                raise AssertionError("a bad table request was not refused")
+            assert self.snapshot() == before
+
     @rule()
     def engine_step(self) -> None:
         self.step()
