@@ -6,7 +6,7 @@ from typing import TypeAlias, final
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.manager import PageTable
+from kvcore.manager import PageTable, PrefixMatch
 
 __all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__"]
 
@@ -143,6 +143,18 @@ class KVCacheManager:
     def pin(self, tokens: _Tokens, ttl_s: float, namespace: str | None = None) -> int: ...
     def unpin(self, tokens: _Tokens, namespace: str | None = None) -> int: ...
     def peek_prefix_len(self, tokens: _Tokens, namespace: str | None = None) -> int: ...
+    def match_prefix(self, tokens: _Tokens, namespace: str | None = None) -> PrefixMatch:
+        """The longest cached prefix (whole pages) and its pages, without side effects."""
+    def allocate_pages(self, n: int) -> npt.NDArray[np.int32] | None:
+        """``n`` caller-held pages (to load K/V into and ``insert``), or None if there is no room."""
+    def free_pages(self, pages: _PageIds) -> None:
+        """Drop the caller's reference on pages from ``allocate_pages``."""
+    def insert(self, tokens: _Tokens, pages: _PageIds, namespace: str | None = None) -> int:
+        """Cache ``tokens`` with their K/V in caller-held ``pages``; returns pages adopted."""
+    def reset_prefix_cache(self) -> int:
+        """Drop every cached page no live sequence uses, pins included; returns pages dropped."""
+    def caller_held_pages(self) -> dict[int, int]:
+        """``{page: references}`` the caller holds from ``allocate_pages``."""
     def take_pending_copies(self) -> npt.NDArray[np.int32]:
         """``[n, 2]`` int32 ``(src_page, dst_page)`` copy-on-write pairs queued since the last call.
 

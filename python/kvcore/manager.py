@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from kvcore._kvcore import CacheStats
 
-__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable"]
+__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable", "PrefixMatch"]
 
 #: The namespace visible from every namespace: prefixes added or pinned under it are shared by all
 #: tenants (system prompts, tool definitions).
@@ -31,3 +31,14 @@ class PageTable(NamedTuple):
     kv_indptr: npt.NDArray[np.int32]  # [batch + 1]
     kv_indices: npt.NDArray[np.int32]  # [kv_indptr[-1]]
     kv_last_page_len: npt.NDArray[np.int32]  # [batch]
+
+
+class PrefixMatch(NamedTuple):
+    """The longest cached prefix of a token sequence (:meth:`KVCacheManager.match_prefix`).
+
+    ``num_tokens`` is a whole number of pages; ``pages`` (int32) holds their ids in token order.
+    Nothing is locked: admit a sequence (or pin) to keep them resident.
+    """
+
+    num_tokens: int
+    pages: npt.NDArray[np.int32]

@@ -18,6 +18,9 @@ impl KVCacheManager {
         let sources: Vec<PageId> = pairs.iter().map(|&(src, _)| src).collect();
         // The holds end here; a source freed now can only be written by a later step's kernels.
         self.alloc.free_serialized(&sources).map_err(internal)?;
+        for (node, _) in std::mem::take(&mut guard.copy_locks) {
+            guard.tree.unlock(node).map_err(internal)?;
+        }
         Ok(pairs)
     }
 
@@ -35,6 +38,13 @@ impl KVCacheManager {
                 st.pending_copies.remove(i);
                 // Sources are never destinations: releasing this hold cancels nothing else.
                 self.alloc.free_serialized(&[src]).map_err(internal)?;
+                if !st.pending_copies.iter().any(|&(s, _)| s == src) {
+                    // Its last copy is gone: a cached source is evictable again.
+                    while let Some(at) = st.copy_locks.iter().position(|&(_, s)| s == src) {
+                        let (node, _) = st.copy_locks.swap_remove(at);
+                        st.tree.unlock(node).map_err(internal)?;
+                    }
+                }
             } else {
                 i += 1;
             }

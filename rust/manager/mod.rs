@@ -49,10 +49,12 @@ use crate::PageId;
 mod copies;
 mod namespace;
 mod page_table;
+mod prefix;
 mod stats;
 
 use namespace::UNSEEN_NAMESPACE;
 pub use page_table::PageTable;
+pub use prefix::PrefixMatch;
 pub use stats::CacheStats;
 
 /// Largest page size: `kv_last_page_len` is int32, and no engine uses pages of more tokens.
@@ -123,6 +125,12 @@ struct State {
     /// it is never reused meanwhile; a pair whose destination loses its last owner is cancelled
     /// at once. Sources and destinations are disjoint and destinations distinct (see `queue_copy`).
     pending_copies: Vec<(PageId, PageId)>,
+    /// References held by the caller on pages it took with `allocate_pages` (to load K/V into
+    /// and `insert`), per page.
+    caller_held: HashMap<PageId, u32>,
+    /// `(node, source)`: tree nodes locked because the source page of a queued copy, on their
+    /// path, was cached (released when that source's copies are taken or cancelled).
+    copy_locks: Vec<(NodeId, PageId)>,
     /// Scratch for evicted pages.
     evicted: Vec<PageId>,
     /// Scratch for namespaces emptied by an eviction.
@@ -178,6 +186,8 @@ impl KVCacheManager {
                     ..CacheStats::default()
                 },
                 pending_copies: Vec::new(),
+                caller_held: HashMap::new(),
+                copy_locks: Vec::new(),
                 evicted: Vec::new(),
                 emptied: Vec::new(),
             }),
@@ -368,7 +378,13 @@ impl KVCacheManager {
         full: usize,
         now: u64,
     ) -> KvResult<()> {
-        let State { tree, seqs, .. } = st;
+        let State {
+            tree,
+            seqs,
+            pending_copies,
+            copy_locks,
+            ..
+        } = st;
         let seq = seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let done = seq.num_inserted_pages;
         if full <= done {
@@ -379,10 +395,18 @@ impl KVCacheManager {
         let ins = tree
             .extend(seq.ns, seq.node, tokens, pages, seq.priority, now)
             .map_err(internal)?;
-        self.alloc
-            .retain_serialized(&pages[ins.adopted()])
-            .map_err(internal)?;
+        let adopted = &pages[ins.adopted()];
+        self.alloc.retain_serialized(adopted).map_err(internal)?;
         tree.lock(ins.node).map_err(internal)?;
+        // A page a queued copy still reads (its source) is not evictable until the copy is taken:
+        // evicting it would free nothing. Lock its path until then (one step), so that what the
+        // tree counts as evictable is exactly what eviction can return to the pool.
+        for &(src, _) in pending_copies.iter() {
+            if adopted.contains(&src) && !copy_locks.iter().any(|&(_, s)| s == src) {
+                tree.lock(ins.node).map_err(internal)?;
+                copy_locks.push((ins.node, src));
+            }
+        }
         tree.unlock(seq.node).map_err(internal)?;
         seq.node = ins.node;
         seq.num_inserted_pages = full;

@@ -20,6 +20,7 @@ use crate::eviction::EvictionPolicy;
 use crate::manager::{CacheStats, KVCacheManager, ManagerConfig, SeqId};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static PREFIX_MATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static METRICS_TEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn python_attr<'py>(
@@ -390,6 +391,76 @@ impl PyKVCacheManager {
         Ok(self
             .inner
             .peek_prefix_len(ids.as_slice(), namespace.as_deref()))
+    }
+
+    /// `PrefixMatch(num_tokens, pages)`: the longest cached prefix of `tokens` visible from
+    /// `namespace` and its pages (int32), without side effects (nothing touched or locked).
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn match_prefix<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        namespace: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let ids = self::tokens(tokens)?;
+        let namespace = namespace_arg(namespace)?;
+        let found = self
+            .inner
+            .match_prefix(ids.as_slice(), namespace.as_deref());
+        let pages: Vec<i32> = found.pages.iter().map(|&p| p as i32).collect();
+        python_attr(py, &PREFIX_MATCH, "kvcore.manager", "PrefixMatch")?
+            .call1((found.num_tokens, PyArray1::from_vec(py, pages)))
+    }
+
+    /// `n` fresh pages held by the caller (int32), to load K/V computed elsewhere into and
+    /// `insert`; None (nothing changed) if they cannot be found even after evicting.
+    fn allocate_pages<'py>(
+        &self,
+        py: Python<'py>,
+        n: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
+        let n = count_arg(n, "n")?;
+        let now = self.now(py)?;
+        Ok(self
+            .inner
+            .allocate_pages(n, now)?
+            .map(|pages| PyArray1::from_vec(py, pages.into_iter().map(|p| p as i32).collect())))
+    }
+
+    /// Drop the caller's reference on pages from `allocate_pages` (adopted ones stay cached).
+    fn free_pages(&self, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = page_ids(pages)?;
+        Ok(self.inner.free_pages(ids.as_slice())?)
+    }
+
+    /// Cache `tokens` (`len(pages) * page_size` of them) with their K/V in caller-held `pages`;
+    /// returns how many pages the tree adopted (the others' prefix was cached already).
+    #[pyo3(signature = (tokens, pages, namespace = None))]
+    fn insert(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        pages: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let ids = self::tokens(tokens)?;
+        let pages = page_ids(pages)?;
+        let namespace = namespace_arg(namespace)?;
+        let now = self.now(py)?;
+        Ok(self
+            .inner
+            .insert(ids.as_slice(), pages.as_slice(), namespace.as_deref(), now)?)
+    }
+
+    /// Drop every cached page no live sequence uses, pins included; returns the pages dropped.
+    fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
+        let now = self.now(py)?;
+        Ok(self.inner.reset_prefix_cache(now)?)
+    }
+
+    /// `{page: references}` the caller holds from `allocate_pages` (for checks and debugging).
+    fn caller_held_pages(&self) -> std::collections::HashMap<u32, u32> {
+        self.inner.caller_held_pages()
     }
 
     /// `[n, 2]` int32 `(src_page, dst_page)` copies queued by copy-on-write since the last call:

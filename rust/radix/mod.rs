@@ -405,6 +405,27 @@ impl RadixTree {
         self.find(ns, tokens).total
     }
 
+    /// The longest cached prefix of `tokens` visible from `ns`, as [`match_prefix`](Self::match_prefix)
+    /// finds it, without touching, splitting or expiring anything: appends its page ids to `out`
+    /// (in token order) and returns their number.
+    pub fn peek_prefix_pages(&self, ns: Namespace, tokens: &[u32], out: &mut Vec<PageId>) -> usize {
+        let found = self.find(ns, tokens);
+        let start = out.len();
+        out.resize(start + found.total, NULL_PAGE);
+        let mut end = out.len();
+        let mut matched_here = found.in_node;
+        let mut id = found.node;
+        while id != ROOT {
+            let n = &self.nodes[id as usize];
+            out[end - matched_here..end].copy_from_slice(&n.pages[..matched_here]);
+            end -= matched_here;
+            id = n.parent;
+            matched_here = self.nodes[id as usize].pages.len();
+        }
+        debug_assert_eq!(end, start);
+        found.total
+    }
+
     /// [`peek_prefix_len`](Self::peek_prefix_len), and how many of the matched pages are
     /// evictable now: the pages that locking the match would take out of
     /// [`num_evictable_pages`](Self::num_evictable_pages). No side effects.
@@ -832,6 +853,15 @@ impl RadixTree {
             id = self.nodes[id as usize].parent;
         }
         released
+    }
+
+    /// Releases every pin, expired or not (a reset of the cache). Returns the number of pins.
+    pub fn clear_pins(&mut self) -> usize {
+        let ends: Vec<NodeId> = self.pins.iter().map(|&(_, _, end)| end).collect();
+        for &end in &ends {
+            self.release_pin(end);
+        }
+        ends.len()
     }
 
     fn refresh_next_expiry(&mut self) {

@@ -70,6 +70,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.next_id = 0
         # The simulated pool: slot -> (writer's namespace, the token prefix whose last K/V it holds).
         self.pool: dict[int, tuple[str | None, tuple[int, ...]]] = {}
+        self.held: list[int] = []  # pages the "engine" took with allocate_pages and still holds
 
     # ----- the model -----
 
@@ -278,6 +279,54 @@ class ManagerMachine(RuleBasedStateMachine):
                 raise AssertionError("a bad table request was not refused")
             assert self.snapshot() == before
 
+    @rule(tokens=token_lists, ns=st.sampled_from(NAMESPACES))
+    def match_prefix(self, tokens: list[int], ns: str | None) -> None:
+        before = self.snapshot()
+        found = self.m.match_prefix(tokens, namespace=ns)
+        assert self.snapshot() == before, "match_prefix has side effects"
+        assert found.num_tokens == self.m.peek_prefix_len(tokens, namespace=ns)
+        assert found.pages.dtype == np.int32 and len(found.pages) * self.ps == found.num_tokens
+        assert found.num_tokens <= self.model_longest(ns, tokens) * self.ps
+        assert set(found.pages.tolist()) <= set(self.m.cached_pages().tolist())
+
+    @rule(data=st.data(), ns=st.sampled_from(NAMESPACES), keep=st.booleans())
+    def load_and_insert(self, data: st.DataObject, ns: str | None, keep: bool) -> None:
+        """An engine loads K/V computed elsewhere into pages of its own and inserts them."""
+        k = data.draw(st.integers(1, 3))
+        tokens = data.draw(st.lists(st.integers(0, 2), min_size=k * self.ps, max_size=k * self.ps))
+        existing = self.m.peek_prefix_len(tokens, namespace=ns) // self.ps
+        before = self.snapshot()
+        pages = self.m.allocate_pages(k)
+        if pages is None:
+            assert self.snapshot()[1:] == before[1:], "a refused allocate_pages changed the state"
+            return
+        for t in range(len(tokens)):  # the loaded K/V, written before the tree sees the pages
+            self.pool[int(pages[t // self.ps]) * self.ps + t % self.ps] = (ns, tuple(tokens[: t + 1]))
+        if self.m.stats().num_evicted_pages != before[0]["num_evicted_pages"]:
+            existing = self.m.peek_prefix_len(tokens, namespace=ns) // self.ps  # what is still cached
+        adopted = self.m.insert(tokens, pages, namespace=ns)
+        assert adopted == k - existing, (adopted, k, existing)
+        assert set(pages[k - adopted :].tolist()) <= set(self.m.cached_pages().tolist())
+        self.offer(ns, tokens)
+        self.held += pages[: k - adopted].tolist()  # the tree took over the adopted pages
+        if not keep:
+            self.release_held()
+
+    @precondition(lambda self: self.held)
+    @rule()
+    def release_held(self) -> None:
+        self.m.free_pages(self.held)
+        self.held = []
+
+    @rule()
+    def reset_prefix_cache(self) -> None:
+        stats = self.m.stats()
+        dropped = self.m.reset_prefix_cache()
+        assert dropped == stats.num_pages_cached + stats.num_pages_pinned
+        after = self.m.stats()
+        assert after.num_pages_cached == 0 and after.num_pages_pinned == 0
+        self.pins = []
+
     @rule()
     def engine_step(self) -> None:
         self.step()
@@ -333,6 +382,9 @@ class ManagerMachine(RuleBasedStateMachine):
         for sid in self.seqs:
             for p in self.m.seq_pages(sid).tolist():
                 owners[p] += 1
+        for p in self.held:
+            owners[p] += 1
+        assert self.m.caller_held_pages() == dict(Counter(self.held))
         return owners
 
     @rule(dt=st.floats(0, 60))

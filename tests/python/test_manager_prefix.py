@@ -1,0 +1,155 @@
+"""The prefix cache driven directly (issue 11, items 4 and 7): match_prefix without side effects,
+pages loaded elsewhere inserted into the tree, and reset_prefix_cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcore
+from kvcore import InvalidArgumentError, InvalidPageError, KVCacheManager, PrefixMatch
+
+PS = 4
+
+
+def cached(m: KVCacheManager, sid: int, tokens: list[int], **kw: object) -> None:
+    assert m.add_sequence(sid, tokens, **kw) is not None
+    m.free_sequence(sid)
+
+
+def test_match_prefix_returns_the_pages_and_touches_nothing() -> None:
+    m = KVCacheManager(64, PS, "lru")
+    a, b = list(range(12)), list(range(100, 112))
+    cached(m, 1, [*a, 0])
+    cached(m, 2, [*b, 0])
+    found = m.match_prefix([*a, 7, 7])
+    assert isinstance(found, PrefixMatch) and found.num_tokens == 12
+    assert found.pages.dtype == np.int32 and len(found.pages) == 3
+    assert m.match_prefix(a[:6]).num_tokens == 4  # whole pages only
+    assert m.match_prefix(a, namespace="other").num_tokens == 0
+    # No recency touched: a is still the least recently used and goes first.
+    m.evict(3)
+    assert m.match_prefix(a).num_tokens == 0 and m.match_prefix(b).num_tokens == 12
+
+
+def test_pages_loaded_elsewhere_are_inserted_and_hit() -> None:
+    m = KVCacheManager(64, PS)
+    tokens = list(range(200, 212))
+    pages = m.allocate_pages(3)
+    assert pages is not None and m.caller_held_pages() == {int(p): 1 for p in pages}
+    assert m.stats().num_pages_in_use == 3  # held by the caller
+    assert m.insert(tokens, pages) == 3
+    assert m.caller_held_pages() == {}  # the tree took over the references
+    assert m.stats().num_pages_cached == 3
+    assert m.add_sequence(1, [*tokens, 9]) == 12
+    assert m.seq_pages(1)[:3].tolist() == pages.tolist()
+
+
+def test_a_prefix_already_cached_is_left_to_the_caller() -> None:
+    m = KVCacheManager(64, PS)
+    tokens = list(range(300, 312))
+    cached(m, 1, [*tokens[:8], 0])  # the first two pages are cached already
+    pages = m.allocate_pages(3)
+    assert pages is not None
+    assert m.insert(tokens, pages) == 1  # only the third page is new
+    assert m.caller_held_pages() == {int(pages[0]): 1, int(pages[1]): 1}
+    m.free_pages(pages[:2])
+    s = m.stats()
+    assert s.num_pages_cached == 3 and s.num_pages_free == 60 and s.num_pages_in_use == 0
+
+
+def test_insert_refuses_what_the_caller_does_not_hold_and_changes_nothing() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, list(range(9)))
+    own = m.seq_pages(1)[:2]
+    held = m.allocate_pages(2)
+    assert held is not None
+    before = (m.stats(), m.caller_held_pages(), sorted(m.cached_pages().tolist()))
+    bad = [
+        (lambda: m.insert(list(range(50, 58)), own), InvalidPageError),  # a live sequence's pages
+        (lambda: m.insert(list(range(50, 58)), [int(held[0])] * 2), InvalidPageError),  # listed twice
+        (lambda: m.insert(list(range(50, 57)), held), InvalidArgumentError),  # 7 tokens for 2 pages
+        (lambda: m.free_pages([int(held[0])] * 2), InvalidPageError),  # held once
+        (lambda: m.free_pages(own), InvalidPageError),
+        (lambda: m.insert(list(range(8)), [0, int(held[0])]), InvalidPageError),
+    ]
+    for call, error in bad:
+        with pytest.raises(error):
+            call()
+        assert (m.stats(), m.caller_held_pages(), sorted(m.cached_pages().tolist())) == before
+
+
+def test_an_insert_under_a_new_namespace_keeps_it_only_while_cached() -> None:
+    m = KVCacheManager(64, PS)
+    pages = m.allocate_pages(1)
+    assert pages is not None
+    assert m.insert([1, 2, 3, 4], pages, namespace="tenant") == 1
+    assert m.num_namespaces() == 1
+    assert m.match_prefix([1, 2, 3, 4], namespace="tenant").num_tokens == 4
+    assert m.match_prefix([1, 2, 3, 4]).num_tokens == 0  # the default namespace sees nothing
+    m.evict(10)
+    assert m.num_namespaces() == 0
+
+
+def test_allocate_pages_evicts_and_refuses_without_changing_anything() -> None:
+    m = KVCacheManager(5, PS)  # 4 usable pages
+    cached(m, 1, list(range(8)))  # 2 cached pages
+    assert m.allocate_pages(3) is not None  # evicts one
+    before = m.stats()
+    assert m.allocate_pages(2) is None  # 1 free + 1 evictable
+    after = m.stats()
+    assert (after.num_pages_cached, after.num_pages_free) == (before.num_pages_cached, before.num_pages_free)
+    with pytest.raises(InvalidArgumentError):
+        m.allocate_pages(5)
+
+
+def test_reset_prefix_cache_drops_cached_and_pinned_pages_but_not_live_ones() -> None:
+    m = KVCacheManager(64, PS)
+    cached(m, 1, list(range(8)))
+    cached(m, 2, list(range(50, 58)))
+    assert m.pin(list(range(50, 58)), 100.0) == 2
+    m.add_sequence(3, list(range(100, 109)))  # live: its two full pages stay
+    assert m.reset_prefix_cache() == 4
+    s = m.stats()
+    assert s.num_pages_cached == 0 and s.num_pages_pinned == 0
+    assert m.peek_prefix_len(list(range(8))) == 0 and m.peek_prefix_len(list(range(50, 58))) == 0
+    assert m.peek_prefix_len(list(range(100, 109))) == 8
+    assert m.seq_len(3) == 9
+    m.free_sequence(3)
+    assert m.reset_prefix_cache() == 2 and m.stats().num_pages_free == 63
+
+
+def test_a_cached_copy_source_is_not_counted_evictable_until_the_copy_is_taken() -> None:
+    """A queued copy holds its source: once that page fills and is cached, the tree must not count
+    it as evictable (evicting it would free nothing), or a refusal would have evicted already."""
+    m = KVCacheManager(5, PS)  # 4 usable pages
+    m.add_sequence(1, [1, 2, 3, 4, 5, 6])  # p1 (full, cached), p2 (partial)
+    m.fork(1, 2)
+    assert m.append(2, [7])  # copies p2 -> p3: p2 is held by the copy
+    assert m.append(1, [8, 9])  # sequence 1 fills p2, which is cached
+    m.free_sequence(1)  # p2 is now only the tree's and the copy's
+    s = m.stats()
+    assert (s.num_pages_cached, s.num_pages_in_use, s.num_pages_free) == (0, 3, 1)
+    before = m.stats()
+    assert m.add_sequence(3, list(range(100, 108))) is None  # 2 pages: only 1 can be had
+    assert m.stats().num_evicted_pages == before.num_evicted_pages  # the refusal evicted nothing
+    m.take_pending_copies()  # the copy is done: p2 is an ordinary cached page again
+    assert m.stats().num_pages_cached == 1
+    assert m.add_sequence(3, list(range(100, 108))) == 0
+
+
+def test_a_cancelled_copy_makes_its_cached_source_evictable_again() -> None:
+    m = KVCacheManager(5, PS)
+    m.add_sequence(1, [1, 2, 3, 4, 5, 6])
+    m.fork(1, 2)
+    assert m.append(2, [7])
+    assert m.append(1, [8, 9])
+    m.free_sequence(1)
+    m.free_sequence(2)  # its copy is cancelled: nothing holds p2 beyond the tree
+    s = m.stats()
+    assert (s.num_pages_cached, s.num_pages_in_use, s.num_pages_free) == (2, 0, 2)
+    assert m.take_pending_copies().shape == (0, 2)
+
+
+def test_prefix_match_is_exported() -> None:
+    assert kvcore.PrefixMatch is PrefixMatch
