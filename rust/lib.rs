@@ -1,7 +1,7 @@
 //! kvcore: the core of a KV-cache manager for LLM serving.
 //!
 //! Pure Rust; the PyO3 bindings live in `rust/py/` behind the `python` feature, so `cargo test` needs no
-//! Python. Modules, by the vocabulary of SPEC.md:
+//! Python. Modules (docs/architecture.md explains the layers and the feature codes):
 //! - [`allocator`]: the lock-free page allocator with per-page reference counts (F2).
 //! - [`radix`]: the page-granular, ref-counted radix tree for prefix sharing, with namespaces (F3, F4).
 //! - [`eviction`]: the eviction index over evictable leaves (LRU, LFU, priority + LRU) (F5).

@@ -1,9 +1,13 @@
 """kvcore: the KV-cache manager an LLM serving engine embeds.
 
-Public surface (see SPEC.md): :class:`PageAllocator`, :class:`KVCacheManager` (with
-:class:`PageTable` and :class:`CacheStats`), the error hierarchy rooted at
-:class:`KVCoreError`, and the sub-packages ``kvcore.sizing`` (how many tokens fit), and the ``kvcore``
+Public surface: :class:`PageAllocator`, :class:`KVCacheManager` (with :class:`PageTable` and
+:class:`CacheStats`), the error hierarchy rooted at :class:`KVCoreError`, the sub-packages
+``kvcore.sizing`` (how many tokens fit), ``kvcore.pool`` and ``kvcore.kernels`` (the K/V bytes and the
+kernels that read them) and ``kvcore.replay`` (a workload through the real manager), and the ``kvcore``
 command line. ``import kvcore`` never needs CuPy or a GPU.
+
+Reference: ``docs/api.md`` (every call, its contract and its failures) and ``docs/architecture.md``
+(layers, page ownership, concurrency, errors).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from kvcore.exceptions import (
     TraceFormatError,
     UnknownSequenceError,
 )
-from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable
+from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixMatch
 
 __all__ = [
     "PUBLIC_NAMESPACE",
@@ -39,6 +43,7 @@ __all__ = [
     "OutOfMemoryError",
     "PageAllocator",
     "PageTable",
+    "PrefixMatch",
     "TraceFormatError",
     "UnknownSequenceError",
     "__version__",

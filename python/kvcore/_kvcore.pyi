@@ -23,7 +23,10 @@ class PageAllocator:
 
     def __new__(cls, num_pages: int, *, num_shards: int | None = None) -> PageAllocator: ...
     def allocate(self, n: int) -> npt.NDArray[np.int32] | None:
-        """``n`` distinct pages (int32, each with one reference), or None when fewer are free."""
+        """``n`` distinct pages (int32, each with one reference), or None when fewer are free.
+
+        ``InvalidArgumentError`` if ``n`` exceeds the pool's usable pages (it could never succeed).
+        """
     def free(self, pages: _PageIds) -> None:
         """Drop one reference per listed page; pages reaching zero return to the pool. All or nothing."""
     def retain(self, pages: _PageIds) -> None:
@@ -123,7 +126,8 @@ class KVCacheManager:
     def fork(self, parent_id: int, child_id: int) -> None:
         """``child_id`` shares every page of ``parent_id``, whose tokens must all be computed."""
     def free_sequence(self, seq_id: int) -> None:
-        """Release a sequence: full pages stay cached, its queued copies are cancelled."""
+        """Release a sequence: full pages stay cached; queued copies into pages nobody else holds
+        are cancelled (a copy into a page the tree cached is kept: take and apply it)."""
     def page_table(
         self,
         seq_ids: _Ids,

@@ -1,4 +1,4 @@
-"""Prometheus text exposition of :class:`~kvcore.manager.CacheStats` (F12)."""
+"""Prometheus text exposition of :class:`~kvcore.manager.CacheStats` (fields: ``docs/api.md``)."""
 
 from __future__ import annotations
 

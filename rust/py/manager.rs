@@ -41,7 +41,7 @@ fn seq_id(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SeqId> {
     int_value(obj, name)
 }
 
-/// The KV-cache manager an engine's scheduler talks to every step (see `kvcore.manager` and SPEC.md).
+/// The KV-cache manager an engine's scheduler talks to every step (see docs/api.md).
 #[pyclass(name = "KVCacheManager", module = "kvcore._kvcore", frozen)]
 pub(crate) struct PyKVCacheManager {
     inner: KVCacheManager,
@@ -190,8 +190,8 @@ impl PyKVCacheManager {
         Ok(self.inner.fork(parent, child)?)
     }
 
-    /// Release a finished sequence: full pages stay cached, the partial page is freed, and its
-    /// queued copies are cancelled.
+    /// Release a finished sequence: full pages stay cached, the partial page is freed, and queued
+    /// copies into pages nobody else holds are cancelled.
     fn free_sequence(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
         Ok(self.inner.free_sequence(self::seq_id(seq_id, "seq_id")?)?)
     }

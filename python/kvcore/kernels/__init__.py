@@ -1,4 +1,4 @@
-"""The paged KV kernels (F11): one API, a NumPy reference and a CUDA kernel behind each operation.
+"""The paged KV kernels: one API, a NumPy reference and a CUDA kernel behind each operation.
 
 Each call dispatches on the pool's backend: ``numpy`` pools run :mod:`kvcore.kernels.reference` (the
 ground truth, what CPU users run), ``cupy`` pools run the CUDA kernels of ``kernels/*.cu``, compiled by
@@ -10,7 +10,7 @@ Both paths check every argument on the host before the first write or launch, wi
 the cast to int32/int64, so a value that would wrap is refused. Wrong types, shapes and dtypes raise
 :class:`~kvcore.exceptions.InvalidDTypeError`, values out of range
 :class:`~kvcore.exceptions.InvalidArgumentError` or :class:`~kvcore.exceptions.InvalidPageError`; a
-refused call has written nothing.
+refused call has written nothing. Contracts of each call: ``docs/api.md``.
 
 Typical step of a model runner::
 

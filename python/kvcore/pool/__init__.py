@@ -1,6 +1,7 @@
-"""The KV pool (F7): paged K/V bytes in one allocation, NumPy or CuPy, fp16/bf16/fp8/int8.
+"""The KV pool: paged K/V bytes in one allocation, NumPy or CuPy, fp16/bf16/fp8/int8.
 
 ``import kvcore.pool`` never imports CuPy; the ``cupy`` backend imports it when a pool asks for it.
+Reference: ``docs/api.md`` (``kvcore.pool.KVPool``).
 """
 
 from __future__ import annotations

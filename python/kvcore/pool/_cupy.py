@@ -1,4 +1,4 @@
-"""The one place kvcore imports CuPy (STYLE rule 9: ``import kvcore`` never needs it).
+"""The one place kvcore imports CuPy, so that ``import kvcore`` never needs it.
 
 ``cupy.cuda.is_available()`` only says whether a device is visible; the first real device call can still
 fail (driver too old, no memory), and CuPy raises ``CUDARuntimeError``, a ``RuntimeError``. So

@@ -7,7 +7,7 @@ before converting, and refuses what is not an integer array at all. The NumPy re
 the host, before any launch) and the pool all call these, so a refused call has written nothing.
 
 Cost: one ``min`` and one ``max`` reduction per array, no copy when the input already has the target dtype
-and is contiguous (STYLE rules 8 and 10).
+and is contiguous.
 """
 
 from __future__ import annotations

@@ -49,9 +49,9 @@ def kv_cache_bytes(
 ) -> int:
     """Bytes of a full-attention K/V cache: ``2 × layers × kv_heads × head_dim × tokens × batch × bytes``.
 
-    This is the plain formula of SPEC F10, without quantization scales, sliding windows or MLA (use
-    :class:`kvcore.sizing.ModelSpec` for those). int4 counts half a byte per element and the total is
-    rounded up to whole bytes.
+    This is the plain formula of the module docstring, without quantization scales, sliding windows
+    or MLA (use :class:`kvcore.sizing.ModelSpec` for those). int4 counts half a byte per element and
+    the total is rounded up to whole bytes.
 
     Args:
         num_layers: attention layers, >= 0.

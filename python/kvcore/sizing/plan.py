@@ -2,9 +2,9 @@
 
 ``size`` answers in exact bytes for one model, context, batch and cache precision, per layer group.
 
-``plan`` follows the sizing method of the seed document, in its order: take the weights (measured, or
-parameters × weight precision), compute K/V bytes per token, keep a runtime reserve (a plan that uses
-31.99 GB of a 32 GB GPU is not a plan), and divide what is left into pool pages. From the page count it
+``plan`` sizes a deployment in the usual order: take the weights (measured, or parameters × weight
+precision), compute K/V bytes per token, keep a runtime reserve (a plan that uses 31.99 GB of a 32 GB
+GPU is not a plan), and divide what is left into pool pages. From the page count it
 derives how many tokens can be active, how many requests of a given length (or prompt + output mix) can
 run together, and the longest context at a given concurrency. Everything is per GPU: under tensor
 parallelism each GPU holds ``1/tp`` of the weights, its share of the K/V heads and its own pool with the
@@ -54,7 +54,7 @@ __all__ = [
     "size",
 ]
 
-# Tokens per page unless told otherwise (SPEC F1; vLLM's default block size).
+# Tokens per page unless told otherwise (KVCacheManager's and KVPool's default; vLLM's default block size).
 DEFAULT_PAGE_SIZE = 16
 # Share of GPU memory kept for the CUDA context, activations, graphs and fragmentation when no reserve is
 # given: the complement of vLLM's default gpu_memory_utilization of 0.9.
