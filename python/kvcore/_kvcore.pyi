@@ -117,8 +117,16 @@ class KVCacheManager:
         priority: int = 0,
         *,
         cache_prompt: bool = True,
+        reserve: int | None = None,
     ) -> int | None:
-        """Cached prompt tokens (page aligned, at most len - 1), or None if it cannot fit."""
+        """Cached prompt tokens (page aligned, at most len - 1), or None if it cannot fit.
+
+        ``reserve``: slots for only that many prompt tokens after the hit (the rest with ``reserve``).
+        """
+    def reserve(self, seq_id: int, num_tokens: int) -> bool:
+        """Slots for the next ``num_tokens`` prompt tokens; False (nothing changed) if no room."""
+    def num_reserved(self, seq_id: int) -> int:
+        """Tokens of the sequence with a slot reserved."""
     def append(self, seq_id: int, new_tokens: _Tokens) -> bool:
         """Reserve slots for generated tokens; False (nothing changed) if there is no room."""
     def commit(self, seq_id: int, num_tokens: int) -> int:

@@ -84,9 +84,12 @@ pub struct ManagerConfig {
 struct Sequence {
     ns: Namespace,
     priority: i32,
-    /// Every token so far (prompt + appended), `[len]`.
+    /// Every token known so far (prompt + appended), `[len]`.
     tokens: Vec<u32>,
-    /// The page table, `[ceil(len / page_size)]`.
+    /// Leading tokens with a slot reserved (`<= len`: the rest of the prompt is reserved later,
+    /// chunk by chunk, with `reserve`).
+    slots: usize,
+    /// The page table, `[ceil(slots / page_size)]`.
     pages: Vec<PageId>,
     /// Leading full pages already offered to the tree.
     num_inserted_pages: usize,
@@ -102,7 +105,13 @@ struct Sequence {
 impl Sequence {
     /// Whether the engine has computed every token (so its pages may be shared by a fork).
     fn fully_computed(&self) -> bool {
-        self.auto_cache || self.num_committed >= self.tokens.len()
+        self.slots >= self.tokens.len()
+            && (self.auto_cache || self.num_committed >= self.tokens.len())
+    }
+
+    /// Leading tokens both known and slotted: those the engine can have computed.
+    fn computable(&self) -> usize {
+        self.slots.min(self.tokens.len())
     }
 }
 
@@ -226,6 +235,32 @@ impl KVCacheManager {
         cache_prompt: bool,
         now: u64,
     ) -> KvResult<Option<usize>> {
+        self.add_sequence_reserving(
+            seq_id,
+            prompt_tokens,
+            namespace,
+            priority,
+            cache_prompt,
+            None,
+            now,
+        )
+    }
+
+    /// [`add_sequence`](Self::add_sequence) reserving slots for only the first `reserve` prompt
+    /// tokens after the cached prefix (`None`: all of them); the rest is reserved chunk by chunk
+    /// with [`reserve`](Self::reserve). With `cache_prompt = false` and
+    /// [`commit`](Self::commit), this is vLLM's `allocate_slots(num_new_tokens)`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_sequence_reserving<P: AsRef<[u32]> + Into<Vec<u32>>>(
+        &self,
+        seq_id: SeqId,
+        prompt_tokens: P,
+        namespace: Option<&str>,
+        priority: i32,
+        cache_prompt: bool,
+        reserve: Option<usize>,
+        now: u64,
+    ) -> KvResult<Option<usize>> {
         let prompt = prompt_tokens.as_ref();
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -244,26 +279,33 @@ impl KVCacheManager {
         let known = st.known_namespace(namespace);
         let lookup_ns = known.unwrap_or(UNSEEN_NAMESPACE);
         let ps = self.page_size;
-        let num_pages = prompt.len().div_ceil(ps);
-        let lookup = &prompt[..prompt.len() - 1];
-        if num_pages > self.alloc.num_free() {
+        let len = prompt.len();
+        // Slots the admission reserves once `hit_pages` are found cached.
+        let slots_for = |hit_pages: usize| match reserve {
+            None => len,
+            Some(r) => hit_pages * ps + r.min(len - hit_pages * ps),
+        };
+        let lookup = &prompt[..len - 1];
+        if reserve.is_some() || len.div_ceil(ps) > self.alloc.num_free() {
             // The pool may be short: refuse now if even evicting everything evictable cannot make
             // room, before the lookup touches recency, hit counts or priorities.
             // Exact: the matched prefix's own evictable pages are locked by this admission, so
             // they cannot make room for it.
             st.tree.expire_pins(now);
             let (hit_pages, hit_evictable) = st.tree.peek_prefix(lookup_ns, lookup);
-            let need = num_pages - hit_pages;
+            let need = slots_for(hit_pages).div_ceil(ps) - hit_pages;
             let room = self.alloc.num_free() + st.tree.num_evictable_pages() - hit_evictable;
             if need > room {
                 st.stats.num_refused += 1;
                 return Ok(None);
             }
         }
-        let mut pages = Vec::with_capacity(num_pages);
+        let mut pages = Vec::with_capacity(len.div_ceil(ps));
         let hit = st
             .tree
             .match_prefix(lookup_ns, lookup, priority, now, &mut pages);
+        let slots = slots_for(hit.num_pages);
+        let num_pages = slots.div_ceil(ps);
         st.tree.lock(hit.node).map_err(internal)?;
         if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
             st.tree.unlock(hit.node).map_err(internal)?;
@@ -282,7 +324,7 @@ impl KVCacheManager {
             None => namespace.map_or(DEFAULT_NAMESPACE, |name| st.intern(name)),
         };
         st.add_live(ns);
-        let full_pages = prompt.len() / ps;
+        let full_pages = slots.min(len) / ps;
         // The sequence starts with the matched prefix cached and its node locked (the lock taken
         // above becomes the sequence's); its own full pages join the tree like appended ones.
         st.seqs.insert(
@@ -291,6 +333,7 @@ impl KVCacheManager {
                 ns,
                 priority,
                 tokens: prompt_tokens.into(),
+                slots,
                 pages,
                 num_inserted_pages: hit.num_pages,
                 auto_cache: cache_prompt,
@@ -311,6 +354,14 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if seq.slots < seq.tokens.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id} has {} of its {} prompt tokens reserved: reserve the rest \
+                 before appending",
+                seq.slots,
+                seq.tokens.len()
+            )));
+        }
         if tokens.is_empty() {
             return Ok(true);
         }
@@ -336,18 +387,65 @@ impl KVCacheManager {
             seq.pages[at] = copy;
             seq.pages.extend(fresh);
             seq.tokens.extend_from_slice(tokens);
+            seq.slots = new_len;
             self.queue_copy(st, last, copy)?;
             st.stats.num_cow_copies += 1;
             self.release(st, &[last])?;
         } else {
             seq.pages.extend(fresh);
             seq.tokens.extend_from_slice(tokens);
+            seq.slots = new_len;
         }
         let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
         if seq.auto_cache {
             self.cache_full_pages(st, seq_id, new_len / ps, now)?;
         }
         Ok(true)
+    }
+
+    /// Reserve slots for the next `num_tokens` tokens of `seq_id`'s known prompt (admitted with
+    /// `reserve`). `false` (nothing changed) if the pages cannot be found even after evicting;
+    /// `InvalidArgument` if fewer prompt tokens are left unreserved. With `cache_prompt`, the full
+    /// pages reserved are cached at once (computed in this step).
+    pub fn reserve(&self, seq_id: SeqId, num_tokens: usize, now: u64) -> KvResult<bool> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let left = seq.tokens.len().saturating_sub(seq.slots);
+        if num_tokens > left {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id} has {left} prompt tokens left to reserve, cannot reserve \
+                 {num_tokens} (generated tokens are reserved by append)"
+            )));
+        }
+        let slots = seq.slots + num_tokens;
+        let grow = slots.div_ceil(self.page_size) - seq.pages.len();
+        let mut fresh = Vec::with_capacity(grow);
+        if !self.allocate(st, grow, now, &mut fresh) {
+            st.stats.num_refused += 1;
+            return Ok(false);
+        }
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        // The partial last page is the sequence's own: a sequence with unreserved tokens is never
+        // forked, and cached pages are full.
+        seq.pages.extend(fresh);
+        seq.slots = slots;
+        if seq.auto_cache {
+            let full = seq.computable() / self.page_size;
+            self.cache_full_pages(st, seq_id, full, now)?;
+        }
+        Ok(true)
+    }
+
+    /// Tokens of `seq_id` with a slot reserved (`seq_len` once its prompt is fully reserved).
+    pub fn num_reserved(&self, seq_id: SeqId) -> KvResult<usize> {
+        Ok(self
+            .state
+            .lock()
+            .seqs
+            .get(&seq_id)
+            .ok_or_else(|| unknown(seq_id))?
+            .slots)
     }
 
     /// The engine has computed the first `num_tokens` tokens of `seq_id`: cache its full pages
@@ -357,10 +455,11 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        if num_tokens > seq.tokens.len() {
+        if num_tokens > seq.computable() {
             return Err(KvError::InvalidArgument(format!(
-                "sequence {seq_id} has {} tokens, cannot commit {num_tokens}",
-                seq.tokens.len()
+                "sequence {seq_id} has {} tokens with {} slots reserved, cannot commit {num_tokens}",
+                seq.tokens.len(),
+                seq.slots
             )));
         }
         self.cache_full_pages(st, seq_id, num_tokens / self.page_size, now)?;

@@ -139,11 +139,17 @@ impl KVCacheManager {
         }
         let mut total = 0usize;
         for (i, &id) in seq_ids.iter().enumerate() {
-            let len = st.seqs.get(&id).ok_or_else(|| unknown(id))?.tokens.len();
+            let len = st.seqs.get(&id).ok_or_else(|| unknown(id))?.slots;
+            if len == 0 {
+                return Err(KvError::InvalidArgument(format!(
+                    "sequence {id} has no slot reserved yet (reserve some of its prompt first)"
+                )));
+            }
             let n = num_tokens.map_or(len, |c| c[i]);
             if n == 0 || n > len {
                 return Err(KvError::InvalidArgument(format!(
-                    "num_tokens[{i}] must be in 1..={len} (the tokens of sequence {id}), got {n}"
+                    "num_tokens[{i}] must be in 1..={len} (the reserved tokens of sequence {id}), \
+                     got {n}"
                 )));
             }
             total += n.div_ceil(self.page_size);
@@ -171,7 +177,7 @@ impl KVCacheManager {
         kv_indptr[0] = 0;
         for (i, id) in seq_ids.iter().enumerate() {
             let seq = &st.seqs[id];
-            let tokens = num_tokens.map_or(seq.tokens.len(), |c| c[i]);
+            let tokens = num_tokens.map_or(seq.slots, |c| c[i]);
             let n = tokens.div_ceil(ps);
             // Page ids are < num_pages <= i32::MAX, and the total fits int32 (page_table_len).
             for (dst, &page) in kv_indices[at..at + n].iter_mut().zip(&seq.pages) {
@@ -184,8 +190,8 @@ impl KVCacheManager {
     }
 
     /// The slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` starting at
-    /// token `start` (`None`: the last `num_tokens`). Fails, nothing built, if the range is not
-    /// inside the sequence.
+    /// token `start` (`None`: the last `num_tokens` reserved). Fails, nothing built, if the range
+    /// is not inside the reserved tokens.
     pub fn slot_mapping(
         &self,
         seq_id: SeqId,
@@ -194,18 +200,18 @@ impl KVCacheManager {
     ) -> KvResult<Vec<i64>> {
         let guard = self.state.lock();
         let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        let len = seq.tokens.len();
+        let len = seq.slots;
         let start = match start {
             None if num_tokens <= len => len - num_tokens,
             None => {
                 return Err(KvError::InvalidArgument(format!(
-                    "sequence {seq_id} has {len} tokens, cannot map the last {num_tokens}"
+                    "sequence {seq_id} has {len} reserved tokens, cannot map the last {num_tokens}"
                 )))
             }
             Some(s) if s.checked_add(num_tokens).is_some_and(|end| end <= len) => s,
             Some(s) => {
                 return Err(KvError::InvalidArgument(format!(
-                    "sequence {seq_id} has {len} tokens, cannot map {num_tokens} from token {s}"
+                    "sequence {seq_id} has {len} reserved tokens, cannot map {num_tokens} from token {s}"
                 )))
             }
         };

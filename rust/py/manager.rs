@@ -128,9 +128,10 @@ impl PyKVCacheManager {
     /// changed) if its pages cannot be found even after evicting everything evictable. With
     /// `cache_prompt=False` (chunked prefill) pages are shared only once `commit` says so.
     #[pyo3(
-        signature = (seq_id, prompt_tokens, namespace = None, priority = Arg::Missing, *, cache_prompt = Arg::Missing),
-        text_signature = "($self, seq_id, prompt_tokens, namespace=None, priority=0, *, cache_prompt=True)"
+        signature = (seq_id, prompt_tokens, namespace = None, priority = Arg::Missing, *, cache_prompt = Arg::Missing, reserve = None),
+        text_signature = "($self, seq_id, prompt_tokens, namespace=None, priority=0, *, cache_prompt=True, reserve=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn add_sequence(
         &self,
         py: Python<'_>,
@@ -139,21 +140,46 @@ impl PyKVCacheManager {
         namespace: Option<&Bound<'_, PyAny>>,
         priority: Arg<'_>,
         cache_prompt: Arg<'_>,
+        reserve: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let prompt = tokens(prompt_tokens)?;
         let namespace = namespace_arg(namespace)?;
         let priority: i32 = priority.or(0, |p| int_arg(p, "priority", "the int32 range"))?;
         let cache_prompt = cache_prompt.or(true, |c| bool_arg(c, "cache_prompt"))?;
+        let reserve = match reserve.filter(|r| !r.is_none()) {
+            Some(r) => Some(count_arg(r, "reserve")?),
+            None => None,
+        };
         let now = self.now(py)?;
-        Ok(self.inner.add_sequence(
+        Ok(self.inner.add_sequence_reserving(
             id,
             prompt,
             namespace.as_deref(),
             priority,
             cache_prompt,
+            reserve,
             now,
         )?)
+    }
+
+    /// Reserve slots for the next `num_tokens` tokens of the sequence's known prompt (admitted
+    /// with `reserve`); False (nothing changed) if there is no room.
+    fn reserve(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let n = count_arg(num_tokens, "num_tokens")?;
+        let now = self.now(py)?;
+        Ok(self.inner.reserve(id, n, now)?)
+    }
+
+    /// Tokens of `seq_id` with a slot reserved.
+    fn num_reserved(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok(self.inner.num_reserved(self::seq_id(seq_id, "seq_id")?)?)
     }
 
     /// The engine computed the first `num_tokens` tokens of `seq_id`: cache their full pages.

@@ -266,17 +266,24 @@ def test_paged_generation_matches_no_cache(kv_dtype: str, page_size: int) -> Non
 
 @pytest.mark.parametrize(("kv_dtype", "page_size", "chunk"), [("fp16", 4, 5), ("bf16", 3, 4), ("fp8", 4, 8)])
 def test_chunked_prefill_matches_no_cache(kv_dtype: str, page_size: int, chunk: int) -> None:
-    """A prompt prefilled in chunks (cache_prompt=False, page_table(num_tokens=...), commit) gives
-    the no-cache logits; only committed pages are shared with a later request."""
+    """A prompt prefilled in chunks gives the no-cache logits: vLLM's allocate_slots flow, with slots
+    reserved a chunk at a time (add_sequence(reserve=...), reserve), each chunk's table cut at its
+    end (page_table(num_tokens=...)), and the computed pages committed; only committed pages are
+    shared with a later request."""
     model = TinyDecoder(seed=3, kv_dtype=kv_dtype)
     runner = PagedRunner(model, num_pages=64, page_size=page_size)
     rng = np.random.default_rng(4)
     prompt = rng.integers(0, VOCAB, 19).tolist()
-    assert runner.manager.add_sequence(0, prompt, cache_prompt=False) == 0
+    m = runner.manager
+    assert m.add_sequence(0, prompt, cache_prompt=False, reserve=chunk) == 0
+    assert m.num_reserved(0) == chunk and len(m.seq_pages(0)) == -(-chunk // page_size)
     runner.tokens[0] = list(prompt)
     done = 0
     while done < len(prompt):
         n = min(chunk, len(prompt) - done)
+        if m.num_reserved(0) < done + n:
+            assert m.reserve(0, n)  # the pages of the next chunk only
+        assert len(m.seq_pages(0)) == -(-(done + n) // page_size)
         logits = runner.step({0: n}, upto={0: done + n})
         done += n
         if done < len(prompt):  # a mid-prompt chunk: its last logits predict the next prompt token

@@ -43,6 +43,11 @@ class ModelSeq:
     tree_pages: set[int] = field(default_factory=set)  # its pages seen in the tree: must stay there
     written: int = 0  # leading tokens whose K/V the engine wrote (or found cached)
     committed: int = 0  # manual sequences: tokens committed (what fork requires to be all)
+    slots: int = -1  # tokens with a slot reserved (-1: all of them, set at admission)
+
+    def computable(self) -> int:
+        """Tokens both known and slotted: what the engine can have computed."""
+        return min(self.slots, len(self.tokens))
 
 
 class Clock:
@@ -105,31 +110,78 @@ class ManagerMachine(RuleBasedStateMachine):
         ns=st.sampled_from(NAMESPACES),
         priority=st.integers(0, 2),
         cache_prompt=st.booleans(),
+        reserve=st.one_of(st.none(), st.integers(0, 14)),
     )
-    def add_sequence(self, tokens: list[int], ns: str | None, priority: int, cache_prompt: bool) -> None:
+    def add_sequence(
+        self, tokens: list[int], ns: str | None, priority: int, cache_prompt: bool, reserve: int | None
+    ) -> None:
         sid = self.new_id()
         longest = self.model_longest(ns, tokens)
         evicted_before = self.m.stats().num_evicted_pages
         before = self.snapshot()
         prompt = np.array(tokens, dtype=np.int32)
-        hit = self.m.add_sequence(sid, prompt, namespace=ns, priority=priority, cache_prompt=cache_prompt)
+        hit = self.m.add_sequence(
+            sid, prompt, namespace=ns, priority=priority, cache_prompt=cache_prompt, reserve=reserve
+        )
+
+        def slots_for(hit: int) -> int:
+            return len(tokens) if reserve is None else hit + min(reserve, len(tokens) - hit)
+
         if hit is None:
             assert self.snapshot() == before, "a refused admission changed the state"
-            needed = -(-len(tokens) // self.ps)
+            # Slots grow with the hit: the most the admission could have needed bounds it.
+            cap = min(longest, (len(tokens) - 1) // self.ps) * self.ps
+            needed = -(-slots_for(cap) // self.ps)
             assert needed > self.num_pages - 1 - self.m.stats().num_pages_in_use - self.pinned_floor()
             return
+        slots = slots_for(hit)
+        assert self.m.num_reserved(sid) == slots
         assert hit % self.ps == 0 and hit <= len(tokens) - 1
         cap = (len(tokens) - 1) // self.ps
         assert hit <= min(longest, cap) * self.ps, "a hit the model cannot explain (namespace leak?)"
         if evicted_before == 0 and not self.m.stats().num_evicted_pages:
             assert hit == min(longest, cap) * self.ps, "missed a cached prefix"
         if cache_prompt:
-            self.seqs[sid] = ModelSeq(list(tokens), ns, cached_pages=len(tokens) // self.ps, written=hit)
-            self.offer(ns, tokens)
+            computable = min(slots, len(tokens))
+            self.seqs[sid] = ModelSeq(
+                list(tokens), ns, cached_pages=computable // self.ps, written=hit, slots=slots
+            )
+            self.offer(ns, tokens[:computable])
         else:
             self.seqs[sid] = ModelSeq(
-                list(tokens), ns, manual=True, cached_pages=hit // self.ps, written=hit, committed=hit
+                list(tokens),
+                ns,
+                manual=True,
+                cached_pages=hit // self.ps,
+                written=hit,
+                committed=hit,
+                slots=slots,
             )
+
+    @precondition(lambda self: any(s.slots < len(s.tokens) for s in self.seqs.values()))
+    @rule(data=st.data())
+    def reserve(self, data: st.DataObject) -> None:
+        """The next chunk of a prompt admitted with ``reserve``."""
+        sid = data.draw(st.sampled_from(sorted(k for k, s in self.seqs.items() if s.slots < len(s.tokens))))
+        seq = self.seqs[sid]
+        left = len(seq.tokens) - seq.slots
+        n = data.draw(st.integers(0, left + 1))
+        before = self.snapshot()
+        if n > left:
+            try:
+                self.m.reserve(sid, n)
+            except InvalidArgumentError:
+                assert self.snapshot() == before
+                return
+            raise AssertionError("reserving past the prompt did not raise")
+        if not self.m.reserve(sid, n):
+            assert self.snapshot() == before, "a refused reserve changed the state"
+            return
+        seq.slots += n
+        assert self.m.num_reserved(sid) == seq.slots
+        if not seq.manual:
+            seq.cached_pages = seq.computable() // self.ps
+            self.offer(seq.ns, seq.tokens[: seq.computable()])
 
     def pinned_floor(self) -> int:
         return self.m.stats().num_pages_pinned
@@ -139,9 +191,17 @@ class ManagerMachine(RuleBasedStateMachine):
     def append(self, data: st.DataObject, new: list[int]) -> None:
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
         before = self.snapshot()
+        seq = self.seqs[sid]
+        if seq.slots < len(seq.tokens):  # its prompt is not all reserved: no generation yet
+            try:
+                self.m.append(sid, np.array(new, dtype=np.int32))
+            except InvalidArgumentError:
+                assert self.snapshot() == before
+                return
+            raise AssertionError("append before the prompt was reserved did not raise")
         if self.m.append(sid, np.array(new, dtype=np.int32)):
-            seq = self.seqs[sid]
             seq.tokens += new
+            seq.slots = len(seq.tokens)
             if not seq.manual:
                 seq.cached_pages = len(seq.tokens) // self.ps
                 self.offer(seq.ns, seq.tokens)
@@ -153,7 +213,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def commit(self, data: st.DataObject) -> None:
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
         seq = self.seqs[sid]
-        n = data.draw(st.integers(0, len(seq.tokens)))
+        n = data.draw(st.integers(0, seq.computable()))
         # The engine computed the first n tokens in a step (their K/V is written), then commits.
         self.step(manual_upto={sid: n})
         seq.committed = max(seq.committed, n)
@@ -167,7 +227,7 @@ class ManagerMachine(RuleBasedStateMachine):
         parent = data.draw(st.sampled_from(sorted(self.seqs)))
         child = self.new_id()
         p = self.seqs[parent]
-        if p.manual and p.committed < len(p.tokens):  # a chunked prefill not fully committed
+        if (p.manual and p.committed < len(p.tokens)) or p.slots < len(p.tokens):  # not all computed
             before = self.snapshot()
             try:
                 self.m.fork(parent, child)
@@ -178,7 +238,7 @@ class ManagerMachine(RuleBasedStateMachine):
         self.m.fork(parent, child)
         # The child computes its own uncomputed tokens (if any) in its own pages.
         self.seqs[child] = ModelSeq(
-            list(p.tokens), p.ns, p.manual, p.cached_pages, set(p.tree_pages), p.written, p.committed
+            list(p.tokens), p.ns, p.manual, p.cached_pages, set(p.tree_pages), p.written, p.committed, p.slots
         )
         assert self.m.seq_pages(child).tolist() == self.m.seq_pages(parent).tolist()
 
@@ -189,12 +249,13 @@ class ManagerMachine(RuleBasedStateMachine):
         partial), often several generations deep before the engine's next step."""
         parent = data.draw(st.sampled_from(sorted(self.seqs)))
         p = self.seqs[parent]
-        if p.manual and p.committed < len(p.tokens):
+        if (p.manual and p.committed < len(p.tokens)) or p.slots < len(p.tokens):
             return
         child = self.next_id + 1
         self.fork(data)
         if child in self.seqs and self.m.append(child, new):
             self.seqs[child].tokens += new
+            self.seqs[child].slots = len(self.seqs[child].tokens)
             if not self.seqs[child].manual:
                 self.seqs[child].cached_pages = len(self.seqs[child].tokens) // self.ps
                 self.offer(self.seqs[child].ns, self.seqs[child].tokens)
@@ -204,7 +265,7 @@ class ManagerMachine(RuleBasedStateMachine):
     def free_sequence(self, data: st.DataObject) -> None:
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
         seq = self.seqs[sid]
-        if not seq.manual and seq.written < len(seq.tokens) // self.ps * self.ps:
+        if not seq.manual and seq.written < seq.computable() // self.ps * self.ps:
             # Its full pages are cached as computed in this step (cache_prompt=True's promise): the
             # engine runs the step before the sequence can finish. A partial page needs no step, so
             # a fork's queued copy may outlive the fork.
@@ -228,12 +289,13 @@ class ManagerMachine(RuleBasedStateMachine):
         if pinned:
             self.pins.append((ns, tuple(prefix[: pinned * self.ps]), self.clock.now + ttl))
 
-    @precondition(lambda self: self.seqs)
+    @precondition(lambda self: any(s.slots > 0 for s in self.seqs.values()))
     @rule(data=st.data())
     def tables_for_a_step(self, data: st.DataObject) -> None:
         """page_table(num_tokens=...), block_table and slot_mapping(start=...) against the pages."""
-        ids = data.draw(st.lists(st.sampled_from(sorted(self.seqs)), min_size=1, max_size=4))
-        counts = [data.draw(st.integers(1, len(self.seqs[sid].tokens))) for sid in ids]
+        slotted = sorted(k for k, s in self.seqs.items() if s.slots > 0)
+        ids = data.draw(st.lists(st.sampled_from(slotted), min_size=1, max_size=4))
+        counts = [data.draw(st.integers(1, self.seqs[sid].slots)) for sid in ids]
         full = {sid: self.m.seq_pages(sid).tolist() for sid in ids}
         pt = self.m.page_table(ids, num_tokens=np.array(counts, dtype=np.int64))
         total = 0
@@ -258,7 +320,7 @@ class ManagerMachine(RuleBasedStateMachine):
         assert np.array_equal(self.m.block_table(ids, out=buf), bt)
         assert (buf[: len(ids), width:] == 0).all() and (buf[len(ids) :] == -1).all()
         sid = ids[0]
-        length = len(self.seqs[sid].tokens)
+        length = self.seqs[sid].slots
         start = data.draw(st.integers(0, length))
         n = data.draw(st.integers(0, length - start))
         slots = self.m.slot_mapping(sid, n, start=start).tolist()
@@ -358,7 +420,7 @@ class ManagerMachine(RuleBasedStateMachine):
             else:
                 self.pool[d * self.ps + o] = kv
         for sid, seq in self.seqs.items():
-            upto = len(seq.tokens) if not seq.manual else (manual_upto or {}).get(sid, seq.written)
+            upto = seq.computable() if not seq.manual else (manual_upto or {}).get(sid, seq.written)
             pages = self.m.seq_pages(sid).tolist()
             for t in range(seq.written, upto):
                 self.pool[pages[t // self.ps] * self.ps + t % self.ps] = (seq.ns, tuple(seq.tokens[: t + 1]))
@@ -399,7 +461,10 @@ class ManagerMachine(RuleBasedStateMachine):
             (lambda: self.m.append(ghost, tokens), UnknownSequenceError),
             (lambda: self.m.free_sequence(ghost), UnknownSequenceError),
             (lambda: self.m.fork(ghost, ghost + 1), UnknownSequenceError),
-            (lambda: self.m.page_table([*self.seqs, ghost]), UnknownSequenceError),
+            (
+                lambda: self.m.page_table([*(k for k, s in self.seqs.items() if s.slots), ghost]),
+                UnknownSequenceError,
+            ),
             (lambda: self.m.slot_mapping(ghost, 1), UnknownSequenceError),
             (lambda: self.m.commit(ghost, 0), UnknownSequenceError),
             (lambda: self.m.add_sequence(ghost, []), InvalidArgumentError),
@@ -419,8 +484,8 @@ class ManagerMachine(RuleBasedStateMachine):
             for call, error in [
                 (lambda: self.m.add_sequence(sid, tokens), DuplicateSequenceError),
                 (lambda: self.m.fork(sid, sid), DuplicateSequenceError),
-                (lambda: self.m.slot_mapping(sid, len(self.seqs[sid].tokens) + 1), InvalidArgumentError),
-                (lambda: self.m.commit(sid, len(self.seqs[sid].tokens) + 1), InvalidArgumentError),
+                (lambda: self.m.slot_mapping(sid, self.seqs[sid].slots + 1), InvalidArgumentError),
+                (lambda: self.m.commit(sid, self.seqs[sid].computable() + 1), InvalidArgumentError),
             ]:
                 try:
                     call()
@@ -436,13 +501,22 @@ class ManagerMachine(RuleBasedStateMachine):
     def page_tables_cover_exactly_the_tokens(self) -> None:
         if not hasattr(self, "m"):
             return
-        ids = sorted(self.seqs)
+        for sid in self.seqs:
+            assert self.m.seq_len(sid) == len(self.seqs[sid].tokens)
+            assert self.m.num_reserved(sid) == self.seqs[sid].slots
+            if self.seqs[sid].slots == 0:
+                try:
+                    self.m.page_table([sid])
+                except InvalidArgumentError:
+                    pass
+                else:
+                    raise AssertionError("a table of a sequence without slots did not raise")
+        ids = sorted(k for k, s in self.seqs.items() if s.slots > 0)
         pt = self.m.page_table(ids)
         assert pt.kv_indptr.dtype == pt.kv_indices.dtype == pt.kv_last_page_len.dtype == np.int32
         assert len(pt.kv_indptr) == len(ids) + 1 and pt.kv_indptr[0] == 0
         for i, sid in enumerate(ids):
-            n = len(self.seqs[sid].tokens)
-            assert self.m.seq_len(sid) == n
+            n = self.seqs[sid].slots
             pages = pt.kv_indices[pt.kv_indptr[i] : pt.kv_indptr[i + 1]]
             assert len(pages) == -(-n // self.ps)
             assert pt.kv_last_page_len[i] == n - (len(pages) - 1) * self.ps
@@ -501,7 +575,7 @@ class ManagerMachine(RuleBasedStateMachine):
         seen: dict[tuple[object, ...], int] = {}
         for sid, seq in self.seqs.items():
             pages = self.m.seq_pages(sid).tolist()
-            for k in range(len(seq.tokens) // self.ps):
+            for k in range(seq.computable() // self.ps):
                 prefix = tuple(seq.tokens[: (k + 1) * self.ps])
                 if pages[k] in tree and prefix not in public:
                     key = (seq.ns, prefix)
