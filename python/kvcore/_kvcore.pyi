@@ -127,8 +127,11 @@ class KVCacheManager:
         """Slots for the next ``num_tokens`` prompt tokens; False (nothing changed) if no room."""
     def num_reserved(self, seq_id: int) -> int:
         """Tokens of the sequence with a slot reserved."""
-    def append(self, seq_id: int, new_tokens: _Tokens) -> bool:
-        """Reserve slots for generated tokens; False (nothing changed) if there is no room."""
+    def append(self, seq_id: int, new_tokens: _Tokens, num_lookahead: int = 0) -> bool:
+        """Reserve slots for generated tokens and ``num_lookahead`` draft slots; False (nothing
+        changed) if there is no room."""
+    def truncate(self, seq_id: int, num_tokens: int) -> None:
+        """Roll back to the first ``num_tokens`` tokens (rejected drafts), releasing pages past them."""
     def commit(self, seq_id: int, num_tokens: int) -> int:
         """Cache the full pages of the first ``num_tokens`` (computed) tokens; tokens now cached."""
     def fork(self, parent_id: int, child_id: int) -> None:

@@ -100,6 +100,10 @@ struct Sequence {
     num_committed: usize,
     /// The deepest tree node this sequence locks (`radix::ROOT`: none).
     node: NodeId,
+    /// Pages from the root to the end of `node`: `num_inserted_pages`, or one more after a
+    /// `truncate` into a cached page (which the sequence still holds and must keep locked until
+    /// its next write copies it).
+    lock_pages: usize,
 }
 
 impl Sequence {
@@ -339,6 +343,7 @@ impl KVCacheManager {
                 auto_cache: cache_prompt,
                 num_committed: 0,
                 node: hit.node,
+                lock_pages: hit.num_pages,
             },
         );
         if cache_prompt {
@@ -351,6 +356,21 @@ impl KVCacheManager {
     /// partially filled last page is copied first (copy-on-write; see
     /// [`take_pending_copies`](Self::take_pending_copies)). `false` (nothing changed) if no room.
     pub fn append(&self, seq_id: SeqId, tokens: &[u32], now: u64) -> KvResult<bool> {
+        self.append_with_lookahead(seq_id, tokens, 0, now)
+    }
+
+    /// [`append`](Self::append), also reserving `num_lookahead` slots after the new tokens for
+    /// draft tokens (speculative decoding): the engine writes the drafts' K/V there, appends the
+    /// accepted ones as tokens and [`truncate`](Self::truncate)s to reject. Every existing page
+    /// the step writes (the new tokens' and the drafts') that another owner shares is replaced by
+    /// a private copy first (copy-on-write). `false` (nothing changed) if there is no room.
+    pub fn append_with_lookahead(
+        &self,
+        seq_id: SeqId,
+        tokens: &[u32],
+        num_lookahead: usize,
+        now: u64,
+    ) -> KvResult<bool> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
@@ -362,45 +382,113 @@ impl KVCacheManager {
                 seq.tokens.len()
             )));
         }
-        if tokens.is_empty() {
+        if tokens.is_empty() && num_lookahead == 0 {
             return Ok(true);
         }
         let ps = self.page_size;
         let old_len = seq.tokens.len();
         let new_len = old_len + tokens.len();
-        let grow = new_len.div_ceil(ps) - seq.pages.len();
-        let last = *seq.pages.last().unwrap_or(&crate::NULL_PAGE);
-        // Shared with another owner (a queued copy's hold on its source does not count: the copy
-        // reads the page before this step's kernels write it).
-        let owners = self.alloc.ref_count(last).map_err(internal)? - st.copy_holds(last);
-        let cow = old_len % ps != 0 && owners > 1;
-        let mut fresh = Vec::with_capacity(grow + usize::from(cow));
-        if !self.allocate(st, grow + usize::from(cow), now, &mut fresh) {
+        let slots = seq.slots.max(new_len + num_lookahead);
+        let grow = slots.div_ceil(ps) - seq.pages.len();
+        // Existing pages this step writes, from the one holding slot `old_len`; shared ones (a
+        // queued copy's hold on its source does not count: the copy reads the page before this
+        // step's kernels write it) get a private copy.
+        let written = old_len / ps..seq.pages.len().min((new_len + num_lookahead).div_ceil(ps));
+        let mut cow = Vec::new();
+        for i in written {
+            let page = seq.pages[i];
+            let owners = self.alloc.ref_count(page).map_err(internal)? - st.copy_holds(page);
+            if owners > 1 {
+                cow.push(i);
+            }
+        }
+        let mut fresh = Vec::with_capacity(grow + cow.len());
+        if !self.allocate(st, grow + cow.len(), now, &mut fresh) {
             st.stats.num_refused += 1;
             return Ok(false);
         }
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        let mut fresh = fresh.into_iter();
-        if cow {
-            let copy = fresh.next().unwrap_or(crate::NULL_PAGE);
-            let at = seq.pages.len() - 1;
-            seq.pages[at] = copy;
-            seq.pages.extend(fresh);
-            seq.tokens.extend_from_slice(tokens);
-            seq.slots = new_len;
-            self.queue_copy(st, last, copy)?;
-            st.stats.num_cow_copies += 1;
-            self.release(st, &[last])?;
-        } else {
-            seq.pages.extend(fresh);
-            seq.tokens.extend_from_slice(tokens);
-            seq.slots = new_len;
+        let copies: Vec<(PageId, PageId)> = cow
+            .iter()
+            .zip(&fresh[grow..])
+            .map(|(&i, &copy)| (std::mem::replace(&mut seq.pages[i], copy), copy))
+            .collect();
+        seq.pages.extend_from_slice(&fresh[..grow]);
+        seq.tokens.extend_from_slice(tokens);
+        seq.slots = slots;
+        // A truncate left the sequence locking the cached page it wrote into: now that the
+        // sequence has its own copy, lock only its cached pages again.
+        let relock =
+            seq.lock_pages > seq.num_inserted_pages && cow.contains(&seq.num_inserted_pages);
+        if relock {
+            let node = st
+                .tree
+                .cut_path(seq.node, seq.num_inserted_pages)
+                .map_err(internal)?;
+            st.tree.lock(node).map_err(internal)?;
+            st.tree.unlock(seq.node).map_err(internal)?;
+            seq.node = node;
+            seq.lock_pages = seq.num_inserted_pages;
         }
-        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        if seq.auto_cache {
+        let auto_cache = seq.auto_cache;
+        for &(old, copy) in &copies {
+            self.queue_copy(st, old, copy)?;
+            st.stats.num_cow_copies += 1;
+        }
+        for &(old, _) in &copies {
+            self.release(st, &[old])?;
+        }
+        if auto_cache {
             self.cache_full_pages(st, seq_id, new_len / ps, now)?;
         }
         Ok(true)
+    }
+
+    /// Roll `seq_id` back to its first `num_tokens` tokens (rejected drafts), releasing the
+    /// slots and pages past them; its cached pages beyond stay cached (their K/V is right for the
+    /// tokens they hold). A page the sequence keeps that is shared or cached is never written
+    /// through: the next write into it copies it first. `InvalidArgument` (nothing changed) for
+    /// `num_tokens` of 0 (free the sequence instead) or beyond its tokens.
+    pub fn truncate(&self, seq_id: SeqId, num_tokens: usize) -> KvResult<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if num_tokens == 0 || num_tokens > seq.tokens.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id} has {} tokens, cannot truncate to {num_tokens} (free it to drop \
+                 it all)",
+                seq.tokens.len()
+            )));
+        }
+        let ps = self.page_size;
+        seq.tokens.truncate(num_tokens);
+        seq.slots = seq.slots.min(num_tokens);
+        seq.num_committed = seq.num_committed.min(num_tokens);
+        let released = seq.pages.split_off(seq.slots.div_ceil(ps));
+        let full = num_tokens / ps;
+        // Cached pages past the cut stay in the tree; the sequence locks only what it keeps: its
+        // full pages, and the cached page it now ends inside, if its path holds that one (the
+        // sequence's next write into it makes a private copy first).
+        let ends_in_cached = num_tokens % ps != 0
+            && full < seq.lock_pages
+            && seq
+                .pages
+                .get(full)
+                .is_some_and(|&p| st.tree.contains_page(p));
+        let lock_pages = if ends_in_cached {
+            full + 1
+        } else {
+            full.min(seq.lock_pages)
+        };
+        if lock_pages != seq.lock_pages {
+            let node = st.tree.cut_path(seq.node, lock_pages).map_err(internal)?;
+            st.tree.lock(node).map_err(internal)?;
+            st.tree.unlock(seq.node).map_err(internal)?;
+            seq.node = node;
+            seq.lock_pages = lock_pages;
+        }
+        seq.num_inserted_pages = seq.num_inserted_pages.min(full);
+        self.release(st, &released)
     }
 
     /// Reserve slots for the next `num_tokens` tokens of `seq_id`'s known prompt (admitted with
@@ -491,8 +579,15 @@ impl KVCacheManager {
         }
         let ps = self.page_size;
         let (tokens, pages) = (&seq.tokens[done * ps..full * ps], &seq.pages[done..full]);
+        // Extend from the node that ends where the sequence's cached pages end (its locked node,
+        // or an ancestor of it after a truncate).
+        let from = if seq.lock_pages == done {
+            seq.node
+        } else {
+            tree.cut_path(seq.node, done).map_err(internal)?
+        };
         let ins = tree
-            .extend(seq.ns, seq.node, tokens, pages, seq.priority, now)
+            .extend(seq.ns, from, tokens, pages, seq.priority, now)
             .map_err(internal)?;
         let adopted = &pages[ins.adopted()];
         self.alloc.retain_serialized(adopted).map_err(internal)?;
@@ -509,6 +604,7 @@ impl KVCacheManager {
         tree.unlock(seq.node).map_err(internal)?;
         seq.node = ins.node;
         seq.num_inserted_pages = full;
+        seq.lock_pages = full;
         Ok(())
     }
 

@@ -196,17 +196,34 @@ impl PyKVCacheManager {
         Ok(self.inner.commit(id, n, now)?)
     }
 
-    /// Reserve slots for generated tokens; False (nothing changed) if there is no room.
+    /// Reserve slots for generated tokens, and `num_lookahead` more for draft tokens (speculative
+    /// decoding); False (nothing changed) if there is no room.
+    #[pyo3(signature = (seq_id, new_tokens, num_lookahead = None), text_signature = "($self, seq_id, new_tokens, num_lookahead=0)")]
     fn append(
         &self,
         py: Python<'_>,
         seq_id: &Bound<'_, PyAny>,
         new_tokens: &Bound<'_, PyAny>,
+        num_lookahead: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let new_tokens = tokens(new_tokens)?;
+        let lookahead = match num_lookahead {
+            Some(k) => count_arg(k, "num_lookahead")?,
+            None => 0,
+        };
         let now = self.now(py)?;
-        Ok(self.inner.append(id, new_tokens.as_slice(), now)?)
+        Ok(self
+            .inner
+            .append_with_lookahead(id, new_tokens.as_slice(), lookahead, now)?)
+    }
+
+    /// Roll `seq_id` back to its first `num_tokens` tokens (rejected drafts), releasing the pages
+    /// past them; a kept page that is shared or cached is copied before it is written again.
+    fn truncate(&self, seq_id: &Bound<'_, PyAny>, num_tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let n = count_arg(num_tokens, "num_tokens")?;
+        Ok(self.inner.truncate(id, n)?)
     }
 
     /// `child_id` shares every page of `parent_id` (whose tokens must all be computed).

@@ -964,6 +964,36 @@ impl RadixTree {
         Some(total)
     }
 
+    /// The node on `node`'s root path that ends exactly `pages` pages from the root ([`ROOT`] for
+    /// 0), splitting the node the cut falls inside (the new node inherits its locks and pins, as
+    /// any split). For moving a truncated sequence's lock up its path.
+    /// Err(InvalidArgument) if `node` is not live or its path holds fewer than `pages` pages.
+    pub fn cut_path(&mut self, node: NodeId, pages: usize) -> KvResult<NodeId> {
+        let mut depth = self.node_prefix_pages(node).ok_or_else(|| {
+            KvError::InvalidArgument(format!("cut_path: node {node} is not live"))
+        })?;
+        if pages > depth {
+            return Err(KvError::InvalidArgument(format!(
+                "cut_path: node {node} ends {depth} pages deep, cannot cut at {pages}"
+            )));
+        }
+        if pages == 0 {
+            return Ok(ROOT);
+        }
+        let mut x = node;
+        loop {
+            let start = depth - self.nodes[x as usize].pages.len();
+            if pages == depth {
+                return Ok(x);
+            }
+            if pages > start {
+                return Ok(self.split(x, pages - start));
+            }
+            depth = start;
+            x = self.nodes[x as usize].parent;
+        }
+    }
+
     /// Checks every internal invariant against a brute-force recount (O(n log n)); for tests.
     /// Returns a description of the first violation.
     pub fn check_invariants(&self) -> Result<(), String> {

@@ -297,3 +297,50 @@ def test_chunked_prefill_matches_no_cache(kv_dtype: str, page_size: int, chunk: 
     assert hit == 11 // page_size * page_size
     logits.update(runner.step({1: len(other) - hit}))
     check(runner, {1: logits[1]})
+
+
+@pytest.mark.parametrize(("kv_dtype", "page_size"), [("fp16", 4), ("bf16", 3), ("fp8", 2)])
+@pytest.mark.parametrize("flow", ["lookahead", "truncate"])
+def test_speculative_decoding_matches_no_cache(kv_dtype: str, page_size: int, flow: str) -> None:
+    """Speculative decoding over the paged cache equals the no-cache logits. Each round the target
+    model verifies 3 draft tokens after its own token, then keeps a random number of them:
+
+    - ``lookahead``: ``append(seq, [token], num_lookahead=3)`` reserves draft slots, the forward pass
+      writes the drafts' K/V there, and the accepted drafts are appended (their K/V is in place);
+    - ``truncate``: the drafts are appended as tokens and the rejected ones truncated away (their
+      pages may have been cached: what stays cached is never written through).
+    """
+    model = TinyDecoder(seed=5, kv_dtype=kv_dtype)
+    runner = PagedRunner(model, num_pages=96, page_size=page_size)
+    rng = np.random.default_rng(6)
+    prompt = rng.integers(0, VOCAB, 9).tolist()
+    m = runner.manager
+    runner.admit(0, prompt)
+    logits = runner.step({0: len(prompt)})
+    for _ in range(6):
+        token = int(np.argmax(logits[0]))
+        drafts = rng.integers(0, VOCAB, 3).tolist()
+        accepted = int(rng.integers(0, 4))
+        base = len(runner.tokens[0])
+        if flow == "lookahead":
+            assert m.append(0, [token], num_lookahead=len(drafts))
+            runner.tokens[0] = [*runner.tokens[0], token, *drafts]  # what the verify pass computes
+            runner.step({0: 1 + len(drafts)}, upto={0: base + 1 + len(drafts)})
+            runner.tokens[0] = runner.tokens[0][: base + 1 + accepted]
+            assert m.append(0, drafts[:accepted])  # their K/V was written by the verify pass
+        else:
+            runner.append(0, token)
+            for d in drafts:
+                runner.append(0, d)
+            runner.step({0: 1 + len(drafts)})
+            m.truncate(0, base + 1 + accepted)
+            runner.tokens[0] = runner.tokens[0][: base + 1 + accepted]
+        assert m.seq_len(0) == len(runner.tokens[0])
+        # The next round starts from the logits after the last kept token (recomputed in place).
+        logits = runner.step({0: 1}, upto={0: len(runner.tokens[0])})
+        check(runner, logits)
+    # A new request repeating the sequence's tokens hits only K/V that is right for them.
+    again = [*runner.tokens[0][:-1], 1]
+    hit = runner.admit(1, again)
+    logits.update(runner.step({1: len(again) - hit}))
+    check(runner, {1: logits[1]})

@@ -97,3 +97,68 @@ def test_wrong_reserve_arguments(call, error) -> None:  # type: ignore[no-untype
     with pytest.raises(error):
         call(m)
     assert state(m) == before
+
+
+# ----- speculative decoding: append(num_lookahead=...) and truncate ---------------------------------
+
+
+def test_lookahead_reserves_draft_slots_and_accepted_drafts_use_them() -> None:
+    m = KVCacheManager(64, PS)
+    m.add_sequence(1, list(range(6)))
+    assert m.append(1, [7], num_lookahead=3)  # the new token and 3 draft slots
+    assert (m.seq_len(1), m.num_reserved(1), len(m.seq_pages(1))) == (7, 10, 3)
+    drafts = m.slot_mapping(1, 4, start=6)  # where the token and the drafts' K/V go
+    assert m.append(1, [8, 9])  # two drafts accepted: their slots were already reserved
+    assert (m.seq_len(1), m.num_reserved(1)) == (9, 10)
+    assert m.slot_mapping(1, 2, start=7).tolist() == drafts[1:3].tolist()
+    m.truncate(1, 9)  # the third draft rejected: its slot goes
+    assert m.num_reserved(1) == 9
+
+
+def test_truncate_releases_pages_and_keeps_cached_ones_cached() -> None:
+    m = KVCacheManager(64, PS)
+    tokens = list(range(100, 114))  # 14 tokens: 3 full pages cached, 1 partial
+    m.add_sequence(1, tokens)
+    pages = m.seq_pages(1).tolist()
+    m.truncate(1, 5)  # keeps pages 0 (full) and 1 (cached, now ends inside it)
+    assert m.seq_pages(1).tolist() == pages[:2] and m.seq_len(1) == 5
+    assert m.ref_count(pages[3]) == 0  # the partial page is free again
+    assert m.peek_prefix_len(tokens) == 12  # the cached prefix is intact
+    s = m.stats()
+    # Page 1 is still held (and locked) by the sequence; page 2 is cached and evictable.
+    assert (s.num_pages_in_use, s.num_pages_cached) == (2, 1)
+    assert m.evict(10) == 1 and m.stats().num_pages_free == 63 - 2
+
+
+def test_a_truncated_cached_page_is_copied_before_it_is_written() -> None:
+    m = KVCacheManager(64, PS)
+    tokens = list(range(100, 110))
+    m.add_sequence(1, tokens)
+    cached_page = int(m.seq_pages(1)[1])  # tokens 4..7, cached
+    m.truncate(1, 6)
+    assert m.append(1, [55])  # writes slot 6: inside the cached page, so copy it first
+    pairs = m.take_pending_copies().tolist()
+    own = int(m.seq_pages(1)[1])
+    assert own != cached_page and pairs == [[cached_page, own]]
+    assert m.peek_prefix_len(tokens) == 8  # the cached page still holds tokens 4..7
+    m.add_sequence(2, [*tokens[:8], 1])
+    assert int(m.seq_pages(2)[1]) == cached_page
+    s = m.stats()
+    assert s.num_pages_in_use + s.num_pages_cached + s.num_pages_pinned + s.num_pages_free == 63
+
+
+def test_truncate_mistakes_change_nothing() -> None:
+    m = KVCacheManager(16, PS)
+    m.add_sequence(1, list(range(9)))
+    before = state(m)
+    for call, error in (
+        (lambda: m.truncate(1, 0), InvalidArgumentError),
+        (lambda: m.truncate(1, 10), InvalidArgumentError),
+        (lambda: m.truncate(1, -1), InvalidArgumentError),
+        (lambda: m.truncate(1, 2.0), InvalidDTypeError),
+        (lambda: m.append(1, [1], num_lookahead=-1), InvalidArgumentError),
+        (lambda: m.append(1, [1], num_lookahead=True), InvalidDTypeError),
+    ):
+        with pytest.raises(error):
+            call()
+        assert state(m) == before

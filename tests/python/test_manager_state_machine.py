@@ -187,8 +187,8 @@ class ManagerMachine(RuleBasedStateMachine):
         return self.m.stats().num_pages_pinned
 
     @precondition(lambda self: self.seqs)
-    @rule(data=st.data(), new=st.lists(st.integers(0, 2), max_size=6))
-    def append(self, data: st.DataObject, new: list[int]) -> None:
+    @rule(data=st.data(), new=st.lists(st.integers(0, 2), max_size=6), lookahead=st.integers(0, 3))
+    def append(self, data: st.DataObject, new: list[int], lookahead: int) -> None:
         sid = data.draw(st.sampled_from(sorted(self.seqs)))
         before = self.snapshot()
         seq = self.seqs[sid]
@@ -199,14 +199,41 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert self.snapshot() == before
                 return
             raise AssertionError("append before the prompt was reserved did not raise")
-        if self.m.append(sid, np.array(new, dtype=np.int32)):
-            seq.tokens += new
-            seq.slots = len(seq.tokens)
+        if self.m.append(sid, np.array(new, dtype=np.int32), num_lookahead=lookahead):
+            if new or lookahead:
+                seq.tokens += new
+                seq.slots = max(seq.slots, len(seq.tokens) + lookahead)
+            seq.tree_pages &= set(self.m.seq_pages(sid).tolist())  # copied pages are no longer its
+            assert self.m.num_reserved(sid) == seq.slots
             if not seq.manual:
                 seq.cached_pages = len(seq.tokens) // self.ps
                 self.offer(seq.ns, seq.tokens)
         else:
             assert self.snapshot() == before, "a refused append changed the state"
+
+    @precondition(lambda self: self.seqs)
+    @rule(data=st.data())
+    def truncate(self, data: st.DataObject) -> None:
+        """Speculative decoding: reject drafts (or any suffix); what stays is never written through."""
+        sid = data.draw(st.sampled_from(sorted(self.seqs)))
+        seq = self.seqs[sid]
+        n = data.draw(st.integers(0, len(seq.tokens) + 1))
+        if n == 0 or n > len(seq.tokens):
+            before = self.snapshot()
+            try:
+                self.m.truncate(sid, n)
+            except InvalidArgumentError:
+                assert self.snapshot() == before
+                return
+            raise AssertionError("a bad truncate did not raise")
+        self.m.truncate(sid, n)
+        seq.tokens = seq.tokens[:n]
+        seq.slots = min(seq.slots, n)
+        seq.written = min(seq.written, n)
+        seq.committed = min(seq.committed, n)
+        seq.cached_pages = min(seq.cached_pages, n // self.ps)
+        seq.tree_pages &= set(self.m.seq_pages(sid).tolist())
+        assert self.m.seq_len(sid) == n and self.m.num_reserved(sid) == seq.slots
 
     @precondition(lambda self: self.seqs)
     @rule(data=st.data())
@@ -254,8 +281,10 @@ class ManagerMachine(RuleBasedStateMachine):
         child = self.next_id + 1
         self.fork(data)
         if child in self.seqs and self.m.append(child, new):
-            self.seqs[child].tokens += new
-            self.seqs[child].slots = len(self.seqs[child].tokens)
+            c = self.seqs[child]
+            c.tokens += new
+            c.slots = max(c.slots, len(c.tokens))
+            c.tree_pages &= set(self.m.seq_pages(child).tolist())
             if not self.seqs[child].manual:
                 self.seqs[child].cached_pages = len(self.seqs[child].tokens) // self.ps
                 self.offer(self.seqs[child].ns, self.seqs[child].tokens)
