@@ -37,6 +37,13 @@ fn python_attr<'py>(
         .clone())
 }
 
+/// Calls whose work grows past these (tokens, pages, sequences in a batch) run detached from the
+/// interpreter: other Python threads keep running meanwhile (a transfer-completion thread is not
+/// stalled by the scheduler's large evictions, resets or tables).
+const LONG_TOKENS: usize = 8192;
+const LONG_PAGES: usize = 1024;
+const LONG_BATCH: usize = 64;
+
 fn seq_id(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SeqId> {
     int_value(obj, name)
 }
@@ -45,12 +52,37 @@ fn seq_id(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SeqId> {
 #[pyclass(name = "KVCacheManager", module = "kvcore._kvcore", frozen)]
 pub(crate) struct PyKVCacheManager {
     inner: KVCacheManager,
+    /// Every call into `inner` passes this gate (see [`Self::run`]): attached, it is only ever
+    /// tried, never waited for, so no thread waits on the manager while holding the interpreter.
+    gate: parking_lot::Mutex<()>,
     /// Injected clock (seconds, float) for TTL tests; None: a monotonic clock.
     clock: Option<Py<PyAny>>,
     epoch: Instant,
 }
 
 impl PyKVCacheManager {
+    /// Run `f` on the core through the gate. A short call takes the gate without waiting and runs
+    /// attached (no cost beyond an uncontended lock); a `long` one, or one that finds the gate
+    /// taken (another thread's call, possibly a long detached one), releases the interpreter,
+    /// waits for the gate and runs detached. So a thread never blocks on the manager while
+    /// attached (polars' rule): whatever waits, other Python threads keep running.
+    fn run<R: Send>(
+        &self,
+        py: Python<'_>,
+        long: bool,
+        f: impl FnOnce(&KVCacheManager) -> R + Send,
+    ) -> R {
+        if !long {
+            if let Some(_gate) = self.gate.try_lock() {
+                return f(&self.inner);
+            }
+        }
+        py.detach(|| {
+            let _gate = self.gate.lock();
+            f(&self.inner)
+        })
+    }
+
     /// Microseconds on the manager's clock. Calls the injected clock (Python code): callers do it
     /// after converting their arguments and before the core call.
     fn now(&self, py: Python<'_>) -> PyResult<u64> {
@@ -119,6 +151,7 @@ impl PyKVCacheManager {
         let inner = py.detach(|| KVCacheManager::new(config))?;
         Ok(Self {
             inner,
+            gate: parking_lot::Mutex::new(()),
             clock,
             epoch: Instant::now(),
         })
@@ -152,15 +185,17 @@ impl PyKVCacheManager {
             None => None,
         };
         let now = self.now(py)?;
-        Ok(self.inner.add_sequence_reserving(
-            id,
-            prompt,
-            namespace.as_deref(),
-            priority,
-            cache_prompt,
-            reserve,
-            now,
-        )?)
+        Ok(self.run(py, prompt.as_slice().len() >= LONG_TOKENS, |m| {
+            m.add_sequence_reserving(
+                id,
+                prompt,
+                namespace.as_deref(),
+                priority,
+                cache_prompt,
+                reserve,
+                now,
+            )
+        })?)
     }
 
     /// Reserve slots for the next `num_tokens` tokens of the sequence's known prompt (admitted
@@ -174,12 +209,15 @@ impl PyKVCacheManager {
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
         let now = self.now(py)?;
-        Ok(self.inner.reserve(id, n, now)?)
+        Ok(self.run(py, n >= LONG_TOKENS, |m| m.reserve(id, n, now))?)
     }
 
     /// Tokens of `seq_id` with a slot reserved.
-    fn num_reserved(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        Ok(self.inner.num_reserved(self::seq_id(seq_id, "seq_id")?)?)
+    fn num_reserved(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok({
+            let id = self::seq_id(seq_id, "seq_id")?;
+            self.run(py, false, |m| m.num_reserved(id))
+        }?)
     }
 
     /// The engine computed the first `num_tokens` tokens of `seq_id`: cache their full pages.
@@ -193,7 +231,7 @@ impl PyKVCacheManager {
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
         let now = self.now(py)?;
-        Ok(self.inner.commit(id, n, now)?)
+        Ok(self.run(py, false, |m| m.commit(id, n, now))?)
     }
 
     /// Reserve slots for generated tokens, and `num_lookahead` more for draft tokens (speculative
@@ -213,30 +251,43 @@ impl PyKVCacheManager {
             None => 0,
         };
         let now = self.now(py)?;
-        Ok(self
-            .inner
-            .append_with_lookahead(id, new_tokens.as_slice(), lookahead, now)?)
+        Ok(self.run(py, false, |m| {
+            m.append_with_lookahead(id, new_tokens.as_slice(), lookahead, now)
+        })?)
     }
 
     /// Roll `seq_id` back to its first `num_tokens` tokens (rejected drafts), releasing the pages
     /// past them; a kept page that is shared or cached is copied before it is written again.
-    fn truncate(&self, seq_id: &Bound<'_, PyAny>, num_tokens: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn truncate(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        num_tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
-        Ok(self.inner.truncate(id, n)?)
+        Ok(self.run(py, false, |m| m.truncate(id, n))?)
     }
 
     /// `child_id` shares every page of `parent_id` (whose tokens must all be computed).
-    fn fork(&self, parent_id: &Bound<'_, PyAny>, child_id: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn fork(
+        &self,
+        py: Python<'_>,
+        parent_id: &Bound<'_, PyAny>,
+        child_id: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let parent = self::seq_id(parent_id, "parent_id")?;
         let child = self::seq_id(child_id, "child_id")?;
-        Ok(self.inner.fork(parent, child)?)
+        Ok(self.run(py, false, |m| m.fork(parent, child))?)
     }
 
     /// Release a finished sequence: full pages stay cached, the partial page is freed, and queued
     /// copies into pages nobody else holds are cancelled.
-    fn free_sequence(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        Ok(self.inner.free_sequence(self::seq_id(seq_id, "seq_id")?)?)
+    fn free_sequence(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        Ok({
+            let id = self::seq_id(seq_id, "seq_id")?;
+            self.run(py, false, |m| m.free_sequence(id))
+        }?)
     }
 
     /// `PageTable(kv_indptr, kv_indices, kv_last_page_len)` (int32) of the listed sequences. With
@@ -261,7 +312,9 @@ impl PyKVCacheManager {
         let page_table = python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?;
         let Some(out) = out.filter(|o| !o.is_none()) else {
             // Built under the manager's lock into Rust vectors, handed to NumPy without a copy.
-            let table = self.inner.page_table(&seq_ids, counts)?;
+            let table = self.run(py, seq_ids.len() >= LONG_BATCH, |m| {
+                m.page_table(&seq_ids, counts)
+            })?;
             let indptr = PyArray1::from_vec(py, table.kv_indptr);
             let indices = PyArray1::from_vec(py, table.kv_indices);
             let last = PyArray1::from_vec(py, table.kv_last_page_len);
@@ -305,13 +358,13 @@ impl PyKVCacheManager {
             };
             // Written through rust-numpy's exclusive borrow (no other Rust borrower); nothing of
             // kvcore's state is read back from these caller-owned buffers.
-            self.inner.page_table_into(
-                &seq_ids,
-                counts,
+            let (a, b, c) = (
                 w_indptr.as_slice_mut().map_err(contiguous)?,
                 w_indices.as_slice_mut().map_err(contiguous)?,
                 w_last.as_slice_mut().map_err(contiguous)?,
-            )?
+            );
+            let long = seq_ids.len() >= LONG_BATCH;
+            self.run(py, long, |m| m.page_table_into(&seq_ids, counts, a, b, c))?
         };
         let batch = seq_ids.len();
         let view = |a: &Bound<'py, PyArray1<i32>>, n: usize| {
@@ -342,7 +395,7 @@ impl PyKVCacheManager {
         };
         Ok(PyArray1::from_vec(
             py,
-            self.inner.slot_mapping(id, n, start)?,
+            self.run(py, n >= LONG_TOKENS, |m| m.slot_mapping(id, n, start))?,
         ))
     }
 
@@ -359,7 +412,8 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
         let Some(out) = out.filter(|o| !o.is_none()) else {
-            let (rows, width) = self.inner.block_table(&seq_ids)?;
+            let (rows, width) =
+                self.run(py, seq_ids.len() >= LONG_BATCH, |m| m.block_table(&seq_ids))?;
             return Ok(PyArray1::from_vec(py, rows)
                 .reshape([seq_ids.len(), width])?
                 .into_any());
@@ -378,7 +432,8 @@ impl PyKVCacheManager {
                 PyErr::from(KvError::InvalidDType("out must be C-contiguous".into()))
             })?;
             // Written through rust-numpy's exclusive borrow; nothing is read back from `out`.
-            self.inner.block_table_into(&seq_ids, slice, row_len)?
+            let long = seq_ids.len() >= LONG_BATCH;
+            self.run(py, long, |m| m.block_table_into(&seq_ids, slice, row_len))?
         };
         let rows = PySlice::new(py, 0, seq_ids.len() as isize, 1);
         let cols = PySlice::new(py, 0, width as isize, 1);
@@ -389,7 +444,7 @@ impl PyKVCacheManager {
     fn evict(&self, py: Python<'_>, num_pages: &Bound<'_, PyAny>) -> PyResult<usize> {
         let n = count_arg(num_pages, "num_pages")?;
         let now = self.now(py)?;
-        Ok(self.inner.evict(n, now)?)
+        Ok(self.run(py, n >= LONG_PAGES, |m| m.evict(n, now))?)
     }
 
     /// Keep the cached prefix of `tokens` resident for `ttl_s` seconds; returns pages pinned.
@@ -405,35 +460,39 @@ impl PyKVCacheManager {
         let ttl = seconds_to_micros(float_arg(ttl_s, "ttl_s")?, "ttl_s")?;
         let namespace = namespace_arg(namespace)?;
         let now = self.now(py)?;
-        Ok(self
-            .inner
-            .pin(ids.as_slice(), ttl, namespace.as_deref(), now)?)
+        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.pin(ids.as_slice(), ttl, namespace.as_deref(), now)
+        })?)
     }
 
     /// Remove pins on the prefix of `tokens`; returns pages unpinned.
     #[pyo3(signature = (tokens, namespace = None))]
     fn unpin(
         &self,
+        py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let ids = self::tokens(tokens)?;
         let namespace = namespace_arg(namespace)?;
-        Ok(self.inner.unpin(ids.as_slice(), namespace.as_deref()))
+        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.unpin(ids.as_slice(), namespace.as_deref())
+        }))
     }
 
     /// Cached tokens a lookup of `tokens` would find now (whole pages; no side effects).
     #[pyo3(signature = (tokens, namespace = None))]
     fn peek_prefix_len(
         &self,
+        py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let ids = self::tokens(tokens)?;
         let namespace = namespace_arg(namespace)?;
-        Ok(self
-            .inner
-            .peek_prefix_len(ids.as_slice(), namespace.as_deref()))
+        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.peek_prefix_len(ids.as_slice(), namespace.as_deref())
+        }))
     }
 
     /// `PrefixMatch(num_tokens, pages)`: the longest cached prefix of `tokens` visible from
@@ -447,9 +506,9 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let ids = self::tokens(tokens)?;
         let namespace = namespace_arg(namespace)?;
-        let found = self
-            .inner
-            .match_prefix(ids.as_slice(), namespace.as_deref());
+        let found = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.match_prefix(ids.as_slice(), namespace.as_deref())
+        });
         let pages: Vec<i32> = found.pages.iter().map(|&p| p as i32).collect();
         python_attr(py, &PREFIX_MATCH, "kvcore.manager", "PrefixMatch")?
             .call1((found.num_tokens, PyArray1::from_vec(py, pages)))
@@ -465,15 +524,16 @@ impl PyKVCacheManager {
         let n = count_arg(n, "n")?;
         let now = self.now(py)?;
         Ok(self
-            .inner
-            .allocate_pages(n, now)?
+            .run(py, n >= LONG_PAGES, |m| m.allocate_pages(n, now))?
             .map(|pages| PyArray1::from_vec(py, pages.into_iter().map(|p| p as i32).collect())))
     }
 
     /// Drop the caller's reference on pages from `allocate_pages` (adopted ones stay cached).
-    fn free_pages(&self, pages: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn free_pages(&self, py: Python<'_>, pages: &Bound<'_, PyAny>) -> PyResult<()> {
         let ids = page_ids(pages)?;
-        Ok(self.inner.free_pages(ids.as_slice())?)
+        Ok(self.run(py, ids.as_slice().len() >= LONG_PAGES, |m| {
+            m.free_pages(ids.as_slice())
+        })?)
     }
 
     /// Cache `tokens` (`len(pages) * page_size` of them) with their K/V in caller-held `pages`;
@@ -490,26 +550,26 @@ impl PyKVCacheManager {
         let pages = page_ids(pages)?;
         let namespace = namespace_arg(namespace)?;
         let now = self.now(py)?;
-        Ok(self
-            .inner
-            .insert(ids.as_slice(), pages.as_slice(), namespace.as_deref(), now)?)
+        Ok(self.run(py, pages.as_slice().len() >= LONG_PAGES, |m| {
+            m.insert(ids.as_slice(), pages.as_slice(), namespace.as_deref(), now)
+        })?)
     }
 
     /// Drop every cached page no live sequence uses, pins included; returns the pages dropped.
     fn reset_prefix_cache(&self, py: Python<'_>) -> PyResult<usize> {
         let now = self.now(py)?;
-        Ok(self.inner.reset_prefix_cache(now)?)
+        Ok(self.run(py, true, |m| m.reset_prefix_cache(now))?)
     }
 
     /// `{page: references}` the caller holds from `allocate_pages` (for checks and debugging).
-    fn caller_held_pages(&self) -> std::collections::HashMap<u32, u32> {
-        self.inner.caller_held_pages()
+    fn caller_held_pages(&self, py: Python<'_>) -> std::collections::HashMap<u32, u32> {
+        self.run(py, true, |m| m.caller_held_pages())
     }
 
     /// `[n, 2]` int32 `(src_page, dst_page)` copies queued by copy-on-write since the last call:
     /// one valid batch for `kernels.copy_pages` (distinct destinations, no destination a source).
     fn take_pending_copies<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let pairs = self.inner.take_pending_copies()?;
+        let pairs = self.run(py, false, |m| m.take_pending_copies())?;
         let flat: Vec<i32> = pairs
             .iter()
             .flat_map(|&(s, d)| [s as i32, d as i32])
@@ -520,7 +580,7 @@ impl PyKVCacheManager {
     /// A `kvcore.CacheStats` snapshot (usage split and counters).
     fn stats(&self, py: Python<'_>) -> PyResult<CacheStats> {
         let now = self.now(py)?;
-        Ok(self.inner.stats(now))
+        Ok(self.run(py, false, |m| m.stats(now)))
     }
 
     /// The stats in Prometheus text exposition format.
@@ -532,8 +592,11 @@ impl PyKVCacheManager {
     }
 
     /// Tokens of `seq_id`.
-    fn seq_len(&self, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        Ok(self.inner.seq_len(self::seq_id(seq_id, "seq_id")?)?)
+    fn seq_len(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        Ok({
+            let id = self::seq_id(seq_id, "seq_id")?;
+            self.run(py, false, |m| m.seq_len(id))
+        }?)
     }
 
     /// The page table of one sequence (int32 copy).
@@ -542,12 +605,13 @@ impl PyKVCacheManager {
         py: Python<'py>,
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let pages: Vec<i32> = self
-            .inner
-            .seq_pages(self::seq_id(seq_id, "seq_id")?)?
-            .into_iter()
-            .map(|p| p as i32)
-            .collect();
+        let pages: Vec<i32> = {
+            let id = self::seq_id(seq_id, "seq_id")?;
+            self.run(py, false, |m| m.seq_pages(id))
+        }?
+        .into_iter()
+        .map(|p| p as i32)
+        .collect();
         Ok(PyArray1::from_vec(py, pages))
     }
 
@@ -555,8 +619,7 @@ impl PyKVCacheManager {
     fn cached_pages<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         PyArray1::from_vec(
             py,
-            self.inner
-                .cached_pages()
+            self.run(py, true, |m| m.cached_pages())
                 .into_iter()
                 .map(|p| p as i32)
                 .collect(),
@@ -564,14 +627,14 @@ impl PyKVCacheManager {
     }
 
     /// Live sequence ids.
-    fn seq_ids(&self) -> Vec<SeqId> {
-        self.inner.seq_ids()
+    fn seq_ids(&self, py: Python<'_>) -> Vec<SeqId> {
+        self.run(py, false, |m| m.seq_ids())
     }
 
     /// Namespace names the manager keeps: those with a live sequence or a cached page. A
     /// namespace that holds nothing costs nothing.
-    fn num_namespaces(&self) -> usize {
-        self.inner.num_namespaces()
+    fn num_namespaces(&self, py: Python<'_>) -> usize {
+        self.run(py, false, |m| m.num_namespaces())
     }
 
     /// References held on `page` (the tree's, each sequence's, and a queued copy's).
@@ -599,12 +662,12 @@ impl PyKVCacheManager {
         self.inner.page_size()
     }
 
-    fn __contains__(&self, seq_id: &Bound<'_, PyAny>) -> bool {
-        int_value(seq_id, "seq_id").is_ok_and(|id| self.inner.contains(id))
+    fn __contains__(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> bool {
+        int_value(seq_id, "seq_id").is_ok_and(|id| self.run(py, false, |m| m.contains(id)))
     }
 
-    fn __len__(&self) -> usize {
-        self.inner.seq_ids().len()
+    fn __len__(&self, py: Python<'_>) -> usize {
+        self.run(py, false, |m| m.seq_ids()).len()
     }
 
     fn __repr__(&self) -> String {

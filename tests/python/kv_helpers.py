@@ -10,6 +10,9 @@ manager or when ``KVCORE_TEST_EMULATED_MANAGER=1`` is set.
 from __future__ import annotations
 
 import os
+import sys
+import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -345,3 +348,31 @@ def assert_refused(
     assert np.array_equal(pool.data, before[0]), "a refused call wrote to the pool"
     assert np.array_equal(pool.k_scale, before[1]) and np.array_equal(pool.v_scale, before[2]), "scales moved"
     return info
+
+
+def other_thread_steps_during(call: Callable[[], object]) -> int:
+    """How many steps a spinning Python thread made while ``call`` ran. The switch interval is
+    raised so that the interpreter (almost) never takes the lock from this thread on its own: the
+    spinner runs while ``call`` has released it."""
+    progress = [0]
+    stop = threading.Event()
+
+    def spin() -> None:
+        while not stop.is_set():
+            progress[0] += 1
+            time.sleep(0)  # hands the interpreter back at once
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(5.0)
+    spinner = threading.Thread(target=spin)
+    spinner.start()
+    try:
+        while progress[0] == 0:
+            time.sleep(0.001)
+        before = progress[0]
+        call()
+        return progress[0] - before
+    finally:
+        stop.set()
+        spinner.join()
+        sys.setswitchinterval(old)

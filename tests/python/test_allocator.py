@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import sys
-import threading
-import time
-from collections.abc import Callable
 
 import numpy as np
 import pytest
+from kv_helpers import other_thread_steps_during
 
 import kvcore
 from kvcore import (
@@ -168,34 +166,6 @@ def test_large_batches_release_the_interpreter() -> None:
     assert alloc.num_free == 20_000
 
 
-def _other_thread_steps_during(call: Callable[[], object]) -> int:
-    """How many steps a spinning Python thread made while ``call`` ran. The switch interval is
-    raised so that the interpreter (almost) never takes the lock from this thread on its own: the
-    spinner runs while ``call`` has released it."""
-    progress = [0]
-    stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            progress[0] += 1
-            time.sleep(0)  # hands the interpreter back at once
-
-    old = sys.getswitchinterval()
-    sys.setswitchinterval(5.0)
-    spinner = threading.Thread(target=spin)
-    spinner.start()
-    try:
-        while progress[0] == 0:
-            time.sleep(0.001)
-        before = progress[0]
-        call()
-        return progress[0] - before
-    finally:
-        stop.set()
-        spinner.join()
-        sys.setswitchinterval(old)
-
-
 @pytest.mark.skipif(
     not getattr(sys, "_is_gil_enabled", lambda: True)(), reason="free-threaded Python has no interpreter lock"
 )
@@ -216,8 +186,8 @@ def test_large_batches_really_release_the_interpreter() -> None:
     # A spinner step takes about a microsecond: a detached call of milliseconds lets it take
     # hundreds; attached calls none (at most a stray step or two if the interpreter switches
     # threads on its own anyway). The control is what makes the check able to fail.
-    assert max(_other_thread_steps_during(small_round_trip) for _ in range(3)) < 10
-    assert max(_other_thread_steps_during(big_round_trip) for _ in range(5)) >= 10
+    assert max(other_thread_steps_during(small_round_trip) for _ in range(3)) < 10
+    assert max(other_thread_steps_during(big_round_trip) for _ in range(5)) >= 10
     assert alloc.num_free == 2_000_000
 
 
