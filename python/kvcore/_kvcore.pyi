@@ -86,6 +86,10 @@ class CacheStats:
         """Fraction of looked-up prompt tokens that were cached (0 before any lookup)."""
     @property
     def usage(self) -> float:
+        """Fraction of usable pages in use: what a scheduler admits against (cached and pinned
+        pages excluded, as vLLM's ``kv_cache_usage_perc`` excludes cached blocks)."""
+    @property
+    def occupancy(self) -> float:
         """Fraction of usable pages not free (in use, cached or pinned)."""
     def as_dict(self) -> dict[str, int]:
         """The fields as a dict, in declaration order."""

@@ -29,7 +29,8 @@ macro_rules! cache_stats {
 cache_stats! {
     /// Usable pages (`num_pages - 1`); the four splits below sum to it.
     num_pages_total: usize,
-    /// Held by a live sequence, protected by its lock, or held for a queued copy.
+    /// Held by a live sequence, protected by its lock, held for a queued copy (or locked because
+    /// a queued copy's source was cached), or held by the caller (`allocate_pages`).
     num_pages_in_use: usize,
     /// Cached and evictable (only the tree holds them, nothing protects them).
     num_pages_cached: usize,
@@ -61,8 +62,19 @@ impl CacheStats {
         }
     }
 
-    /// Fraction of usable pages not free (in use, cached or pinned).
+    /// Fraction of usable pages in use (held or protected for live sequences, queued copies or the
+    /// caller): what a scheduler admits against. Cached and pinned pages are not counted, as
+    /// vLLM's `kv_cache_usage_perc` does not count cached blocks: they are given back on demand.
     pub fn usage(&self) -> f64 {
+        if self.num_pages_total == 0 {
+            0.0
+        } else {
+            self.num_pages_in_use as f64 / self.num_pages_total as f64
+        }
+    }
+
+    /// Fraction of usable pages not free (in use, cached or pinned): how full the pool looks.
+    pub fn occupancy(&self) -> f64 {
         if self.num_pages_total == 0 {
             0.0
         } else {

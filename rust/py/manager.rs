@@ -687,10 +687,16 @@ impl CacheStats {
         self.hit_rate()
     }
 
-    /// Fraction of usable pages not free (in use, cached or pinned).
+    /// Fraction of usable pages in use (what a scheduler admits against; cached pages excluded).
     #[getter(usage)]
     fn py_usage(&self) -> f64 {
         self.usage()
+    }
+
+    /// Fraction of usable pages not free (in use, cached or pinned).
+    #[getter(occupancy)]
+    fn py_occupancy(&self) -> f64 {
+        self.occupancy()
     }
 
     /// The fields as a dict, in declaration order.

@@ -153,3 +153,13 @@ def test_a_cancelled_copy_makes_its_cached_source_evictable_again() -> None:
 
 def test_prefix_match_is_exported() -> None:
     assert kvcore.PrefixMatch is PrefixMatch
+
+
+def test_usage_counts_pages_in_use_and_occupancy_everything_not_free() -> None:
+    m = KVCacheManager(11, PS)  # 10 usable pages
+    cached(m, 1, list(range(16)))  # 4 cached pages, nothing in use
+    s = m.stats()
+    assert s.usage == 0.0 and s.occupancy == pytest.approx(0.4)
+    m.add_sequence(2, list(range(100, 108)))  # 2 pages in use (and cached)
+    s = m.stats()
+    assert s.usage == pytest.approx(0.2) and s.occupancy == pytest.approx(0.6)
