@@ -6,12 +6,14 @@
 //! - [`radix`]: the page-granular, ref-counted radix tree for prefix sharing, with namespaces (F3, F4).
 //! - [`eviction`]: the eviction index over evictable leaves (LRU, LFU, priority + LRU) (F5).
 //! - [`manager`]: the scheduler-facing KV-cache manager: sequences, page tables, copy-on-write.
+//! - [`keys`]: page keys, the 128-bit identity of a full page's K/V (SHA-256, chained).
 //! - [`error`]: the one error type every fallible call returns.
 #![deny(unsafe_op_in_unsafe_fn)]
 
 pub mod allocator;
 pub mod error;
 pub mod eviction;
+pub mod keys;
 pub mod manager;
 pub mod radix;
 pub(crate) mod sync;

@@ -12,7 +12,7 @@ Reference: ``docs/api.md`` (every call, its contract and its failures) and ``doc
 
 from __future__ import annotations
 
-from kvcore._kvcore import KVCacheManager, PageAllocator, __version__
+from kvcore._kvcore import KVCacheManager, PageAllocator, __version__, page_keys
 from kvcore.exceptions import (
     ConfigError,
     DoubleFreeError,
@@ -47,4 +47,5 @@ __all__ = [
     "TraceFormatError",
     "UnknownSequenceError",
     "__version__",
+    "page_keys",
 ]

@@ -8,7 +8,7 @@ import numpy.typing as npt
 
 from kvcore.manager import PageTable, PrefixMatch
 
-__all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__"]
+__all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__", "page_keys"]
 
 __version__: str
 
@@ -112,6 +112,7 @@ class KVCacheManager:
         *,
         pin_budget_pages: int | None = None,
         clock: Callable[[], float] | None = None,
+        fingerprint: bytes | bytearray | None = None,
     ) -> KVCacheManager: ...
     def add_sequence(
         self,
@@ -129,6 +130,10 @@ class KVCacheManager:
         """
     def reserve(self, seq_id: int, num_tokens: int) -> bool:
         """Slots for the next ``num_tokens`` prompt tokens; False (nothing changed) if no room."""
+    def page_keys(self, seq_id: int) -> npt.NDArray[np.uint8]:
+        """``[num_full_pages, 16]`` page keys of the sequence's full pages (see docs/api.md)."""
+    def root_key(self) -> bytes:
+        """The cache's root page key (16 bytes), from its fingerprint."""
     def num_reserved(self, seq_id: int) -> int:
         """Tokens of the sequence with a slot reserved."""
     def append(self, seq_id: int, new_tokens: _Tokens, num_lookahead: int = 0) -> bool:
@@ -195,3 +200,11 @@ class KVCacheManager:
     def page_size(self) -> int: ...
     def __contains__(self, key: int, /) -> bool: ...
     def __len__(self) -> int: ...
+
+def page_keys(
+    tokens: _Tokens,
+    page_size: int,
+    fingerprint: bytes | bytearray | None = None,
+    namespace: str | None = None,
+) -> npt.NDArray[np.uint8]:
+    """``[len(tokens) // page_size, 16]`` page keys, as a cache with this fingerprint computes them."""

@@ -43,6 +43,7 @@ use parking_lot::Mutex;
 use crate::allocator::PageAllocator;
 use crate::error::{KvError, KvResult};
 use crate::eviction::EvictionPolicy;
+use crate::keys::{page_keys, root_key, PageKey};
 use crate::radix::{Namespace, NodeId, RadixTree, DEFAULT_NAMESPACE};
 use crate::PageId;
 
@@ -77,6 +78,9 @@ pub struct ManagerConfig {
     pub policy: EvictionPolicy,
     /// Most pages TTL pins may cover (None: unlimited).
     pub pin_budget_pages: Option<usize>,
+    /// What makes two caches' K/V interchangeable (model id, KV dtype, page size, layout,
+    /// version): the seed of every page key (see [`crate::keys`]).
+    pub fingerprint: Vec<u8>,
 }
 
 /// One live sequence.
@@ -155,6 +159,8 @@ struct State {
 pub struct KVCacheManager {
     alloc: PageAllocator,
     page_size: usize,
+    /// The root page key, from the configuration's fingerprint.
+    root_key: PageKey,
     state: Mutex<State>,
 }
 
@@ -187,6 +193,7 @@ impl KVCacheManager {
         Ok(Self {
             alloc,
             page_size: config.page_size,
+            root_key: root_key(&config.fingerprint),
             state: Mutex::new(State {
                 tree,
                 seqs: HashMap::new(),
@@ -525,6 +532,27 @@ impl KVCacheManager {
         Ok(true)
     }
 
+    /// The page keys of `seq_id`'s full computable pages (see [`crate::keys`]), in its namespace,
+    /// chained from this cache's root key. O(tokens); SHA-256.
+    pub fn page_keys(&self, seq_id: SeqId) -> KvResult<Vec<PageKey>> {
+        let guard = self.state.lock();
+        let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let ns = guard.key_namespace(seq.ns).ok_or_else(|| {
+            internal(KvError::Internal(format!(
+                "sequence {seq_id}'s namespace has no name"
+            )))
+        })?;
+        let mut keys = Vec::new();
+        let tokens = &seq.tokens[..seq.computable() / self.page_size * self.page_size];
+        page_keys(&self.root_key, ns, tokens, self.page_size, &mut keys);
+        Ok(keys)
+    }
+
+    /// The root page key of this cache (the parent of every first page).
+    pub fn root_key(&self) -> PageKey {
+        self.root_key
+    }
+
     /// Tokens of `seq_id` with a slot reserved (`seq_len` once its prompt is fully reserved).
     pub fn num_reserved(&self, seq_id: SeqId) -> KvResult<usize> {
         Ok(self
@@ -808,6 +836,7 @@ mod tests {
             page_size,
             policy: EvictionPolicy::Lru,
             pin_budget_pages: None,
+            fingerprint: Vec::new(),
         })
         .unwrap()
     }

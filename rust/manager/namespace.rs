@@ -5,6 +5,7 @@
 //! a new one; a refused call or a lookup under an unknown name interns nothing.
 
 use super::{State, PUBLIC_NAMESPACE_NAME};
+use crate::keys::KeyNamespace;
 use crate::radix::{Namespace, DEFAULT_NAMESPACE, PUBLIC_NAMESPACE};
 
 /// Stands for a namespace name never used to cache anything: it owns no node.
@@ -55,6 +56,19 @@ impl State {
             None => Some(DEFAULT_NAMESPACE),
             Some(PUBLIC_NAMESPACE_NAME) => Some(PUBLIC_NAMESPACE),
             Some(name) => self.namespaces.get(name).copied(),
+        }
+    }
+
+    /// How page keys name `ns`: the default, the public one, or an interned name (`None` for an
+    /// id with no name, which a live sequence never has).
+    pub(super) fn key_namespace(&self, ns: Namespace) -> Option<KeyNamespace<'_>> {
+        match ns {
+            DEFAULT_NAMESPACE => Some(KeyNamespace::Default),
+            PUBLIC_NAMESPACE => Some(KeyNamespace::Public),
+            ns => self
+                .namespace_names
+                .get(&ns)
+                .map(|name| KeyNamespace::Named(name)),
         }
     }
 }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple};
+use pyo3::types::{
+    PyBool, PyByteArray, PyBytes, PyFloat, PyInt, PyList, PyRange, PyString, PyTuple,
+};
 
 use crate::error::KvError;
 use crate::PageId;
@@ -355,6 +357,17 @@ pub(crate) fn str_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<String> {
         ))
         .into()
     })
+}
+
+/// A bytes argument (`bytes` or `bytearray`, copied); anything else raises `InvalidDTypeError`.
+pub(crate) fn bytes_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<u8>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.as_bytes().to_vec());
+    }
+    if let Ok(b) = obj.cast::<PyByteArray>() {
+        return Ok(b.to_vec());
+    }
+    Err(KvError::InvalidDType(format!("{name} must be bytes, got {}", type_name(obj))).into())
 }
 
 /// An optional namespace: `None` (the default namespace) or a str.

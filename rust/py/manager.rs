@@ -9,11 +9,11 @@ use std::time::Instant;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PySlice, PyTuple};
 
 use super::convert::{
-    bool_arg, count_arg, counts_arg, float_arg, int_arg, int_value, namespace_arg, page_arg,
-    page_ids, seq_ids_arg, str_arg, tokens, Arg,
+    bool_arg, bytes_arg, count_arg, counts_arg, float_arg, int_arg, int_value, namespace_arg,
+    page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
@@ -112,8 +112,8 @@ fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
 impl PyKVCacheManager {
     #[new]
     #[pyo3(
-        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None),
-        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None)"
+        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None),
+        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None)"
     )]
     fn new(
         py: Python<'_>,
@@ -122,6 +122,7 @@ impl PyKVCacheManager {
         eviction: Arg<'_>,
         pin_budget_pages: Option<&Bound<'_, PyAny>>,
         clock: Option<Py<PyAny>>,
+        fingerprint: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let eviction = eviction.or("lru".into(), |e| str_arg(e, "eviction"))?;
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
@@ -139,6 +140,10 @@ impl PyKVCacheManager {
             pin_budget_pages: match pin_budget_pages {
                 Some(b) if !b.is_none() => Some(count_arg(b, "pin_budget_pages")?),
                 _ => None,
+            },
+            fingerprint: match fingerprint {
+                Some(f) if !f.is_none() => bytes_arg(f, "fingerprint")?,
+                _ => Vec::new(),
             },
         };
         let clock = clock.filter(|c| !c.bind(py).is_none());
@@ -210,6 +215,23 @@ impl PyKVCacheManager {
         let n = count_arg(num_tokens, "num_tokens")?;
         let now = self.now(py)?;
         Ok(self.run(py, n >= LONG_TOKENS, |m| m.reserve(id, n, now))?)
+    }
+
+    /// `[num_full_pages, 16]` uint8: the page keys of the sequence's full pages (chained SHA-256
+    /// over the cache fingerprint, its namespace and each page's tokens; see docs/api.md).
+    fn page_keys<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray2<u8>>> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let keys = self.run(py, false, |m| m.page_keys(id))?;
+        keys_array(py, &keys)
+    }
+
+    /// The cache's root page key (16 bytes): the parent of every first page.
+    fn root_key<'py>(&self, py: Python<'py>) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, &self.inner.root_key())
     }
 
     /// Tokens of `seq_id` with a slot reserved.
@@ -716,4 +738,52 @@ impl CacheStats {
             .collect();
         format!("CacheStats({})", fields.join(", "))
     }
+}
+
+/// Page keys as a `[n, 16]` uint8 array.
+pub(crate) fn keys_array<'py>(
+    py: Python<'py>,
+    keys: &[crate::keys::PageKey],
+) -> PyResult<Bound<'py, PyArray2<u8>>> {
+    let flat: Vec<u8> = keys.iter().flatten().copied().collect();
+    PyArray1::from_vec(py, flat).reshape([keys.len(), 16])
+}
+
+/// `page_keys(tokens, page_size, fingerprint=None, namespace=None)`: the page keys of the full
+/// pages of `tokens` as a cache with this fingerprint computes them (for routers and other
+/// implementations; see docs/api.md for the format and test vectors).
+#[pyfunction]
+#[pyo3(name = "page_keys", signature = (tokens, page_size, fingerprint = None, namespace = None))]
+pub(crate) fn py_page_keys<'py>(
+    py: Python<'py>,
+    tokens: &Bound<'py, PyAny>,
+    page_size: &Bound<'py, PyAny>,
+    fingerprint: Option<&Bound<'py, PyAny>>,
+    namespace: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyArray2<u8>>> {
+    use crate::keys::{page_keys, root_key, KeyNamespace};
+    let ids = self::tokens(tokens)?;
+    let page_size = count_arg(page_size, "page_size")?;
+    if page_size == 0 {
+        return Err(KvError::InvalidArgument("page_size must be at least 1".into()).into());
+    }
+    let fingerprint = match fingerprint {
+        Some(f) if !f.is_none() => bytes_arg(f, "fingerprint")?,
+        _ => Vec::new(),
+    };
+    let namespace = namespace_arg(namespace)?;
+    let ns = match namespace.as_deref() {
+        None => KeyNamespace::Default,
+        Some(crate::manager::PUBLIC_NAMESPACE_NAME) => KeyNamespace::Public,
+        Some(name) => KeyNamespace::Named(name),
+    };
+    let mut keys = Vec::new();
+    page_keys(
+        &root_key(&fingerprint),
+        ns,
+        ids.as_slice(),
+        page_size,
+        &mut keys,
+    );
+    keys_array(py, &keys)
 }

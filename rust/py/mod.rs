@@ -19,5 +19,6 @@ fn _kvcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::manager::CacheStats>()?;
     m.add_class::<allocator::PyPageAllocator>()?;
     m.add_class::<manager::PyKVCacheManager>()?;
+    m.add_function(wrap_pyfunction!(manager::py_page_keys, m)?)?;
     Ok(())
 }
