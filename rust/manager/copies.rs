@@ -58,7 +58,11 @@ impl KVCacheManager {
     /// held until the pair is taken or cancelled, so it is never freed and reused meanwhile; hence
     /// sources are never destinations, and destinations (fresh pages, each held by its sequence
     /// until its pair ends) are distinct.
-    pub(super) fn queue_copy(&self, st: &mut State, src: PageId, dst: PageId) -> KvResult<()> {
+    ///
+    /// Returns the source the copy reads (`src`, or the original source of a chain). A source
+    /// that is a cached page must stay locked until the copy is taken (`State::copy_locks`): the
+    /// caller, which knows its node, records that lock.
+    pub(super) fn queue_copy(&self, st: &mut State, src: PageId, dst: PageId) -> KvResult<PageId> {
         let src = st
             .pending_copies
             .iter()
@@ -66,7 +70,7 @@ impl KVCacheManager {
             .map_or(src, |&(s, _)| s);
         self.alloc.retain_serialized(&[src]).map_err(internal)?;
         st.pending_copies.push((src, dst));
-        Ok(())
+        Ok(src)
     }
 }
 

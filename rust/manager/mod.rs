@@ -348,7 +348,8 @@ impl KVCacheManager {
                 pages,
                 num_inserted_pages: hit.num_pages,
                 auto_cache: cache_prompt,
-                num_committed: 0,
+                // The matched prefix is computed already (cached K/V).
+                num_committed: hit.num_pages * ps,
                 node: hit.node,
                 lock_pages: hit.num_pages,
             },
@@ -423,24 +424,35 @@ impl KVCacheManager {
         seq.pages.extend_from_slice(&fresh[..grow]);
         seq.tokens.extend_from_slice(tokens);
         seq.slots = slots;
-        // A truncate left the sequence locking the cached page it wrote into: now that the
-        // sequence has its own copy, lock only its cached pages again.
+        // A truncate left the sequence locking the cached page it writes into now: the sequence
+        // gets its own copy and locks only its cached pages again, while the old lock passes to
+        // the queued copy (the cached page it reads must not be evicted before the copy is taken).
         let relock =
             seq.lock_pages > seq.num_inserted_pages && cow.contains(&seq.num_inserted_pages);
+        let mut released_lock = None;
         if relock {
             let node = st
                 .tree
                 .cut_path(seq.node, seq.num_inserted_pages)
                 .map_err(internal)?;
             st.tree.lock(node).map_err(internal)?;
-            st.tree.unlock(seq.node).map_err(internal)?;
-            seq.node = node;
+            released_lock = Some(std::mem::replace(&mut seq.node, node));
             seq.lock_pages = seq.num_inserted_pages;
         }
         let auto_cache = seq.auto_cache;
-        for &(old, copy) in &copies {
-            self.queue_copy(st, old, copy)?;
+        let cached_at = if relock {
+            cow.iter().position(|&i| i == seq.num_inserted_pages)
+        } else {
+            None
+        };
+        for (k, &(old, copy)) in copies.iter().enumerate() {
+            let src = self.queue_copy(st, old, copy)?;
             st.stats.num_cow_copies += 1;
+            if Some(k) == cached_at {
+                if let Some(node) = released_lock.take() {
+                    st.copy_locks.push((node, src));
+                }
+            }
         }
         for &(old, _) in &copies {
             self.release(st, &[old])?;

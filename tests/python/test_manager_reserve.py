@@ -162,3 +162,29 @@ def test_truncate_mistakes_change_nothing() -> None:
         with pytest.raises(error):
             call()
         assert state(m) == before
+
+
+def test_a_cached_page_copied_after_a_truncate_stays_locked_until_the_copy_is_taken() -> None:
+    """Found by the Rust model (tests/rust/manager.rs): the cached page a truncated sequence copies
+    is read by the queued copy, so it must not count as evictable (evicting it frees nothing)."""
+    m = KVCacheManager(13, 2)  # 12 usable pages of 2 tokens
+    m.add_sequence(1, [0, 2, 0, 0])  # two cached pages
+    cached = int(m.seq_pages(1)[0])
+    m.truncate(1, 1)
+    assert m.append(1, [0, 0], num_lookahead=2)  # copies the cached page first
+    s = m.stats()
+    free_before = s.num_pages_free
+    evicted = m.evict(100)
+    assert m.stats().num_pages_free == free_before + evicted  # every evicted page came back
+    assert cached in m.cached_pages().tolist()  # the copy's source is still cached
+    assert m.take_pending_copies().tolist() == [[cached, int(m.seq_pages(1)[0])]]
+    assert m.evict(100) == 1 and m.ref_count(cached) == 0
+
+
+def test_the_cached_prefix_of_a_chunked_prefill_counts_as_computed() -> None:
+    m = KVCacheManager(16, 1)
+    pages = m.allocate_pages(1)
+    assert pages is not None and m.insert([2], pages, namespace="*") == 1
+    assert m.add_sequence(1, [2, 0], cache_prompt=False) == 1  # token 2 comes from the cache
+    m.truncate(1, 1)  # what is left is all cached: computed
+    m.fork(1, 2)
