@@ -6,6 +6,7 @@ from typing import TypeAlias, final
 import numpy as np
 import numpy.typing as npt
 
+from kvcore.events import KVEvent
 from kvcore.manager import PageTable, PrefixMatch
 
 __all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__", "page_keys"]
@@ -113,6 +114,7 @@ class KVCacheManager:
         pin_budget_pages: int | None = None,
         clock: Callable[[], float] | None = None,
         fingerprint: bytes | bytearray | None = None,
+        events: bool = False,
     ) -> KVCacheManager: ...
     def add_sequence(
         self,
@@ -132,6 +134,8 @@ class KVCacheManager:
         """Slots for the next ``num_tokens`` prompt tokens; False (nothing changed) if no room."""
     def page_keys(self, seq_id: int) -> npt.NDArray[np.uint8]:
         """``[num_full_pages, 16]`` page keys of the sequence's full pages (see docs/api.md)."""
+    def take_events(self) -> list[KVEvent]:
+        """KV events since the last call, in order (empty unless built with ``events=True``)."""
     def root_key(self) -> bytes:
         """The cache's root page key (16 bytes), from its fingerprint."""
     def num_reserved(self, seq_id: int) -> int:

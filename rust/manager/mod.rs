@@ -43,16 +43,18 @@ use parking_lot::Mutex;
 use crate::allocator::PageAllocator;
 use crate::error::{KvError, KvResult};
 use crate::eviction::EvictionPolicy;
-use crate::keys::{page_keys, root_key, PageKey};
+use crate::keys::{root_key, PageKey};
 use crate::radix::{Namespace, NodeId, RadixTree, DEFAULT_NAMESPACE};
 use crate::PageId;
 
 mod copies;
+mod events;
 mod namespace;
 mod page_table;
 mod prefix;
 mod stats;
 
+pub use events::{KvEvent, MEDIUM_HBM};
 use namespace::UNSEEN_NAMESPACE;
 pub use page_table::PageTable;
 pub use prefix::PrefixMatch;
@@ -81,6 +83,8 @@ pub struct ManagerConfig {
     /// What makes two caches' K/V interchangeable (model id, KV dtype, page size, layout,
     /// version): the seed of every page key (see [`crate::keys`]).
     pub fingerprint: Vec<u8>,
+    /// Record KV events for routers ([`KVCacheManager::take_events`]).
+    pub events: bool,
 }
 
 /// One live sequence.
@@ -152,6 +156,8 @@ struct State {
     evicted: Vec<PageId>,
     /// Scratch for namespaces emptied by an eviction.
     emptied: Vec<Namespace>,
+    /// The KV event log, when events are on.
+    events: Option<events::Events>,
 }
 
 /// The KV-cache manager. Every method takes `&self`; see the module docs for concurrency.
@@ -210,6 +216,7 @@ impl KVCacheManager {
                 copy_locks: Vec::new(),
                 evicted: Vec::new(),
                 emptied: Vec::new(),
+                events: config.events.then(events::Events::default),
             }),
         })
     }
@@ -318,8 +325,17 @@ impl KVCacheManager {
         let slots = slots_for(hit.num_pages);
         let num_pages = slots.div_ceil(ps);
         st.tree.lock(hit.node).map_err(internal)?;
+        // The namespace counts the sequence as live before the allocation, whose evictions could
+        // otherwise drop the namespace's last node and forget its name under this admission.
+        // `known` is None only for a name not interned yet.
+        let ns = match known {
+            Some(ns) => ns,
+            None => namespace.map_or(DEFAULT_NAMESPACE, |name| st.intern(name)),
+        };
+        st.add_live(ns);
         if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
             st.tree.unlock(hit.node).map_err(internal)?;
+            st.remove_live(ns); // a name interned for this admission is forgotten again
             st.stats.num_refused += 1;
             return Ok(None);
         }
@@ -329,12 +345,6 @@ impl KVCacheManager {
             .map_err(internal)?;
         st.stats.prefix_query_tokens += prompt.len() as u64;
         st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
-        // `known` is None only for a name not interned yet.
-        let ns = match known {
-            Some(ns) => ns,
-            None => namespace.map_or(DEFAULT_NAMESPACE, |name| st.intern(name)),
-        };
-        st.add_live(ns);
         let full_pages = slots.min(len) / ps;
         // The sequence starts with the matched prefix cached and its node locked (the lock taken
         // above becomes the sequence's); its own full pages join the tree like appended ones.
@@ -448,11 +458,17 @@ impl KVCacheManager {
         for (k, &(old, copy)) in copies.iter().enumerate() {
             let src = self.queue_copy(st, old, copy)?;
             st.stats.num_cow_copies += 1;
-            if Some(k) == cached_at {
+            if Some(k) == cached_at && src == old {
+                // The copy reads the cached page itself: its node stays locked for the copy. (A
+                // copy resolved to an earlier source reads that one instead, which is protected
+                // on its own; the cached page is then an ordinary one, unlocked below.)
                 if let Some(node) = released_lock.take() {
                     st.copy_locks.push((node, src));
                 }
             }
+        }
+        if let Some(node) = released_lock {
+            st.tree.unlock(node).map_err(internal)?;
         }
         for &(old, _) in &copies {
             self.release(st, &[old])?;
@@ -549,14 +565,24 @@ impl KVCacheManager {
     pub fn page_keys(&self, seq_id: SeqId) -> KvResult<Vec<PageKey>> {
         let guard = self.state.lock();
         let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        let ns = guard.key_namespace(seq.ns).ok_or_else(|| {
+        let missing = || {
             internal(KvError::Internal(format!(
                 "sequence {seq_id}'s namespace has no name"
             )))
-        })?;
-        let mut keys = Vec::new();
-        let tokens = &seq.tokens[..seq.computable() / self.page_size * self.page_size];
-        page_keys(&self.root_key, ns, tokens, self.page_size, &mut keys);
+        };
+        let ps = self.page_size;
+        let full = seq.computable() / ps;
+        // Its cached pages are keyed in the namespace of the tree node holding them (a public
+        // prefix under "*"), as the events report them; the others in its own namespace.
+        let mut path = Vec::new();
+        guard.tree.path_pages(seq.node, seq.lock_pages, &mut path);
+        let mut keys = Vec::with_capacity(full);
+        let mut prev = self.root_key;
+        for (i, page) in seq.tokens[..full * ps].chunks_exact(ps).enumerate() {
+            let ns = path.get(i).map_or(seq.ns, |&(_, ns)| ns);
+            prev = crate::keys::page_key(&prev, guard.key_namespace(ns).ok_or_else(missing)?, page);
+            keys.push(prev);
+        }
         Ok(keys)
     }
 
@@ -645,6 +671,12 @@ impl KVCacheManager {
         seq.node = ins.node;
         seq.num_inserted_pages = full;
         seq.lock_pages = full;
+        if st.events.is_some() && ins.num_adopted_pages > 0 {
+            let seq = &st.seqs[&seq_id];
+            let tokens = seq.tokens[(full - ins.num_adopted_pages) * ps..full * ps].to_vec();
+            let ns = seq.ns;
+            self.record_stored(st, ins.node, ins.num_adopted_pages, &tokens, ns)?;
+        }
         Ok(())
     }
 
@@ -821,6 +853,7 @@ impl KVCacheManager {
         evicted.clear();
         let n = st.tree.evict(num_pages, now, &mut evicted);
         let released = self.release(st, &evicted);
+        self.record_removed(st, &evicted);
         st.evicted = evicted;
         released?;
         st.stats.num_evicted_pages += n as u64;
@@ -849,6 +882,7 @@ mod tests {
             policy: EvictionPolicy::Lru,
             pin_budget_pages: None,
             fingerprint: Vec::new(),
+            events: false,
         })
         .unwrap()
     }

@@ -133,6 +133,8 @@ impl KVCacheManager {
                 return Err(err);
             }
         };
+        let adopted_tokens = &tokens[(pages.len() - ins.num_adopted_pages) * self.page_size..];
+        self.record_stored(st, ins.node, ins.num_adopted_pages, adopted_tokens, ns)?;
         // The caller's references on the adopted pages become the tree's.
         for p in &pages[ins.adopted()] {
             if let Some(n) = st.caller_held.get_mut(p) {
@@ -154,7 +156,9 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         st.tree.clear_pins();
-        self.evict_locked(st, usize::MAX, now)
+        let dropped = self.evict_locked(st, usize::MAX, now)?;
+        self.record_cleared(st);
+        Ok(dropped)
     }
 
     /// Pages the caller holds (from [`allocate_pages`](Self::allocate_pages)), with their counts.

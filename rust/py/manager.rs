@@ -17,10 +17,13 @@ use super::convert::{
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
-use crate::manager::{CacheStats, KVCacheManager, ManagerConfig, SeqId};
+use crate::manager::{CacheStats, KVCacheManager, KvEvent, ManagerConfig, SeqId, MEDIUM_HBM};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_MATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static PAGE_STORED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static PAGE_REMOVED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static ALL_CLEARED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static METRICS_TEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn python_attr<'py>(
@@ -112,9 +115,10 @@ fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
 impl PyKVCacheManager {
     #[new]
     #[pyo3(
-        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None),
-        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None)"
+        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None),
+        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         num_pages: &Bound<'_, PyAny>,
@@ -123,6 +127,7 @@ impl PyKVCacheManager {
         pin_budget_pages: Option<&Bound<'_, PyAny>>,
         clock: Option<Py<PyAny>>,
         fingerprint: Option<&Bound<'_, PyAny>>,
+        events: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let eviction = eviction.or("lru".into(), |e| str_arg(e, "eviction"))?;
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
@@ -144,6 +149,10 @@ impl PyKVCacheManager {
             fingerprint: match fingerprint {
                 Some(f) if !f.is_none() => bytes_arg(f, "fingerprint")?,
                 _ => Vec::new(),
+            },
+            events: match events {
+                Some(e) => bool_arg(e, "events")?,
+                None => false,
             },
         };
         let clock = clock.filter(|c| !c.bind(py).is_none());
@@ -227,6 +236,44 @@ impl PyKVCacheManager {
         let id = self::seq_id(seq_id, "seq_id")?;
         let keys = self.run(py, false, |m| m.page_keys(id))?;
         keys_array(py, &keys)
+    }
+
+    /// The KV events since the last call, in order (`PageStored`, `PageRemoved`, `AllCleared` of
+    /// `kvcore.events`); empty when the manager was built without `events=True`.
+    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+        let log = self.run(py, false, |m| m.take_events());
+        let key_list = |keys: &[crate::keys::PageKey]| -> Vec<Bound<'py, PyBytes>> {
+            keys.iter().map(|k| PyBytes::new(py, k)).collect()
+        };
+        let page_array = |pages: &[crate::PageId]| {
+            PyArray1::from_vec(py, pages.iter().map(|&p| p as i32).collect::<Vec<i32>>())
+        };
+        log.into_iter()
+            .map(|event| match event {
+                KvEvent::Stored {
+                    keys,
+                    parent,
+                    namespace,
+                    pages,
+                } => python_attr(py, &PAGE_STORED, "kvcore.events", "PageStored")?.call1((
+                    key_list(&keys),
+                    parent.map(|k| PyBytes::new(py, &k)),
+                    namespace,
+                    MEDIUM_HBM,
+                    page_array(&pages),
+                )),
+                KvEvent::Removed { keys, pages } => {
+                    python_attr(py, &PAGE_REMOVED, "kvcore.events", "PageRemoved")?.call1((
+                        key_list(&keys),
+                        MEDIUM_HBM,
+                        page_array(&pages),
+                    ))
+                }
+                KvEvent::AllCleared => {
+                    python_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared")?.call0()
+                }
+            })
+            .collect()
     }
 
     /// The cache's root page key (16 bytes): the parent of every first page.

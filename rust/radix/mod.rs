@@ -964,6 +964,24 @@ impl RadixTree {
         Some(total)
     }
 
+    /// The last `last` pages of the path from the root to the end of `node` (fewer if the path is
+    /// shorter), in root-to-`node` order, each with the namespace of the node holding it.
+    pub fn path_pages(&self, node: NodeId, last: usize, out: &mut Vec<(PageId, Namespace)>) {
+        let start = out.len();
+        let mut id = node;
+        while id != ROOT && out.len() - start < last {
+            let n = &self.nodes[id as usize];
+            for &p in n.pages.iter().rev() {
+                if out.len() - start == last {
+                    break;
+                }
+                out.push((p, n.ns));
+            }
+            id = n.parent;
+        }
+        out[start..].reverse();
+    }
+
     /// The node on `node`'s root path that ends exactly `pages` pages from the root ([`ROOT`] for
     /// 0), splitting the node the cut falls inside (the new node inherits its locks and pins, as
     /// any split). For moving a truncated sequence's lock up its path.

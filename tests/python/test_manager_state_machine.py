@@ -29,6 +29,7 @@ from kvcore import (
     KVCacheManager,
     UnknownSequenceError,
 )
+from kvcore.events import AllCleared, PageRemoved, PageStored
 
 NAMESPACES = [None, "a", "b", kvcore.PUBLIC_NAMESPACE]
 token_lists = st.lists(st.integers(0, 2), min_size=1, max_size=14)
@@ -66,7 +67,8 @@ class ManagerMachine(RuleBasedStateMachine):
     )
     def setup(self, num_pages: int, page_size: int, eviction: str) -> None:
         self.clock = Clock()
-        self.m = KVCacheManager(num_pages, page_size, eviction, clock=self.clock)
+        self.m = KVCacheManager(num_pages, page_size, eviction, clock=self.clock, events=True)
+        self.router: dict[bytes, int] = {}  # a KV-aware router's index, built from the events alone
         self.ps = page_size
         self.num_pages = num_pages
         self.seqs: dict[int, ModelSeq] = {}
@@ -555,6 +557,31 @@ class ManagerMachine(RuleBasedStateMachine):
             assert slots.dtype == np.int64
             expected = pages.astype(np.int64).repeat(self.ps)[:n] * self.ps + np.arange(n) % self.ps
             assert slots.tolist() == expected.tolist()
+
+    @invariant()
+    def events_index_exactly_the_cached_pages(self) -> None:
+        if not hasattr(self, "m"):
+            return
+        for e in self.m.take_events():
+            if isinstance(e, PageStored):
+                assert e.medium == "hbm" and len(e.keys) == len(e.pages)
+                assert e.parent_key is None or e.parent_key in self.router, "orphan stored page"
+                for k, p in zip(e.keys, e.pages.tolist(), strict=True):
+                    assert k not in self.router
+                    self.router[k] = p
+            elif isinstance(e, PageRemoved):
+                for k, p in zip(e.keys, e.pages.tolist(), strict=True):
+                    assert self.router.pop(k) == p
+            else:
+                assert isinstance(e, AllCleared)
+                self.router.clear()
+        assert sorted(self.router.values()) == sorted(self.m.cached_pages().tolist())
+        cached = set(self.m.cached_pages().tolist())
+        for sid in self.seqs:
+            pages = self.m.seq_pages(sid).tolist()
+            for key, page in zip(self.m.page_keys(sid).tolist(), pages, strict=False):
+                if page in cached:
+                    assert self.router.get(bytes(key)) == page, "a cached page the router cannot find"
 
     @invariant()
     def ref_counts_equal_owners(self) -> None:

@@ -7,7 +7,8 @@
 use std::collections::{HashMap, HashSet};
 
 use kvcore::eviction::EvictionPolicy;
-use kvcore::manager::{KVCacheManager, ManagerConfig, SeqId};
+use kvcore::keys::PageKey;
+use kvcore::manager::{KVCacheManager, KvEvent, ManagerConfig, SeqId};
 use kvcore::PageId;
 use proptest::prelude::*;
 
@@ -144,6 +145,67 @@ fn check(m: &KVCacheManager, seqs: &HashMap<SeqId, Model>, copies: &[(PageId, Pa
     assert_eq!(s.num_sequences, seqs.len());
 }
 
+/// Replay the events into `index`; it must hold exactly the cached pages, and every live sequence's
+/// cached full pages under the keys `page_keys` gives them.
+fn route(
+    m: &KVCacheManager,
+    index: &mut HashMap<PageKey, PageId>,
+    seqs: &HashMap<SeqId, Model>,
+    ps: usize,
+) {
+    for event in m.take_events() {
+        match event {
+            KvEvent::Stored {
+                keys,
+                parent,
+                pages,
+                ..
+            } => {
+                assert_eq!(keys.len(), pages.len());
+                if let Some(parent) = parent {
+                    assert!(
+                        index.contains_key(&parent),
+                        "a stored page's parent is not indexed"
+                    );
+                }
+                for (k, p) in keys.into_iter().zip(pages) {
+                    assert!(index.insert(k, p).is_none(), "a key stored twice");
+                }
+            }
+            KvEvent::Removed { keys, pages } => {
+                assert_eq!(keys.len(), pages.len());
+                for (k, p) in keys.into_iter().zip(pages) {
+                    assert_eq!(index.remove(&k), Some(p), "a removed key was not indexed");
+                }
+            }
+            KvEvent::AllCleared => index.clear(),
+        }
+    }
+    let mut indexed: Vec<PageId> = index.values().copied().collect();
+    indexed.sort_unstable();
+    let mut cached = m.cached_pages();
+    cached.sort_unstable();
+    assert_eq!(
+        indexed, cached,
+        "the router's index disagrees with the tree"
+    );
+    let tree: HashSet<PageId> = cached.into_iter().collect();
+    for &id in seqs.keys() {
+        let keys = m.page_keys(id).unwrap();
+        let pages = m.seq_pages(id).unwrap();
+        for (i, key) in keys.iter().enumerate().take(pages.len()) {
+            if tree.contains(&pages[i]) {
+                assert_eq!(
+                    index.get(key),
+                    Some(&pages[i]),
+                    "sequence {id} page {i}: key not routed"
+                );
+            }
+        }
+        let _ = ps;
+    }
+}
+
 fn pick(seqs: &HashMap<SeqId, Model>, i: usize) -> Option<SeqId> {
     let mut ids: Vec<SeqId> = seqs.keys().copied().collect();
     ids.sort_unstable();
@@ -157,11 +219,14 @@ fn run(ops: Vec<Op>, num_pages: usize, ps: usize) {
         policy: EvictionPolicy::Lru,
         pin_budget_pages: None,
         fingerprint: Vec::new(),
+        events: true,
     })
     .unwrap();
     let mut seqs: HashMap<SeqId, Model> = HashMap::new();
     let mut next: SeqId = 0;
     let mut taken: Vec<(PageId, PageId)> = Vec::new();
+    // A router's index, built from the events alone.
+    let mut index: HashMap<PageKey, PageId> = HashMap::new();
     for op in ops {
         let ids: Vec<SeqId> = {
             let mut v: Vec<SeqId> = seqs.keys().copied().collect();
@@ -305,6 +370,7 @@ fn run(ops: Vec<Op>, num_pages: usize, ps: usize) {
             }
         }
         check(&m, &seqs, &taken, ps);
+        route(&m, &mut index, &seqs, ps);
     }
     // Everything comes back once every sequence is freed and the copies are taken.
     for id in seqs.keys().copied().collect::<Vec<_>>() {

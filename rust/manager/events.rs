@@ -1,0 +1,167 @@
+//! KV events for routers (vLLM's `BlockStored` / `BlockRemoved` / `AllBlocksCleared`): what entered
+//! and what left the cache, in order, with the page keys of [`crate::keys`], so that a KV-aware
+//! router (llm-d, Dynamo) can index kvcore instances. Off by default; when off the only cost is
+//! one branch where pages enter or leave the tree.
+//!
+//! A cached page's key chains over the path that holds it: each page is hashed in the namespace
+//! of the tree node it sits in (a public prefix under `"*"`, a tenant's pages under its name), from
+//! the key of the page before it on the path (the cache's root key for the first page).
+
+use std::collections::HashMap;
+
+use super::{internal, KVCacheManager, State};
+use crate::error::KvResult;
+use crate::keys::{page_key, KeyNamespace, PageKey};
+use crate::radix::{Namespace, NodeId};
+use crate::PageId;
+
+/// The medium the pages of this manager live in.
+pub const MEDIUM_HBM: &str = "hbm";
+
+/// One change of the cache's content.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KvEvent {
+    /// Pages entered the cache: `keys[i]` is `pages[i]`'s key; `parent` the key of the page before
+    /// the first one (`None`: they start at the root); `namespace` their namespace (`None` the
+    /// default one, `"*"` the public one).
+    Stored {
+        keys: Vec<PageKey>,
+        parent: Option<PageKey>,
+        namespace: Option<String>,
+        pages: Vec<PageId>,
+    },
+    /// Pages left the cache (evicted, or dropped by a reset).
+    Removed {
+        keys: Vec<PageKey>,
+        pages: Vec<PageId>,
+    },
+    /// Nothing is cached any more (a reset that left no page).
+    AllCleared,
+}
+
+/// The event log and the key of every cached page (only while events are on).
+#[derive(Debug, Default)]
+pub(super) struct Events {
+    log: Vec<KvEvent>,
+    key_of: HashMap<PageId, PageKey>,
+}
+
+impl KVCacheManager {
+    /// The events since the last call, in order (empty when events are off).
+    pub fn take_events(&self) -> Vec<KvEvent> {
+        let mut guard = self.state.lock();
+        guard
+            .events
+            .as_mut()
+            .map(|e| std::mem::take(&mut e.log))
+            .unwrap_or_default()
+    }
+
+    /// Whether this manager records events.
+    pub fn events_enabled(&self) -> bool {
+        self.state.lock().events.is_some()
+    }
+
+    /// Record that the last `adopted` pages of the path ending at `node` entered the tree, holding
+    /// `tokens` (`adopted * page_size` of them) in namespace `ns`.
+    pub(super) fn record_stored(
+        &self,
+        st: &mut State,
+        node: NodeId,
+        adopted: usize,
+        tokens: &[u32],
+        ns: Namespace,
+    ) -> KvResult<()> {
+        if adopted == 0 || st.events.is_none() {
+            return Ok(());
+        }
+        let mut path = Vec::with_capacity(adopted + 1);
+        st.tree.path_pages(node, adopted + 1, &mut path);
+        let new = &path[path.len() - adopted..];
+        let events = st
+            .events
+            .as_ref()
+            .ok_or_else(|| internal_missing("events"))?;
+        let parent = if path.len() > adopted {
+            Some(
+                *events
+                    .key_of
+                    .get(&path[0].0)
+                    .ok_or_else(|| internal_missing("the parent page's key"))?,
+            )
+        } else {
+            None
+        };
+        let name = st.namespace_label(ns);
+        let key_ns = st
+            .key_namespace(ns)
+            .ok_or_else(|| internal_missing("the namespace's name"))?;
+        let mut keys = Vec::with_capacity(adopted);
+        let mut prev = parent.unwrap_or(self.root_key);
+        for (i, page_tokens) in tokens.chunks_exact(self.page_size).enumerate() {
+            debug_assert_eq!(new[i].1, ns);
+            prev = page_key(&prev, key_ns, page_tokens);
+            keys.push(prev);
+        }
+        let pages: Vec<PageId> = new.iter().map(|&(p, _)| p).collect();
+        let events = st
+            .events
+            .as_mut()
+            .ok_or_else(|| internal_missing("events"))?;
+        for (&p, &k) in pages.iter().zip(&keys) {
+            events.key_of.insert(p, k);
+        }
+        events.log.push(KvEvent::Stored {
+            keys,
+            parent,
+            namespace: name,
+            pages,
+        });
+        Ok(())
+    }
+
+    /// Record that `pages` left the tree.
+    pub(super) fn record_removed(&self, st: &mut State, pages: &[PageId]) {
+        let Some(events) = st.events.as_mut() else {
+            return;
+        };
+        if pages.is_empty() {
+            return;
+        }
+        let keys = pages
+            .iter()
+            .filter_map(|p| events.key_of.remove(p))
+            .collect();
+        events.log.push(KvEvent::Removed {
+            keys,
+            pages: pages.to_vec(),
+        });
+    }
+
+    /// Record a reset that left nothing cached.
+    pub(super) fn record_cleared(&self, st: &mut State) {
+        if let Some(events) = st.events.as_mut() {
+            if st.tree.num_cached_pages() == 0 {
+                events.key_of.clear();
+                events.log.push(KvEvent::AllCleared);
+            }
+        }
+    }
+}
+
+fn internal_missing(what: &str) -> crate::error::KvError {
+    internal(crate::error::KvError::Internal(format!(
+        "events: {what} is missing"
+    )))
+}
+
+impl State {
+    /// How events name `ns`: `None` for the default namespace, `"*"` for the public one.
+    pub(super) fn namespace_label(&self, ns: Namespace) -> Option<String> {
+        match self.key_namespace(ns)? {
+            KeyNamespace::Default => None,
+            KeyNamespace::Public => Some(super::PUBLIC_NAMESPACE_NAME.to_owned()),
+            KeyNamespace::Named(name) => Some(name.to_owned()),
+        }
+    }
+}
