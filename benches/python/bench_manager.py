@@ -14,6 +14,7 @@ import itertools
 from typing import Any
 
 import numpy as np
+import pytest
 
 from kvcore import KVCacheManager, PageTable
 
@@ -115,3 +116,49 @@ def test_bench_evict_1000(benchmark: Any) -> None:
         assert m.evict(1_000) == 1_000
 
     benchmark.pedantic(evict, setup=setup, rounds=30)
+
+
+def test_bench_match_prefix_2048_with_1920_cached(benchmark: Any) -> None:
+    """match_prefix (no side effects) of the admission above: the pages of the cached prefix."""
+    m = KVCacheManager(20_001, PS)
+    prefix = np.arange(1_920, dtype=np.int32)
+    m.add_sequence(-1, prefix)
+    m.free_sequence(-1)
+    prompt = np.concatenate([prefix, np.arange(10**6, 10**6 + 128, dtype=np.int32)])
+    found = benchmark(m.match_prefix, prompt)
+    assert found.num_tokens == 1_920
+
+
+def test_bench_allocate_insert_free_8_pages(benchmark: Any) -> None:
+    """Pages loaded from elsewhere: allocate_pages(8), insert them (all adopted), evict them again."""
+    m = KVCacheManager(20_001, PS)
+    rounds = itertools.count()
+
+    def load() -> None:
+        base = 10**6 + next(rounds) * 128
+        pages = m.allocate_pages(8)
+        assert pages is not None
+        assert m.insert(np.arange(base, base + 128, dtype=np.int32), pages) == 8
+        m.evict(8)
+
+    benchmark(load)
+
+
+@pytest.mark.parametrize("events", [False, True])
+def test_bench_add_then_free_with_events(benchmark: Any, events: bool) -> None:
+    """The admission + release above with KV events off and on (on: keys hashed for the 8 pages
+    stored, then taken each round): the A/B that shows events off cost nothing."""
+    m = KVCacheManager(20_001, PS, events=events)
+    prefix = np.arange(1_920, dtype=np.int32)
+    m.add_sequence(-1, prefix)
+    m.free_sequence(-1)
+    rounds = itertools.count()
+
+    def admit_free() -> None:
+        base = 10**6 + next(rounds) * 128
+        m.add_sequence(1, np.concatenate([prefix, np.arange(base, base + 128, dtype=np.int32)]))
+        m.free_sequence(1)
+        m.evict(8)
+        m.take_events()
+
+    benchmark(admit_free)
