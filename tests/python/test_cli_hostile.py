@@ -340,3 +340,13 @@ def test_output_length_1e9_allocates_nothing_near_it(mode: str, tmp_path: Path) 
         assert (lru["num_served"], lru["num_refused_too_large"]) == (0, 1)
     else:  # sequential replays prompts only
         assert (lru["num_served"], lru["prompt_tokens"]) == (1, 10)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+def test_subprocess_capacity_beyond_memory_is_one_line(tmp_path: Path) -> None:
+    # The real core, no patching: 2e9 pages need 24 GiB of counts and links; under a 2 GiB address
+    # space the core's fallible allocation raises OutOfMemoryError (it used to abort with SIGABRT).
+    argv = ["replay", "--requests", "10", "--capacity-pages", "2000000000", "--no-plot"]
+    proc = run_kvcore([*argv, "--out", str(tmp_path)], tmp_path, limit_bytes=2 << 30)
+    assert proc.returncode == 2, proc.stderr
+    one_line(proc.stderr, "out of memory", "cannot allocate")
