@@ -406,7 +406,19 @@ impl KVCacheManager {
         let ps = self.page_size;
         let old_len = seq.tokens.len();
         let new_len = old_len + tokens.len();
-        let slots = seq.slots.max(new_len + num_lookahead);
+        // Checked before anything is sized by it: a count no pool could hold is a mistake, not a
+        // lack of room.
+        let usable = self.alloc.num_pages() - 1;
+        let slots = match new_len.checked_add(num_lookahead) {
+            Some(end) if end.div_ceil(ps) <= usable => seq.slots.max(end),
+            _ => {
+                return Err(KvError::InvalidArgument(format!(
+                    "sequence {seq_id}: {} tokens and num_lookahead {num_lookahead} need more than \
+                     the {usable} usable pages of the pool",
+                    tokens.len()
+                )))
+            }
+        };
         let grow = slots.div_ceil(ps) - seq.pages.len();
         // Existing pages this step writes, from the one holding slot `old_len`; shared ones (a
         // queued copy's hold on its source does not count: the copy reads the page before this
