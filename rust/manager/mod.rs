@@ -406,17 +406,14 @@ impl KVCacheManager {
         let ps = self.page_size;
         let old_len = seq.tokens.len();
         let new_len = old_len + tokens.len();
-        // Checked before anything is sized by it: a count no pool could hold is a mistake, not a
-        // lack of room.
+        // Refused before anything is sized by the caller's counts: more slots than the whole pool
+        // holds can never be had (`false`, as for any lack of room).
         let usable = self.alloc.num_pages() - 1;
         let slots = match new_len.checked_add(num_lookahead) {
             Some(end) if end.div_ceil(ps) <= usable => seq.slots.max(end),
             _ => {
-                return Err(KvError::InvalidArgument(format!(
-                    "sequence {seq_id}: {} tokens and num_lookahead {num_lookahead} need more than \
-                     the {usable} usable pages of the pool",
-                    tokens.len()
-                )))
+                st.stats.num_refused += 1;
+                return Ok(false);
             }
         };
         let grow = slots.div_ceil(ps) - seq.pages.len();
