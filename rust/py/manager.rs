@@ -47,6 +47,14 @@ const LONG_TOKENS: usize = 8192;
 const LONG_PAGES: usize = 1024;
 const LONG_BATCH: usize = 64;
 
+/// The arguments of a prefix lookup: the token ids (copied) and the namespace.
+fn lookup_args(
+    tokens: &Bound<'_, PyAny>,
+    namespace: Option<&Bound<'_, PyAny>>,
+) -> PyResult<(super::convert::Ids, Option<String>)> {
+    Ok((self::tokens(tokens)?, namespace_arg(namespace)?))
+}
+
 fn seq_id(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<SeqId> {
     int_value(obj, name)
 }
@@ -542,8 +550,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let ids = self::tokens(tokens)?;
-        let namespace = namespace_arg(namespace)?;
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
         Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
             m.unpin(ids.as_slice(), namespace.as_deref())
         }))
@@ -557,8 +564,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let ids = self::tokens(tokens)?;
-        let namespace = namespace_arg(namespace)?;
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
         Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
             m.peek_prefix_len(ids.as_slice(), namespace.as_deref())
         }))
@@ -573,8 +579,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'py, PyAny>,
         namespace: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let ids = self::tokens(tokens)?;
-        let namespace = namespace_arg(namespace)?;
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
         let found = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
             m.match_prefix(ids.as_slice(), namespace.as_deref())
         });

@@ -376,3 +376,18 @@ def other_thread_steps_during(call: Callable[[], object]) -> int:
         stop.set()
         spinner.join()
         sys.setswitchinterval(old)
+
+
+def llama_like(**overrides: object) -> dict[str, object]:
+    """A Llama-3.1-8B-shaped config (32 layers, 32 heads, 8 KV heads, hidden 4096 -> head_dim 128)."""
+    config: dict[str, object] = {
+        "model_type": "llama",
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "hidden_size": 4096,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "bfloat16",
+    }
+    config.update(overrides)
+    return {k: v for k, v in config.items() if v is not None}

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from kv_helpers import llama_like
 
 import kvcore.cli
 import kvcore.demo
@@ -23,15 +24,7 @@ import kvcore.replay.engine
 from kvcore.exceptions import KVCoreError, TraceFormatError
 from kvcore.replay import ReplayConfig, read_trace, run_replay
 
-LLAMA = {
-    "model_type": "llama",
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
+LLAMA = llama_like()
 ROW = {"timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [1, 2]}
 
 

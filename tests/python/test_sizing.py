@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from kv_helpers import llama_like
 
 from kvcore.exceptions import ConfigError, KVCoreError
 from kvcore.sizing import (
@@ -39,21 +40,6 @@ from kvcore.sizing import (
 
 GiB = 1024**3
 KiB = 1024
-
-
-def llama_like(**overrides: object) -> dict[str, object]:
-    """A Llama-3.1-8B-shaped config (32 layers, 32 heads, 8 KV heads, hidden 4096 -> head_dim 128)."""
-    config: dict[str, object] = {
-        "model_type": "llama",
-        "num_hidden_layers": 32,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "hidden_size": 4096,
-        "max_position_embeddings": 131072,
-        "torch_dtype": "bfloat16",
-    }
-    config.update(overrides)
-    return {k: v for k, v in config.items() if v is not None}
 
 
 # ---- the seed's figures (004: "Le cache KV expliqué") ----------------------------------------------

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kv_helpers import llama_like
 
 import kvcore.sizing as sizing
 from kvcore.exceptions import ConfigError
@@ -31,15 +32,7 @@ from kvcore.sizing import (
     size,
 )
 
-LLAMA: dict[str, Any] = {
-    "model_type": "llama",
-    "num_hidden_layers": 32,
-    "num_attention_heads": 32,
-    "num_key_value_heads": 8,
-    "hidden_size": 4096,
-    "max_position_embeddings": 131072,
-    "torch_dtype": "bfloat16",
-}
+LLAMA = llama_like()
 
 # Valid keyword arguments of every public function of kvcore.sizing: each argument is replaced in turn
 # by a wrong one, the others staying valid.
