@@ -36,7 +36,7 @@
 //! fit even after evicting everything evictable but its own matched prefix is refused before its
 //! lookup touches anything (recency, hit counts and priorities included).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use parking_lot::Mutex;
 
@@ -148,7 +148,7 @@ struct State {
     pending_copies: Vec<(PageId, PageId)>,
     /// References held by the caller on pages it took with `allocate_pages` (to load K/V into
     /// and `insert`), per page.
-    caller_held: HashMap<PageId, u32>,
+    caller_held: HashSet<PageId>,
     /// `(node, source)`: tree nodes locked because the source page of a queued copy, on their
     /// path, was cached (released when that source's copies are taken or cancelled).
     copy_locks: Vec<(NodeId, PageId)>,
@@ -212,7 +212,7 @@ impl KVCacheManager {
                     ..CacheStats::default()
                 },
                 pending_copies: Vec::new(),
-                caller_held: HashMap::new(),
+                caller_held: HashSet::new(),
                 copy_locks: Vec::new(),
                 evicted: Vec::new(),
                 emptied: Vec::new(),
@@ -327,11 +327,7 @@ impl KVCacheManager {
         st.tree.lock(hit.node).map_err(internal)?;
         // The namespace counts the sequence as live before the allocation, whose evictions could
         // otherwise drop the namespace's last node and forget its name under this admission.
-        // `known` is None only for a name not interned yet.
-        let ns = match known {
-            Some(ns) => ns,
-            None => namespace.map_or(DEFAULT_NAMESPACE, |name| st.intern(name)),
-        };
+        let ns = st.resolve_namespace(known, namespace);
         st.add_live(ns);
         if !self.allocate(st, num_pages - hit.num_pages, now, &mut pages) {
             st.tree.unlock(hit.node).map_err(internal)?;

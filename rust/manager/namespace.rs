@@ -50,6 +50,20 @@ impl State {
         }
     }
 
+    /// The id of a namespace name, interning it if it is new (`known`: its
+    /// [`known_namespace`](Self::known_namespace), looked up earlier under the same lock).
+    pub(super) fn resolve_namespace(
+        &mut self,
+        known: Option<Namespace>,
+        name: Option<&str>,
+    ) -> Namespace {
+        match (known, name) {
+            (Some(ns), _) => ns,
+            (None, Some(name)) => self.intern(name),
+            (None, None) => DEFAULT_NAMESPACE,
+        }
+    }
+
     /// The id of a namespace name, without interning a new one.
     pub(super) fn known_namespace(&self, name: Option<&str>) -> Option<Namespace> {
         match name {

@@ -9,7 +9,7 @@
 //! page's reference passes to the tree, so no cached page has a holder the tree does not know of:
 //! what it counts as evictable is exactly what eviction returns to the pool.
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
 use super::{KVCacheManager, State, UNSEEN_NAMESPACE};
 use crate::error::{KvError, KvResult};
@@ -58,26 +58,19 @@ impl KVCacheManager {
             st.stats.num_refused += 1;
             return Ok(None);
         }
-        for &p in &pages {
-            *st.caller_held.entry(p).or_default() += 1;
-        }
+        st.caller_held.extend(pages.iter().copied());
         Ok(Some(pages))
     }
 
     /// Drop the caller's reference on each listed page (from
     /// [`allocate_pages`](Self::allocate_pages)); a page the tree adopted stays cached. All or
-    /// nothing: `InvalidPage` if a page is listed more times than the caller holds it.
+    /// nothing: `InvalidPage` for a page the caller does not hold, or lists twice.
     pub fn free_pages(&self, pages: &[PageId]) -> KvResult<()> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         check_caller_held(st, pages, "free_pages")?;
-        for &p in pages {
-            if let Some(n) = st.caller_held.get_mut(&p) {
-                *n -= 1;
-                if *n == 0 {
-                    st.caller_held.remove(&p);
-                }
-            }
+        for p in pages {
+            st.caller_held.remove(p);
         }
         self.release(st, pages)
     }
@@ -108,23 +101,11 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         check_caller_held(st, pages, "insert")?;
-        if let Some((i, &p)) = pages
-            .iter()
-            .enumerate()
-            .find(|&(i, p)| pages[..i].contains(p))
-        {
-            return Err(KvError::InvalidPage(format!(
-                "insert: page {p} (position {i}) is listed twice"
-            )));
-        }
         if pages.is_empty() {
             return Ok(0);
         }
         let known = st.known_namespace(namespace);
-        let ns = match known {
-            Some(ns) => ns,
-            None => namespace.map_or(super::DEFAULT_NAMESPACE, |name| st.intern(name)),
-        };
+        let ns = st.resolve_namespace(known, namespace);
         let inserted = st.tree.insert(ns, tokens, pages, 0, now);
         let ins = match inserted {
             Ok(ins) => ins,
@@ -137,12 +118,7 @@ impl KVCacheManager {
         self.record_stored(st, ins.node, ins.num_adopted_pages, adopted_tokens, ns)?;
         // The caller's references on the adopted pages become the tree's.
         for p in &pages[ins.adopted()] {
-            if let Some(n) = st.caller_held.get_mut(p) {
-                *n -= 1;
-                if *n == 0 {
-                    st.caller_held.remove(p);
-                }
-            }
+            st.caller_held.remove(p);
         }
         st.forget_if_unused(ns);
         Ok(ins.num_adopted_pages)
@@ -161,25 +137,31 @@ impl KVCacheManager {
         Ok(dropped)
     }
 
-    /// Pages the caller holds (from [`allocate_pages`](Self::allocate_pages)), with their counts.
-    pub fn caller_held_pages(&self) -> HashMap<PageId, u32> {
-        self.state.lock().caller_held.clone()
+    /// Pages the caller holds (from [`allocate_pages`](Self::allocate_pages)), one reference
+    /// each (a page is allocated once until freed).
+    pub fn caller_held_pages(&self) -> Vec<PageId> {
+        let mut pages: Vec<PageId> = self.state.lock().caller_held.iter().copied().collect();
+        pages.sort_unstable();
+        pages
     }
 }
 
-/// Every listed page must be held by the caller at least as many times as it is listed.
+/// Every listed page must be held by the caller, and listed once: the caller holds one reference
+/// per page (a page is allocated once until freed).
 fn check_caller_held(st: &State, pages: &[PageId], op: &str) -> KvResult<()> {
-    let mut listed: HashMap<PageId, u32> = HashMap::new();
+    let mut seen = HashSet::with_capacity(pages.len());
     for (i, &p) in pages.iter().enumerate() {
-        let n = listed.entry(p).or_default();
-        *n += 1;
-        if *n > st.caller_held.get(&p).copied().unwrap_or(0) {
-            return Err(KvError::InvalidPage(format!(
-                "{op}: page {} (position {i}) is not held by the caller (pages come from \
-                 allocate_pages, once per reference)",
-                p as i32
-            )));
-        }
+        let why = if !st.caller_held.contains(&p) {
+            "is not held by the caller (pages come from allocate_pages)"
+        } else if !seen.insert(p) {
+            "is listed twice"
+        } else {
+            continue;
+        };
+        return Err(KvError::InvalidPage(format!(
+            "{op}: page {} (position {i}) {why}",
+            p as i32
+        )));
     }
     Ok(())
 }

@@ -637,7 +637,8 @@ impl PyKVCacheManager {
 
     /// `{page: references}` the caller holds from `allocate_pages` (for checks and debugging).
     fn caller_held_pages(&self, py: Python<'_>) -> std::collections::HashMap<u32, u32> {
-        self.run(py, true, |m| m.caller_held_pages())
+        let pages = self.run(py, true, |m| m.caller_held_pages());
+        pages.into_iter().map(|p| (p, 1)).collect()
     }
 
     /// `[n, 2]` int32 `(src_page, dst_page)` copies queued by copy-on-write since the last call:

@@ -413,15 +413,10 @@ impl RadixTree {
         let start = out.len();
         out.resize(start + found.total, NULL_PAGE);
         let mut end = out.len();
-        let mut matched_here = found.in_node;
-        let mut id = found.node;
-        while id != ROOT {
-            let n = &self.nodes[id as usize];
-            out[end - matched_here..end].copy_from_slice(&n.pages[..matched_here]);
-            end -= matched_here;
-            id = n.parent;
-            matched_here = self.nodes[id as usize].pages.len();
-        }
+        self.each_matched(found, |n, matched| {
+            out[end - matched..end].copy_from_slice(&n.pages[..matched]);
+            end -= matched;
+        });
         debug_assert_eq!(end, start);
         found.total
     }
@@ -432,17 +427,25 @@ impl RadixTree {
     pub fn peek_prefix(&self, ns: Namespace, tokens: &[u32]) -> (usize, usize) {
         let found = self.find(ns, tokens);
         let mut evictable = 0;
-        let mut matched_here = found.in_node; // the match may end inside its last node
+        self.each_matched(found, |n, matched| {
+            if n.class() == Class::Evictable {
+                evictable += matched;
+            }
+        });
+        (found.total, evictable)
+    }
+
+    /// Calls `f(node, matched pages of it)` on each node of a match, from its last node up to the
+    /// root's child (the match may end inside its last node; it covers the others whole).
+    fn each_matched(&self, found: Found, mut f: impl FnMut(&Node, usize)) {
+        let mut matched = found.in_node;
         let mut id = found.node;
         while id != ROOT {
             let n = &self.nodes[id as usize];
-            if n.class() == Class::Evictable {
-                evictable += matched_here;
-            }
+            f(n, matched);
             id = n.parent;
-            matched_here = self.nodes[id as usize].pages.len();
+            matched = self.nodes[id as usize].pages.len();
         }
-        (found.total, evictable)
     }
 
     // ---------------------------------------------------------------------------------------

@@ -125,8 +125,8 @@ fn check(m: &KVCacheManager, seqs: &HashMap<SeqId, Model>, copies: &[(PageId, Pa
     }
     // Pending copies not taken yet (this model takes them only on TakeCopies) hold their sources.
     let _ = copies;
-    for (p, held) in m.caller_held_pages() {
-        *owners.entry(p).or_default() += held;
+    for p in m.caller_held_pages() {
+        *owners.entry(p).or_default() += 1;
     }
     let mut free = 0;
     for p in 1..m.num_pages() as PageId {
