@@ -212,3 +212,13 @@ def page_keys(
     namespace: str | None = None,
 ) -> npt.NDArray[np.uint8]:
     """``[len(tokens) // page_size, 16]`` page keys, as a cache with this fingerprint computes them."""
+
+def payload_checksum(data: npt.NDArray[np.uint8]) -> bytes:
+    """XXH3-128 of a contiguous 1-D uint8 array: 16 bytes, little-endian (integrity, not identity).
+
+    Lower tiers store it beside each value and check it on every load: a flipped byte, a torn or
+    truncated write reads as a miss, never as K/V. Runs at memory speed (about 24 GB/s here).
+
+    Raises:
+        InvalidArgumentError: ``data`` is not a contiguous 1-D uint8 NumPy array, or is being written.
+    """

@@ -20,5 +20,6 @@ fn _kvcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<allocator::PyPageAllocator>()?;
     m.add_class::<manager::PyKVCacheManager>()?;
     m.add_function(wrap_pyfunction!(manager::py_page_keys, m)?)?;
+    m.add_function(wrap_pyfunction!(manager::py_payload_checksum, m)?)?;
     Ok(())
 }
