@@ -99,6 +99,14 @@ pub fn page_keys(
     }
 }
 
+/// The 128-bit integrity checksum of a lower-tier value's payload: XXH3-128, little-endian.
+///
+/// For *integrity* (a torn write, a flipped byte, a truncated file), not identity: identity is the
+/// page key above. XXH3 runs at memory speed, so checking a page costs less than reading it.
+pub fn payload_checksum(data: &[u8]) -> [u8; 16] {
+    xxhash_rust::xxh3::xxh3_128(data).to_le_bytes()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -147,12 +155,4 @@ mod tests {
         assert_eq!(hex(&keys[0]), "06b911dbf1cab835645347fc2796860e");
         assert_eq!(hex(&keys[1]), "9063070537fb1c559cbaa96bc2cea95d");
     }
-}
-
-/// The 128-bit integrity checksum of a lower-tier value's payload: XXH3-128, little-endian.
-///
-/// For *integrity* (a torn write, a flipped byte, a truncated file), not identity: identity is the
-/// page key above. XXH3 runs at memory speed, so checking a page costs less than reading it.
-pub fn payload_checksum(data: &[u8]) -> [u8; 16] {
-    xxhash_rust::xxh3::xxh3_128(data).to_le_bytes()
 }

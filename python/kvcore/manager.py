@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from kvcore._kvcore import CacheStats
 
-__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable", "PrefixMatch"]
+__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable", "PrefixMatch", "TransferBatch"]
 
 #: The namespace visible from every namespace: prefixes added or pinned under it are shared by all
 #: tenants (system prompts, tool definitions).
@@ -42,3 +42,39 @@ class PrefixMatch(NamedTuple):
 
     num_tokens: int
     pages: npt.NDArray[np.int32]
+
+
+class TransferBatch(NamedTuple):
+    """Transfers between HBM and the lower tiers, from :meth:`KVCacheManager.take_transfers`.
+
+    **Stores** copy HBM page ``store_pages[i]`` into slot ``store_slots[i]`` of tier
+    ``tier_names[store_tiers[i]]``, under page key ``store_keys[i]`` (its parent's key, tokens and
+    namespace beside it, for self-describing values). Rows of one store op share its id in
+    ``store_ops`` and succeed or fail together. **Loads** copy slot ``load_slots[i]`` of tier
+    ``tier_names[load_tiers[i]]`` into HBM page ``load_pages[i]``; the slot must hold key
+    ``load_keys[i]`` (else the load fails). Each load is its own op. Report every op with
+    :meth:`KVCacheManager.complete_transfers` (``kvcore.tiers.Mover`` does both).
+    """
+
+    store_ops: npt.NDArray[np.int64]  # [n]
+    store_tiers: npt.NDArray[np.int32]  # [n]
+    store_pages: npt.NDArray[np.int32]  # [n]
+    store_slots: npt.NDArray[np.int32]  # [n]
+    store_keys: npt.NDArray[np.uint8]  # [n, 16]
+    store_parent_keys: npt.NDArray[np.uint8]  # [n, 16]
+    store_tokens: npt.NDArray[np.uint32]  # [n, page_size]
+    store_namespaces: list[str | None]  # [n]; None: the default namespace, "*": the public one
+    load_ops: npt.NDArray[np.int64]  # [m]
+    load_tiers: npt.NDArray[np.int32]  # [m]
+    load_slots: npt.NDArray[np.int32]  # [m]
+    load_pages: npt.NDArray[np.int32]  # [m]
+    load_keys: npt.NDArray[np.uint8]  # [m, 16]
+    tier_names: tuple[str, ...]
+
+    @property
+    def num_ops(self) -> int:
+        """Distinct ops in the batch (stores and loads)."""
+        return len(np.unique(self.store_ops)) + len(self.load_ops)
+
+    def __bool__(self) -> bool:
+        return bool(len(self.store_ops) or len(self.load_ops))

@@ -53,12 +53,16 @@ mod namespace;
 mod page_table;
 mod prefix;
 mod stats;
+mod tiers;
 
 pub use events::{KvEvent, MEDIUM_HBM};
 use namespace::UNSEEN_NAMESPACE;
 pub use page_table::PageTable;
 pub use prefix::PrefixMatch;
 pub use stats::CacheStats;
+pub use tiers::{
+    LoadRow, RestoredPage, StorePolicy, StoreRow, TierConfig, TierStats, TransferBatch, ValueModel,
+};
 
 /// Largest page size: `kv_last_page_len` is int32, and no engine uses pages of more tokens.
 pub const MAX_PAGE_SIZE: usize = 1 << 20;
@@ -85,6 +89,10 @@ pub struct ManagerConfig {
     pub fingerprint: Vec<u8>,
     /// Record KV events for routers ([`KVCacheManager::take_events`]).
     pub events: bool,
+    /// Lower tiers under HBM, fastest first (see [`tiers`](self#lower-tiers)).
+    pub lower_tiers: Vec<TierConfig>,
+    /// Which pages are stored to the lower tiers.
+    pub store_policy: StorePolicy,
 }
 
 /// One live sequence.
@@ -112,6 +120,12 @@ struct Sequence {
     /// `truncate` into a cached page (which the sequence still holds and must keep locked until
     /// its next write copies it).
     lock_pages: usize,
+    /// Loads from lower tiers in flight for this admission (`None`: ready).
+    loading: Option<tiers::Loading>,
+    /// Prefix hit tokens per medium: `[HBM, tier 0, ...]`.
+    hit: Vec<usize>,
+    /// Page keys of the leading full pages, computed when a lower tier needs them.
+    keys: Vec<PageKey>,
 }
 
 impl Sequence {
@@ -158,6 +172,11 @@ struct State {
     emptied: Vec<Namespace>,
     /// The KV event log, when events are on.
     events: Option<events::Events>,
+    /// Lower tiers, fastest first.
+    tiers: Vec<tiers::Tier>,
+    store_policy: StorePolicy,
+    /// Transfers queued and in flight.
+    transfers: tiers::Transfers,
 }
 
 /// The KV-cache manager. Every method takes `&self`; see the module docs for concurrency.
@@ -191,6 +210,56 @@ impl KVCacheManager {
                 config.num_pages, config.page_size
             )));
         }
+        let mut names = HashSet::new();
+        for t in &config.lower_tiers {
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                return Err(KvError::InvalidArgument(format!(
+                    "lower tier names must be distinct and non-empty, got {:?}",
+                    t.name
+                )));
+            }
+            if t.num_slots == 0 || t.num_slots >= u32::MAX as usize {
+                return Err(KvError::InvalidArgument(format!(
+                    "lower tier {:?}: num_slots must be in 1..{}, got {}",
+                    t.name,
+                    u32::MAX,
+                    t.num_slots
+                )));
+            }
+            if !(t.bandwidth_gbps.is_finite() && t.bandwidth_gbps > 0.0) {
+                return Err(KvError::InvalidArgument(format!(
+                    "lower tier {:?}: bandwidth_gbps must be finite and > 0, got {}",
+                    t.name, t.bandwidth_gbps
+                )));
+            }
+        }
+        if config.lower_tiers.len() > 255 {
+            return Err(KvError::InvalidArgument("at most 255 lower tiers".into()));
+        }
+        if let StorePolicy::Value(m) = &config.store_policy {
+            let fields = [
+                m.page_bytes,
+                m.prefill_us_per_token,
+                m.attention_us_per_token_per_1k,
+                m.prior_hits,
+                m.prior_misses,
+                m.depth_scale_tokens,
+            ];
+            if fields.iter().any(|x| !x.is_finite() || *x < 0.0)
+                || m.prior_misses <= 0.0
+                || m.depth_scale_tokens <= 0.0
+            {
+                return Err(KvError::InvalidArgument(format!(
+                    "store policy 'value': every parameter must be finite and >= 0 (prior_misses and \
+                     depth_scale_tokens > 0), got {m:?}"
+                )));
+            }
+        }
+        let tiers = config
+            .lower_tiers
+            .iter()
+            .map(|t| tiers::Tier::new(t.clone(), config.page_size))
+            .collect::<KvResult<Vec<_>>>()?;
         let alloc = PageAllocator::new(config.num_pages)?;
         let mut tree = RadixTree::new(config.page_size, config.policy)?;
         if let Some(budget) = config.pin_budget_pages {
@@ -217,6 +286,9 @@ impl KVCacheManager {
                 evicted: Vec::new(),
                 emptied: Vec::new(),
                 events: config.events.then(events::Events::default),
+                tiers,
+                store_policy: config.store_policy,
+                transfers: tiers::Transfers::default(),
             }),
         })
     }
@@ -311,7 +383,13 @@ impl KVCacheManager {
             // they cannot make room for it.
             st.tree.expire_pins(now);
             let (hit_pages, hit_evictable) = st.tree.peek_prefix(lookup_ns, lookup);
-            let need = slots_for(hit_pages).div_ceil(ps) - hit_pages;
+            // Pages a lower tier holds after the HBM hit need fresh HBM pages to load into.
+            let loads = if st.tiers.is_empty() {
+                0
+            } else {
+                self.plan_loads(st, lookup_ns, lookup, hit_pages).len()
+            };
+            let need = slots_for(hit_pages + loads).div_ceil(ps) - hit_pages;
             let room = self.alloc.num_free() + st.tree.num_evictable_pages() - hit_evictable;
             if need > room {
                 st.stats.num_refused += 1;
@@ -322,7 +400,14 @@ impl KVCacheManager {
         let hit = st
             .tree
             .match_prefix(lookup_ns, lookup, priority, now, &mut pages);
-        let slots = slots_for(hit.num_pages);
+        // The pages after the HBM hit that lower tiers hold: loaded into fresh pages.
+        let plan = if st.tiers.is_empty() {
+            Vec::new()
+        } else {
+            self.plan_loads(st, lookup_ns, lookup, hit.num_pages)
+        };
+        let total_hit = hit.num_pages + plan.len();
+        let slots = slots_for(total_hit);
         let num_pages = slots.div_ceil(ps);
         st.tree.lock(hit.node).map_err(internal)?;
         // The namespace counts the sequence as live before the allocation, whose evictions could
@@ -342,6 +427,26 @@ impl KVCacheManager {
         st.stats.prefix_query_tokens += prompt.len() as u64;
         st.stats.prefix_hit_tokens += (hit.num_pages * ps) as u64;
         let full_pages = slots.min(len) / ps;
+        let loading = if plan.is_empty() {
+            None
+        } else {
+            Some(self.queue_loads(
+                st,
+                seq_id,
+                lookup_ns,
+                lookup,
+                hit.num_pages,
+                &plan,
+                &pages,
+                priority,
+                now,
+            )?)
+        };
+        let mut hit_tokens = vec![0; 1 + st.tiers.len()];
+        hit_tokens[0] = hit.num_pages * ps;
+        for &t in &plan {
+            hit_tokens[1 + t as usize] += ps;
+        }
         // The sequence starts with the matched prefix cached and its node locked (the lock taken
         // above becomes the sequence's); its own full pages join the tree like appended ones.
         st.seqs.insert(
@@ -358,12 +463,19 @@ impl KVCacheManager {
                 num_committed: hit.num_pages * ps,
                 node: hit.node,
                 lock_pages: hit.num_pages,
+                loading,
+                hit: hit_tokens,
+                keys: Vec::new(),
             },
         );
-        if cache_prompt {
+        if hit.num_pages > 0 {
+            self.offer_seq_stores(st, seq_id, hit.num_pages, tiers::Trigger::Hit, now)?;
+        }
+        // A sequence loading its prefix caches its pages once the loads complete.
+        if cache_prompt && plan.is_empty() {
             self.cache_full_pages(st, seq_id, full_pages, now)?;
         }
-        Ok(Some(hit.num_pages * ps))
+        Ok(Some(total_hit * ps))
     }
 
     /// Reserve slots for `tokens` generated by `seq_id`. Pages that become full are cached. A shared
@@ -387,7 +499,7 @@ impl KVCacheManager {
     ) -> KvResult<bool> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let seq = ready(&st.seqs, seq_id)?;
         if seq.slots < seq.tokens.len() {
             return Err(KvError::InvalidArgument(format!(
                 "sequence {seq_id} has {} of its {} prompt tokens reserved: reserve the rest \
@@ -492,7 +604,7 @@ impl KVCacheManager {
     pub fn truncate(&self, seq_id: SeqId, num_tokens: usize) -> KvResult<()> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let seq = ready_mut(&mut st.seqs, seq_id)?;
         if num_tokens == 0 || num_tokens > seq.tokens.len() {
             return Err(KvError::InvalidArgument(format!(
                 "sequence {seq_id} has {} tokens, cannot truncate to {num_tokens} (free it to drop \
@@ -528,6 +640,7 @@ impl KVCacheManager {
             seq.lock_pages = lock_pages;
         }
         seq.num_inserted_pages = seq.num_inserted_pages.min(full);
+        seq.keys.truncate(full);
         self.release(st, &released)
     }
 
@@ -538,7 +651,7 @@ impl KVCacheManager {
     pub fn reserve(&self, seq_id: SeqId, num_tokens: usize, now: u64) -> KvResult<bool> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let seq = ready(&st.seqs, seq_id)?;
         let left = seq.tokens.len().saturating_sub(seq.slots);
         if num_tokens > left {
             return Err(KvError::InvalidArgument(format!(
@@ -613,7 +726,7 @@ impl KVCacheManager {
     pub fn commit(&self, seq_id: SeqId, num_tokens: usize, now: u64) -> KvResult<usize> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let seq = ready(&st.seqs, seq_id)?;
         if num_tokens > seq.computable() {
             return Err(KvError::InvalidArgument(format!(
                 "sequence {seq_id} has {} tokens with {} slots reserved, cannot commit {num_tokens}",
@@ -676,13 +789,14 @@ impl KVCacheManager {
         seq.node = ins.node;
         seq.num_inserted_pages = full;
         seq.lock_pages = full;
+        let priority = seq.priority;
         if st.events.is_some() && ins.num_adopted_pages > 0 {
             let seq = &st.seqs[&seq_id];
             let tokens = seq.tokens[(full - ins.num_adopted_pages) * ps..full * ps].to_vec();
             let ns = seq.ns;
             self.record_stored(st, ins.node, ins.num_adopted_pages, &tokens, ns)?;
         }
-        Ok(())
+        self.offer_seq_stores(st, seq_id, full, tiers::Trigger::Cached(priority), now)
     }
 
     /// `child` shares every page of `parent` (parallel sampling, beam search). The next append
@@ -700,7 +814,7 @@ impl KVCacheManager {
                 "sequence {child} already exists"
             )));
         }
-        let seq = st.seqs.get(&parent).ok_or_else(|| unknown(parent))?;
+        let seq = ready(&st.seqs, parent)?;
         if !seq.fully_computed() {
             // A child would share (and its copies would read) slots never computed; and pages
             // cached later by one holder would be shared with a sibling that does not lock them.
@@ -724,6 +838,9 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let seq = st.seqs.remove(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if seq.loading.is_some() {
+            self.cancel_loads(st, seq_id)?;
+        }
         st.tree.unlock(seq.node).map_err(internal)?;
         self.release(st, &seq.pages)?;
         st.remove_live(seq.ns);
@@ -748,7 +865,30 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         // A name never interned owns no node: it can pin only public prefixes, and interns nothing.
         let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
-        guard.tree.pin(ns, tokens, ttl, now)
+        let pinned = guard.tree.pin(ns, tokens, ttl, now)?;
+        let st = &mut *guard;
+        if pinned > 0 && ns != UNSEEN_NAMESPACE && st.store_policy.may_store(tiers::Trigger::Pinned)
+        {
+            let ps = self.page_size;
+            let mut pages = Vec::with_capacity(pinned);
+            let hit = st
+                .tree
+                .match_prefix(ns, &tokens[..pinned * ps], 0, now, &mut pages);
+            let mut keys = Vec::with_capacity(pinned);
+            self.extend_keys(st, ns, tokens, hit.num_pages, &mut keys)?;
+            self.offer_stores(
+                st,
+                ns,
+                hit.node,
+                tokens,
+                &pages,
+                &keys,
+                hit.num_pages,
+                tiers::Trigger::Pinned,
+                now,
+            )?;
+        }
+        Ok(pinned)
     }
 
     /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
@@ -853,6 +993,42 @@ impl KVCacheManager {
         false
     }
 
+    /// Offer the first `n` full pages of `seq_id` (cached in the HBM tree) to the lower tiers.
+    fn offer_seq_stores(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        n: usize,
+        trigger: tiers::Trigger,
+        now: u64,
+    ) -> KvResult<()> {
+        if st.tiers.is_empty() || !st.store_policy.may_store(trigger) {
+            return Ok(());
+        }
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let (ns, node) = (seq.ns, seq.node);
+        let tokens = std::mem::take(&mut seq.tokens);
+        let pages = std::mem::take(&mut seq.pages);
+        let mut keys = std::mem::take(&mut seq.keys);
+        let node_pages = seq.lock_pages;
+        let result = self
+            .extend_keys(st, ns, &tokens, n, &mut keys)
+            .and_then(|()| {
+                // The sequence's node ends at `lock_pages`; the stores need the node ending at `n`.
+                let node = if node_pages == n {
+                    node
+                } else {
+                    st.tree.cut_path(node, n).map_err(internal)?
+                };
+                self.offer_stores(st, ns, node, &tokens, &pages, &keys, n, trigger, now)
+            });
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        seq.tokens = tokens;
+        seq.pages = pages;
+        seq.keys = keys;
+        result
+    }
+
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
         let mut evicted = std::mem::take(&mut st.evicted);
         evicted.clear();
@@ -876,6 +1052,31 @@ fn unknown(seq_id: SeqId) -> KvError {
     KvError::UnknownSequence(format!("no sequence {seq_id}"))
 }
 
+fn loading(seq_id: SeqId) -> KvError {
+    KvError::InvalidArgument(format!(
+        "sequence {seq_id} is loading its prefix from a lower tier: complete its transfers \
+         (is_ready) first"
+    ))
+}
+
+/// A live sequence whose prefix is in HBM (its table valid): `UnknownSequence` or
+/// `InvalidArgument` (loading) otherwise.
+fn ready(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<&Sequence> {
+    match seqs.get(&seq_id) {
+        None => Err(unknown(seq_id)),
+        Some(seq) if seq.loading.is_some() => Err(loading(seq_id)),
+        Some(seq) => Ok(seq),
+    }
+}
+
+fn ready_mut(seqs: &mut HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<&mut Sequence> {
+    match seqs.get_mut(&seq_id) {
+        None => Err(unknown(seq_id)),
+        Some(seq) if seq.loading.is_some() => Err(loading(seq_id)),
+        Some(seq) => Ok(seq),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -888,6 +1089,8 @@ mod tests {
             pin_budget_pages: None,
             fingerprint: Vec::new(),
             events: false,
+            lower_tiers: Vec::new(),
+            store_policy: Default::default(),
         })
         .unwrap()
     }

@@ -42,7 +42,13 @@ impl State {
     /// Forget `ns`'s name once it has no live sequence and no cached page (pins are on cached
     /// pages): a namespace that holds nothing costs nothing.
     pub(super) fn forget_if_unused(&mut self, ns: Namespace) {
-        if self.namespace_seqs.contains_key(&ns) || self.tree.num_namespace_nodes(ns) > 0 {
+        if self.namespace_seqs.contains_key(&ns)
+            || self.tree.num_namespace_nodes(ns) > 0
+            || self
+                .tiers
+                .iter()
+                .any(|t| t.tree.num_namespace_nodes(ns) > 0)
+        {
             return;
         }
         if let Some(name) = self.namespace_names.remove(&ns) {

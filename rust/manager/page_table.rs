@@ -1,7 +1,7 @@
 //! Page tables for the kernels: FlashInfer's CSR triple of a batch (whole sequences, or their first
 //! tokens for a prefill chunk), vLLM's dense block table, and slot mappings.
 
-use super::{unknown, KVCacheManager, SeqId, State};
+use super::{KVCacheManager, SeqId, State};
 use crate::error::{KvError, KvResult};
 use crate::NULL_PAGE;
 
@@ -139,7 +139,7 @@ impl KVCacheManager {
         }
         let mut total = 0usize;
         for (i, &id) in seq_ids.iter().enumerate() {
-            let len = st.seqs.get(&id).ok_or_else(|| unknown(id))?.slots;
+            let len = super::ready(&st.seqs, id)?.slots;
             if len == 0 {
                 return Err(KvError::InvalidArgument(format!(
                     "sequence {id} has no slot reserved yet (reserve some of its prompt first)"
@@ -199,7 +199,7 @@ impl KVCacheManager {
         start: Option<usize>,
     ) -> KvResult<Vec<i64>> {
         let guard = self.state.lock();
-        let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let seq = super::ready(&guard.seqs, seq_id)?;
         let len = seq.slots;
         let start = match start {
             None if num_tokens <= len => len - num_tokens,
@@ -227,7 +227,7 @@ impl KVCacheManager {
 fn max_pages(st: &State, seq_ids: &[SeqId]) -> KvResult<usize> {
     let mut width = 0;
     for &id in seq_ids {
-        width = width.max(st.seqs.get(&id).ok_or_else(|| unknown(id))?.pages.len());
+        width = width.max(super::ready(&st.seqs, id)?.pages.len());
     }
     Ok(width)
 }

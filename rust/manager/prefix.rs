@@ -133,6 +133,15 @@ impl KVCacheManager {
         let st = &mut *guard;
         st.tree.clear_pins();
         let dropped = self.evict_locked(st, usize::MAX, now)?;
+        // The lower tiers' copies go too (weights changed, or a cache declared stale), except
+        // those a transfer in flight still holds.
+        let mut emptied = Vec::new();
+        for tier in &mut st.tiers {
+            tier.clear(now, &mut emptied);
+        }
+        for ns in emptied {
+            st.forget_if_unused(ns);
+        }
         self.record_cleared(st);
         Ok(dropped)
     }

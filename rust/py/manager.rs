@@ -25,6 +25,7 @@ static PAGE_STORED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PAGE_REMOVED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static ALL_CLEARED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static METRICS_TEXT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static TRANSFER_BATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 fn python_attr<'py>(
     py: Python<'py>,
@@ -123,8 +124,8 @@ fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
 impl PyKVCacheManager {
     #[new]
     #[pyo3(
-        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None),
-        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False)"
+        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None, lower_tiers = None, store_policy = None, store_options = None),
+        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False, lower_tiers=None, store_policy='selective', store_options=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -136,6 +137,9 @@ impl PyKVCacheManager {
         clock: Option<Py<PyAny>>,
         fingerprint: Option<&Bound<'_, PyAny>>,
         events: Option<&Bound<'_, PyAny>>,
+        lower_tiers: Option<&Bound<'_, PyAny>>,
+        store_policy: Option<&Bound<'_, PyAny>>,
+        store_options: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let eviction = eviction.or("lru".into(), |e| str_arg(e, "eviction"))?;
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
@@ -162,6 +166,8 @@ impl PyKVCacheManager {
                 Some(e) => bool_arg(e, "events")?,
                 None => false,
             },
+            lower_tiers: super::tiers::tier_configs(lower_tiers)?,
+            store_policy: super::tiers::store_policy(store_policy, store_options)?,
         };
         let clock = clock.filter(|c| !c.bind(py).is_none());
         if let Some(clock) = &clock {
@@ -653,6 +659,162 @@ impl PyKVCacheManager {
     }
 
     /// A `kvcore.CacheStats` snapshot (usage split and counters).
+    /// Names of the lower tiers, fastest first (a transfer row's `tier` indexes this).
+    #[getter]
+    fn tier_names(&self, py: Python<'_>) -> Vec<String> {
+        self.run(py, false, |m| m.tier_names())
+    }
+
+    /// Queued transfers as a `TransferBatch`, now in flight: copy the bytes (`kvcore.tiers.Mover`)
+    /// and report each op with `complete_transfers`.
+    fn take_transfers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let (batch, names) = self.run(py, false, |m| (m.take_transfers(), m.tier_names()));
+        let class = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")?;
+        super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
+    }
+
+    /// Report transfers taken with `take_transfers`: `ok[i]` (a bool, or one bool for all) for op
+    /// `op_ids[i]`. Nothing changes if an id is not in flight or listed twice.
+    fn complete_transfers(
+        &self,
+        py: Python<'_>,
+        op_ids: &Bound<'_, PyAny>,
+        ok: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let ids: Vec<u64> = seq_ids_arg(op_ids, "op_ids")?
+            .into_iter()
+            .map(|id| {
+                u64::try_from(id).map_err(|_| {
+                    PyErr::from(KvError::InvalidArgument(format!(
+                        "op_ids: {id} is not an op id"
+                    )))
+                })
+            })
+            .collect::<PyResult<_>>()?;
+        let outcomes: Vec<bool> = if let Ok(all) = ok.extract::<bool>() {
+            vec![all; ids.len()]
+        } else {
+            let mut v = Vec::new();
+            for (i, item) in ok
+                .try_iter()
+                .map_err(|_| {
+                    KvError::InvalidDType("ok must be a bool or a sequence of bools".into())
+                })?
+                .enumerate()
+            {
+                v.push(bool_arg(&item?, &format!("ok[{i}]"))?);
+            }
+            v
+        };
+        let now = self.now(py)?;
+        Ok(self.run(py, ids.len() >= LONG_PAGES, |m| {
+            m.complete_transfers(&ids, &outcomes, now)
+        })?)
+    }
+
+    /// Whether `seq_id`'s prefix is in HBM (no load from a lower tier in flight): its tables are
+    /// valid and the engine may compute it.
+    fn is_ready(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        Ok(self.run(py, false, |m| m.is_ready(id))?)
+    }
+
+    /// `{"hbm": tokens, tier name: tokens, ...}`: where `seq_id`'s prefix hit comes from (while
+    /// loading, what is being loaded; once ready, what was: a failed load cut the hit before it).
+    fn hit_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let (hit, names) = self.run(py, false, |m| (m.hit_tokens(id), m.tier_names()));
+        let hit = hit?;
+        let d = PyDict::new(py);
+        d.set_item("hbm", hit[0])?;
+        for (name, n) in names.iter().zip(&hit[1..]) {
+            d.set_item(name, n)?;
+        }
+        Ok(d)
+    }
+
+    /// `{tier name: {counter: value}}`: occupancy and counters of each lower tier.
+    fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.run(py, false, |m| m.tier_stats());
+        let out = PyDict::new(py);
+        for t in stats {
+            let d = PyDict::new(py);
+            d.set_item("num_slots", t.num_slots)?;
+            d.set_item("num_slots_cached", t.num_slots_cached)?;
+            d.set_item("num_slots_bad", t.num_slots_bad)?;
+            d.set_item("num_slots_in_flight", t.num_slots_in_flight)?;
+            d.set_item("num_slots_free", t.num_slots_free)?;
+            d.set_item("num_slots_locked", t.num_slots_locked)?;
+            d.set_item("num_stored_pages", t.num_stored_pages)?;
+            d.set_item("num_store_failed_pages", t.num_store_failed_pages)?;
+            d.set_item("num_store_skipped_no_room", t.num_store_skipped_no_room)?;
+            d.set_item("num_store_skipped_in_flight", t.num_store_skipped_in_flight)?;
+            d.set_item("num_loaded_pages", t.num_loaded_pages)?;
+            d.set_item("num_load_failed_pages", t.num_load_failed_pages)?;
+            d.set_item("hit_tokens", t.hit_tokens)?;
+            d.set_item("num_evicted_slots", t.num_evicted_slots)?;
+            d.set_item("num_restored_pages", t.num_restored_pages)?;
+            out.set_item(t.name, d)?;
+        }
+        Ok(out)
+    }
+
+    /// Rebuild a lower tier's index from `entries` a previous run stored (`DiskTier.entries()`:
+    /// `(slot, key, parent_key, namespace, tokens)` each). A page is accepted only if its key is
+    /// what this cache computes from its parent (this cache's root key for a first page: same
+    /// fingerprint only), namespace and tokens, and its slot is free. Returns a bool array:
+    /// accepted or not, per entry.
+    fn restore_tier<'py>(
+        &self,
+        py: Python<'py>,
+        name: &Bound<'py, PyAny>,
+        entries: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        let name = str_arg(name, "name")?;
+        let mut pages = Vec::new();
+        for (i, e) in entries.try_iter()?.enumerate() {
+            let e = e?;
+            let t = e.cast::<PyTuple>().map_err(|_| {
+                KvError::InvalidArgument(format!(
+                    "entries[{i}] must be a (slot, key, parent_key, namespace, tokens) tuple"
+                ))
+            })?;
+            if t.len() != 5 {
+                return Err(KvError::InvalidArgument(format!(
+                    "entries[{i}] must be a (slot, key, parent_key, namespace, tokens) tuple"
+                ))
+                .into());
+            }
+            let key16 = |o: Bound<'py, PyAny>, what: &str| -> PyResult<[u8; 16]> {
+                let b = bytes_arg(&o, what)?;
+                b.try_into().map_err(|_| {
+                    KvError::InvalidArgument(format!("entries[{i}]: {what} must be 16 bytes"))
+                        .into()
+                })
+            };
+            pages.push(crate::manager::RestoredPage {
+                slot: int_arg(&t.get_item(0)?, "a slot", "0..2**32-1")?,
+                key: key16(t.get_item(1)?, "key")?,
+                parent_key: key16(t.get_item(2)?, "parent_key")?,
+                namespace: super::tiers::namespace_of(&t.get_item(3)?)?,
+                tokens: tokens(&t.get_item(4)?)?.as_slice().to_vec(),
+            });
+        }
+        let now = self.now(py)?;
+        let accepted = self.run(py, true, |m| m.restore_tier(&name, &pages, now))?;
+        Ok(PyArray1::from_vec(py, accepted))
+    }
+
+    /// Check the lower tiers' and the tree's invariants (tests); `InternalError` on a violation.
+    fn _check_invariants(&self, py: Python<'_>) -> PyResult<()> {
+        self.run(py, true, |m| m.check_tiers())
+            .map_err(|e| KvError::Internal(format!("invariant broken: {e}")).into())
+    }
+
     fn stats(&self, py: Python<'_>) -> PyResult<CacheStats> {
         let now = self.now(py)?;
         Ok(self.run(py, false, |m| m.stats(now)))
@@ -848,16 +1010,19 @@ pub(crate) fn py_payload_checksum<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-    let arr = data
-        .cast::<numpy::PyArray1<u8>>()
-        .map_err(|_| KvError::InvalidArgument("payload_checksum: expected a 1-D uint8 NumPy array".into()))?;
+    let arr = data.cast::<numpy::PyArray1<u8>>().map_err(|_| {
+        KvError::InvalidArgument("payload_checksum: expected a 1-D uint8 NumPy array".into())
+    })?;
     // A read-only borrow: rust-numpy refuses it while a writable borrow exists. The hash runs
     // attached, on a contiguous view, and reads nothing past its length.
     let view = arr
         .try_readonly()
         .map_err(|e| KvError::InvalidArgument(format!("payload_checksum: {e}")))?;
-    let bytes = view
-        .as_slice()
-        .map_err(|_| KvError::InvalidArgument("payload_checksum: the array must be contiguous".into()))?;
-    Ok(pyo3::types::PyBytes::new(py, &crate::keys::payload_checksum(bytes)))
+    let bytes = view.as_slice().map_err(|_| {
+        KvError::InvalidArgument("payload_checksum: the array must be contiguous".into())
+    })?;
+    Ok(pyo3::types::PyBytes::new(
+        py,
+        &crate::keys::payload_checksum(bytes),
+    ))
 }

@@ -8,6 +8,7 @@ mod allocator;
 mod convert;
 mod error;
 mod manager;
+mod tiers;
 
 use pyo3::prelude::*;
 

@@ -646,6 +646,11 @@ impl RadixTree {
         Ok(())
     }
 
+    /// Uses of `node` (matches and inserts through it), or None if `node` is not live.
+    pub fn node_hits(&self, node: NodeId) -> Option<u64> {
+        self.live_node(node).map(|n| n.hits)
+    }
+
     /// Number of locks on `node` or its descendants, or None if `node` is not live.
     pub fn lock_ref(&self, node: NodeId) -> Option<u64> {
         self.live_node(node).map(|n| n.lock_ref)

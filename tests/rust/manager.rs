@@ -220,6 +220,8 @@ fn run(ops: Vec<Op>, num_pages: usize, ps: usize) {
         pin_budget_pages: None,
         fingerprint: Vec::new(),
         events: true,
+        lower_tiers: Vec::new(),
+        store_policy: Default::default(),
     })
     .unwrap();
     let mut seqs: HashMap<SeqId, Model> = HashMap::new();

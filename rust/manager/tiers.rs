@@ -1,0 +1,1044 @@
+//! Lower tiers (host DRAM, NVMe, ...): where copies of cached pages live below HBM, and the
+//! two-phase transfers that move them (F6, F7).
+//!
+//! # Residence
+//! Each lower tier is a pool of `num_slots` slots, one page (every layer, K and V) per slot, with
+//! its own radix tree over the same tokens and namespaces as the HBM tree (the same index code:
+//! leaf-first eviction in policy order, locks, namespaces, public prefixes), holding slot ids.
+//! A tier's tree is prefix-closed like the HBM one: a page is stored only below its parent's copy
+//! in that tier, so every slot it holds extends a usable prefix. Each slot also keeps its page
+//! key (the identity the bytes are stored under, namespace and fingerprint included) and a *bad*
+//! flag (a load of it failed: matches stop before it until it is evicted).
+//! Tiers are **inclusive**: storing a page below does not remove it from HBM, and each tier
+//! decides on its own (a page may live in HBM, host and disk at once).
+//!
+//! # Transfers are two-phase
+//! The manager queues transfers; [`take_transfers`](super::KVCacheManager::take_transfers) hands
+//! them to the mover (Python moves the bytes), and
+//! [`complete_transfers`](super::KVCacheManager::complete_transfers) reports each op's outcome.
+//! - A **store** (a run of HBM pages -> fresh slots of one tier) locks the HBM path (the pages are
+//!   neither evicted nor reused meanwhile) and the tier path above it (the parent copies stay);
+//!   its slots join the tier's tree only when it completes OK: a store in flight or failed is
+//!   never visible to a lookup. A store that finds no room (after evicting the tier's evictable
+//!   slots) is skipped and counted; it never waits.
+//! - A **load** (one slot -> one HBM page of a sequence being admitted) holds a reference on the
+//!   HBM page and locks the slot's tier path, so neither is reused while the bytes move. The
+//!   sequence is not ready ([`is_ready`](super::KVCacheManager::is_ready)) until its loads
+//!   complete; its hit is then cut before the first failed page, and the engine recomputes the
+//!   rest into the pages it already holds.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{internal, unknown, KVCacheManager, SeqId, State};
+use crate::error::{KvError, KvResult};
+use crate::eviction::EvictionPolicy;
+use crate::keys::{page_key, PageKey};
+use crate::radix::{Namespace, NodeId, RadixTree, ROOT};
+use crate::PageId;
+
+/// One lower tier of a manager.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TierConfig {
+    /// Its name ("host", "disk", ...): unique within a manager.
+    pub name: String,
+    /// Slots (pages) it holds, >= 1.
+    pub num_slots: usize,
+    /// Bandwidth of a load or store, GB/s (the `value` policy's reload and store cost).
+    pub bandwidth_gbps: f64,
+}
+
+/// Which pages are stored to the lower tiers.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StorePolicy {
+    /// Write-through: every page as it is cached (vLLM, KVBM, LMCache's behaviour).
+    All,
+    /// Pages used at least `min_hits` times (cached, then hit: 2), pinned pages, and pages cached
+    /// with priority at least `min_priority`. The default (SGLang's `write_through_selective`,
+    /// generalised).
+    Selective {
+        /// Uses (the insert and each prefix hit) that make a page worth storing.
+        min_hits: u64,
+        /// Priority at which a page is stored as soon as it is cached.
+        min_priority: i32,
+    },
+    /// Store a page when its expected value is positive (see [`ValueModel`]).
+    Value(ValueModel),
+}
+
+impl StorePolicy {
+    /// Whether a store triggered by `trigger` can pass the policy (a cheap filter before any
+    /// lookup in the tiers).
+    pub(super) fn may_store(&self, trigger: Trigger) -> bool {
+        match (self, trigger) {
+            (StorePolicy::Selective { min_priority, .. }, Trigger::Cached(p)) => p >= *min_priority,
+            _ => true,
+        }
+    }
+}
+
+impl Default for StorePolicy {
+    fn default() -> Self {
+        StorePolicy::Selective {
+            min_hits: 2,
+            min_priority: i32::MAX,
+        }
+    }
+}
+
+/// The `value` store policy: store page `d` (0-based depth in pages) into a tier when
+///
+/// ```text
+/// reuses(hits, d) * (prefill(d) - reload(tier)) > store(tier)
+/// reuses(hits, d) = (hits + prior_hits) / (prior_misses * (1 + d * page_size / depth_scale_tokens))
+/// prefill(d)      = page_size * (prefill_us_per_token + attention_us_per_token_per_1k * (d + 0.5) * page_size / 1000)
+/// reload = store  = page_bytes / (bandwidth_gbps * 1e3)        (microseconds)
+/// ```
+///
+/// `reuses` is the expected number of future reuses (a Gamma-Poisson rate: hits raise it, depth
+/// lowers it, as deeper pages of a prefix are shared by fewer requests); P(reuse) = 1 - e^-reuses.
+/// A store is paid once (bandwidth now, NVMe wear) and each reuse saves a prefill minus a reload.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ValueModel {
+    /// Bytes of one page over every layer (K and V).
+    pub page_bytes: f64,
+    /// Prefill cost per token, linear part (weights), microseconds.
+    pub prefill_us_per_token: f64,
+    /// Prefill cost per token per 1,000 tokens of context before it (attention), microseconds.
+    pub attention_us_per_token_per_1k: f64,
+    /// Pseudo-hits of the prior (a page never hit again).
+    pub prior_hits: f64,
+    /// Pseudo-misses of the prior.
+    pub prior_misses: f64,
+    /// Depth (tokens) at which the expected reuses halve.
+    pub depth_scale_tokens: f64,
+}
+
+impl Default for ValueModel {
+    /// Llama-3.1-8B in bf16 on an H200-class GPU: 128 KiB per token, prefill about 25 µs per
+    /// token plus 0.84 µs per token per 1k tokens of context.
+    fn default() -> Self {
+        Self {
+            page_bytes: 2.0 * 1024.0 * 1024.0,
+            prefill_us_per_token: 25.0,
+            attention_us_per_token_per_1k: 0.84,
+            prior_hits: 0.5,
+            prior_misses: 1.5,
+            depth_scale_tokens: 4096.0,
+        }
+    }
+}
+
+impl ValueModel {
+    /// Whether a page at `depth` pages, used `hits` times, is worth storing into a tier of
+    /// `bandwidth_gbps` (see the type docs).
+    pub fn worth_storing(
+        &self,
+        hits: u64,
+        depth: usize,
+        page_size: usize,
+        bandwidth_gbps: f64,
+    ) -> bool {
+        let ps = page_size as f64;
+        let reuses = (hits as f64 + self.prior_hits)
+            / (self.prior_misses * (1.0 + depth as f64 * ps / self.depth_scale_tokens));
+        let prefill = ps
+            * (self.prefill_us_per_token
+                + self.attention_us_per_token_per_1k * (depth as f64 + 0.5) * ps / 1000.0);
+        let transfer = self.page_bytes / (bandwidth_gbps * 1e3);
+        reuses * (prefill - transfer) > transfer
+    }
+}
+
+/// Counters and occupancy of one lower tier.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TierStats {
+    /// The tier's name.
+    pub name: String,
+    /// Slots in the tier.
+    pub num_slots: usize,
+    /// Slots holding a stored page (visible to lookups unless bad).
+    pub num_slots_cached: usize,
+    /// Slots of those whose load failed (invisible; evicted in time).
+    pub num_slots_bad: usize,
+    /// Slots reserved by stores in flight.
+    pub num_slots_in_flight: usize,
+    /// Free slots.
+    pub num_slots_free: usize,
+    /// Slots locked by loads in flight or by stores below them (not evictable now).
+    pub num_slots_locked: usize,
+    /// Pages stored (stores completed OK).
+    pub num_stored_pages: u64,
+    /// Pages whose store failed (reported not OK).
+    pub num_store_failed_pages: u64,
+    /// Pages not stored for lack of room (nothing evictable left in the tier).
+    pub num_store_skipped_no_room: u64,
+    /// Pages not stored because the same page was in flight to the tier already.
+    pub num_store_skipped_in_flight: u64,
+    /// Pages loaded into HBM (loads completed OK).
+    pub num_loaded_pages: u64,
+    /// Pages whose load failed (I/O error, checksum or key mismatch).
+    pub num_load_failed_pages: u64,
+    /// Prompt tokens admitted from this tier (the loaded part of prefix hits).
+    pub hit_tokens: u64,
+    /// Slots evicted to make room.
+    pub num_evicted_slots: u64,
+    /// Pages restored from a previous run (`restore_tier`).
+    pub num_restored_pages: u64,
+}
+
+/// One lower tier: its slot pool and index.
+#[derive(Debug)]
+pub(super) struct Tier {
+    pub(super) config: TierConfig,
+    /// Tokens -> slot + 1 (page ids in the tree are never 0, the null page).
+    pub(super) tree: RadixTree,
+    /// Free slots (a stack).
+    free: Vec<u32>,
+    /// Page key of the page each slot holds or receives.
+    keys: Vec<PageKey>,
+    /// Slots whose load failed.
+    bad: Vec<bool>,
+    num_bad: usize,
+    /// Keys of pages in flight to this tier.
+    storing: HashSet<PageKey>,
+    stats: TierStats,
+}
+
+impl Tier {
+    pub(super) fn new(config: TierConfig, page_size: usize) -> KvResult<Self> {
+        let n = config.num_slots;
+        let stats = TierStats {
+            name: config.name.clone(),
+            num_slots: n,
+            ..TierStats::default()
+        };
+        Ok(Self {
+            tree: RadixTree::new(page_size, EvictionPolicy::Lru)?,
+            free: (0..n as u32).rev().collect(),
+            keys: vec![[0; 16]; n],
+            bad: vec![false; n],
+            num_bad: 0,
+            storing: HashSet::new(),
+            config,
+            stats,
+        })
+    }
+
+    /// Usable pages of the tier's longest match of `tokens` (stops before a bad slot), with their
+    /// slots appended to `out`.
+    fn usable_prefix(&self, ns: Namespace, tokens: &[u32], out: &mut Vec<u32>) -> usize {
+        let start = out.len();
+        let mut ids = Vec::new();
+        self.tree.peek_prefix_pages(ns, tokens, &mut ids);
+        for id in ids {
+            let slot = id - 1;
+            if self.bad[slot as usize] {
+                break;
+            }
+            out.push(slot);
+        }
+        out.len() - start
+    }
+
+    /// Take `n` free slots, evicting the tier's evictable slots if short; None (nothing taken or
+    /// evicted) if even that is not enough.
+    fn take_slots(&mut self, n: usize, now: u64, emptied: &mut Vec<Namespace>) -> Option<Vec<u32>> {
+        if self.free.len() < n {
+            let short = n - self.free.len();
+            if short > self.tree.num_evictable_pages() {
+                return None;
+            }
+            let mut evicted = Vec::new();
+            self.tree.evict(short, now, &mut evicted);
+            self.stats.num_evicted_slots += evicted.len() as u64;
+            for id in evicted {
+                self.release_slot(id - 1);
+            }
+            self.tree.take_emptied_namespaces(emptied);
+        }
+        if self.free.len() < n {
+            return None;
+        }
+        Some(self.free.split_off(self.free.len() - n))
+    }
+
+    fn release_slot(&mut self, slot: u32) {
+        if std::mem::take(&mut self.bad[slot as usize]) {
+            self.num_bad -= 1;
+        }
+        self.free.push(slot);
+    }
+
+    pub(super) fn stats(&self) -> TierStats {
+        let cached = self.tree.num_cached_pages();
+        TierStats {
+            num_slots_cached: cached,
+            num_slots_bad: self.num_bad,
+            num_slots_free: self.free.len(),
+            num_slots_in_flight: self.config.num_slots - cached - self.free.len(),
+            num_slots_locked: self.tree.num_locked_pages(),
+            ..self.stats.clone()
+        }
+    }
+
+    /// Drop every evictable slot (`reset_prefix_cache`); returns how many.
+    pub(super) fn clear(&mut self, now: u64, emptied: &mut Vec<Namespace>) -> usize {
+        self.tree.clear_pins();
+        let mut evicted = Vec::new();
+        let n = self.tree.evict(usize::MAX, now, &mut evicted);
+        for id in evicted {
+            self.release_slot(id - 1);
+        }
+        self.tree.take_emptied_namespaces(emptied);
+        n
+    }
+
+    /// Brute-force checks: free, cached and in-flight slots partition the tier; keys of pages in
+    /// flight are distinct.
+    pub(super) fn check(&self, in_flight: &[u32]) -> Result<(), String> {
+        self.tree.check_invariants()?;
+        let n = self.config.num_slots;
+        let mut owner = vec![0u8; n];
+        let mut claim = |slot: u32, what: u8| -> Result<(), String> {
+            let s = slot as usize;
+            if s >= n {
+                return Err(format!(
+                    "tier {}: slot {slot} out of range",
+                    self.config.name
+                ));
+            }
+            if owner[s] != 0 {
+                return Err(format!(
+                    "tier {}: slot {slot} owned twice ({} and {what})",
+                    self.config.name, owner[s]
+                ));
+            }
+            owner[s] = what;
+            Ok(())
+        };
+        for &s in &self.free {
+            claim(s, 1)?;
+        }
+        for id in self.tree.pages() {
+            claim(id - 1, 2)?;
+        }
+        for &s in in_flight {
+            claim(s, 3)?;
+        }
+        if let Some(s) = owner.iter().position(|&o| o == 0) {
+            return Err(format!("tier {}: slot {s} is lost", self.config.name));
+        }
+        let bad = self.bad.iter().filter(|&&b| b).count();
+        if bad != self.num_bad {
+            return Err(format!("tier {}: bad count drifted", self.config.name));
+        }
+        Ok(())
+    }
+}
+
+/// A store in flight: HBM pages `pages` (positions `first..first + pages.len()` of the path
+/// `tokens`) into `slots` of tier `tier`.
+#[derive(Debug)]
+pub(super) struct StoreOp {
+    tier: usize,
+    ns: Namespace,
+    /// The path's tokens, from the root to the last stored page.
+    tokens: Vec<u32>,
+    first: usize,
+    pages: Vec<PageId>,
+    slots: Vec<u32>,
+    /// Keys of the stored pages, and the key of the page before the first.
+    keys: Vec<PageKey>,
+    parent: PageKey,
+    /// HBM node locked (the stored pages' path).
+    hbm_node: NodeId,
+    /// Tier node locked (the parent copies' path).
+    tier_node: NodeId,
+}
+
+/// A load in flight: slot `slot` of tier `tier` into HBM page `page`, page `index` of the
+/// admission `admission` of sequence `seq`.
+#[derive(Debug)]
+pub(super) struct LoadOp {
+    tier: usize,
+    slot: u32,
+    page: PageId,
+    tier_node: NodeId,
+    seq: SeqId,
+    admission: u64,
+    index: usize,
+}
+
+#[derive(Debug)]
+pub(super) enum Op {
+    Store(StoreOp),
+    Load(LoadOp),
+}
+
+/// Transfer ops: queued (not taken yet) and in flight (taken, not completed).
+#[derive(Debug, Default)]
+pub(super) struct Transfers {
+    pub(super) ops: HashMap<u64, (Op, bool)>,
+    /// Ops not taken yet, in queue order.
+    pub(super) queued: Vec<u64>,
+    pub(super) next_op: u64,
+    pub(super) next_admission: u64,
+}
+
+/// The loads of one admission (a sequence is not ready while it has some).
+#[derive(Clone, Debug)]
+pub(super) struct Loading {
+    pub(super) admission: u64,
+    /// Pages cached in HBM at admission (the loads fill `first..end`).
+    pub(super) first: usize,
+    pub(super) end: usize,
+    /// Loads not completed yet.
+    pub(super) pending: usize,
+    /// The first page whose load failed (`end` if none).
+    pub(super) failed_at: usize,
+    /// The tier of each loaded page, `[end - first]`.
+    pub(super) tiers: Vec<u8>,
+}
+
+/// One store row of a [`TransferBatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoreRow {
+    pub op: u64,
+    pub tier: usize,
+    pub page: PageId,
+    pub slot: u32,
+    pub key: PageKey,
+    pub parent_key: PageKey,
+    /// The page's tokens (`page_size`).
+    pub tokens: Vec<u32>,
+    /// The namespace name (None: default; `"*"`: public).
+    pub namespace: Option<String>,
+}
+
+/// One load row of a [`TransferBatch`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LoadRow {
+    pub op: u64,
+    pub tier: usize,
+    pub slot: u32,
+    pub page: PageId,
+    pub key: PageKey,
+}
+
+/// Transfers for the mover: every row of one store op shares its op id (the op succeeds or
+/// fails as a whole); each load is its own op.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TransferBatch {
+    pub stores: Vec<StoreRow>,
+    pub loads: Vec<LoadRow>,
+}
+
+/// Why `offer_stores` is called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Trigger {
+    /// Pages just cached, with the caching priority.
+    Cached(i32),
+    /// Pages just matched by a prefix hit.
+    Hit,
+    /// Pages just pinned.
+    Pinned,
+}
+
+/// A page that passed a lower tier's checks in `restore_tier`.
+#[derive(Clone, Debug)]
+pub struct RestoredPage {
+    pub slot: u32,
+    pub key: PageKey,
+    pub parent_key: PageKey,
+    pub namespace: Option<String>,
+    pub tokens: Vec<u32>,
+}
+
+impl KVCacheManager {
+    /// Names of the lower tiers, in order (index = a transfer row's `tier`).
+    pub fn tier_names(&self) -> Vec<String> {
+        let st = self.state.lock();
+        st.tiers.iter().map(|t| t.config.name.clone()).collect()
+    }
+
+    /// Per-tier counters and occupancy.
+    pub fn tier_stats(&self) -> Vec<TierStats> {
+        let st = self.state.lock();
+        st.tiers.iter().map(Tier::stats).collect()
+    }
+
+    /// Whether `seq_id`'s prefix is in HBM (no load in flight): its page table is valid.
+    pub fn is_ready(&self, seq_id: SeqId) -> KvResult<bool> {
+        let st = self.state.lock();
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        Ok(seq.loading.is_none())
+    }
+
+    /// Tokens of `seq_id`'s prefix hit per medium: `[HBM, tier 0, tier 1, ...]`. While loads are in
+    /// flight the lower tiers' counts are what is being loaded; once ready, what was loaded (a
+    /// failed load cut the hit before it).
+    pub fn hit_tokens(&self, seq_id: SeqId) -> KvResult<Vec<usize>> {
+        let st = self.state.lock();
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        Ok(seq.hit.clone())
+    }
+
+    /// Queued transfers, now in flight: the mover copies the bytes and reports each op with
+    /// [`complete_transfers`](Self::complete_transfers). Call it after the step whose kernels
+    /// wrote the stored pages (a page cached by `add_sequence`/`append` is written in the step
+    /// that follows), and before the next one needs the loaded pages.
+    pub fn take_transfers(&self) -> TransferBatch {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let mut batch = TransferBatch::default();
+        let ps = self.page_size;
+        let queued = std::mem::take(&mut st.transfers.queued);
+        for id in queued {
+            let Some((op, taken)) = st.transfers.ops.get_mut(&id) else {
+                continue;
+            };
+            *taken = true;
+            match op {
+                Op::Store(s) => {
+                    let name = namespace_name(&st.namespace_names, s.ns);
+                    for (i, (&page, &slot)) in s.pages.iter().zip(&s.slots).enumerate() {
+                        let at = (s.first + i) * ps;
+                        batch.stores.push(StoreRow {
+                            op: id,
+                            tier: s.tier,
+                            page,
+                            slot,
+                            key: s.keys[i],
+                            parent_key: if i == 0 { s.parent } else { s.keys[i - 1] },
+                            tokens: s.tokens[at..at + ps].to_vec(),
+                            namespace: name.clone(),
+                        });
+                    }
+                }
+                Op::Load(l) => batch.loads.push(LoadRow {
+                    op: id,
+                    tier: l.tier,
+                    slot: l.slot,
+                    page: l.page,
+                    key: st.tiers[l.tier].keys[l.slot as usize],
+                }),
+            }
+        }
+        batch
+    }
+
+    /// Report the outcome of transfers taken with [`take_transfers`](Self::take_transfers):
+    /// `ok[i]` for op `op_ids[i]`. A store completed OK becomes visible in its tier; a failed one
+    /// frees its slots. A load completed OK makes its page part of the sequence's hit; a failed one
+    /// cuts the hit before it and marks the slot bad. Err (nothing changed) for an id not in
+    /// flight, listed twice, or lengths that disagree.
+    pub fn complete_transfers(&self, op_ids: &[u64], ok: &[bool], now: u64) -> KvResult<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if op_ids.len() != ok.len() {
+            return Err(KvError::InvalidArgument(format!(
+                "complete_transfers: {} op ids but {} outcomes",
+                op_ids.len(),
+                ok.len()
+            )));
+        }
+        let mut seen = HashSet::with_capacity(op_ids.len());
+        for &id in op_ids {
+            let why = match st.transfers.ops.get(&id) {
+                None => "is not a transfer in flight",
+                Some((_, false)) => "was not taken (take_transfers) yet",
+                Some(_) if !seen.insert(id) => "is listed twice",
+                Some(_) => continue,
+            };
+            return Err(KvError::InvalidArgument(format!(
+                "complete_transfers: op {id} {why}"
+            )));
+        }
+        for (&id, &good) in op_ids.iter().zip(ok) {
+            let (op, _) =
+                st.transfers.ops.remove(&id).ok_or_else(|| {
+                    internal(KvError::InvalidArgument(format!("op {id} vanished")))
+                })?;
+            match op {
+                Op::Store(s) => self.finish_store(st, s, good, now)?,
+                Op::Load(l) => self.finish_load(st, l, good, now)?,
+            }
+        }
+        Ok(())
+    }
+
+    fn finish_store(&self, st: &mut State, s: StoreOp, good: bool, now: u64) -> KvResult<()> {
+        let ps = self.page_size;
+        let tier = &mut st.tiers[s.tier];
+        for key in &s.keys {
+            tier.storing.remove(key);
+        }
+        let n = s.slots.len() as u64;
+        let mut leftover = s.slots.clone();
+        if good {
+            // The parent copies are locked: the tier still holds the first `first` pages.
+            let mut path: Vec<PageId> = Vec::with_capacity(s.first + s.slots.len());
+            tier.tree
+                .peek_prefix_pages(s.ns, &s.tokens[..s.first * ps], &mut path);
+            if path.len() == s.first {
+                path.extend(s.slots.iter().map(|&slot| slot + 1));
+                let ins = tier
+                    .tree
+                    .insert(s.ns, &s.tokens, &path, 0, now)
+                    .map_err(internal)?;
+                let adopted = ins.adopted();
+                let taken: HashSet<u32> = path[adopted].iter().map(|&id| id - 1).collect();
+                for &slot in &taken {
+                    let i = s.slots.iter().position(|&x| x == slot).unwrap_or(0);
+                    tier.keys[slot as usize] = s.keys[i];
+                }
+                leftover.retain(|slot| !taken.contains(slot));
+                tier.stats.num_stored_pages += taken.len() as u64;
+            } else {
+                tier.stats.num_store_failed_pages += n;
+            }
+        } else {
+            tier.stats.num_store_failed_pages += n;
+        }
+        for slot in leftover {
+            tier.release_slot(slot);
+        }
+        tier.tree.unlock(s.tier_node).map_err(internal)?;
+        st.tree.unlock(s.hbm_node).map_err(internal)?;
+        st.remove_live(s.ns);
+        Ok(())
+    }
+
+    fn finish_load(&self, st: &mut State, l: LoadOp, good: bool, now: u64) -> KvResult<()> {
+        let tier = &mut st.tiers[l.tier];
+        if good {
+            tier.stats.num_loaded_pages += 1;
+        } else {
+            tier.stats.num_load_failed_pages += 1;
+            if !std::mem::replace(&mut tier.bad[l.slot as usize], true) {
+                tier.num_bad += 1;
+            }
+        }
+        tier.tree.unlock(l.tier_node).map_err(internal)?;
+        // The op's own reference on the HBM page (the sequence holds its own, if still live).
+        self.release(st, &[l.page])?;
+        let Some(seq) = st.seqs.get_mut(&l.seq) else {
+            return Ok(());
+        };
+        let Some(loading) = seq.loading.as_mut().filter(|x| x.admission == l.admission) else {
+            return Ok(());
+        };
+        loading.pending -= 1;
+        if !good {
+            loading.failed_at = loading.failed_at.min(l.index);
+        }
+        if loading.pending == 0 {
+            self.finish_loading(st, l.seq, now)?;
+        }
+        Ok(())
+    }
+
+    /// Every load of `seq_id`'s admission completed: its hit ends before the first failed page;
+    /// the loaded pages join the HBM tree, then the prompt's pages as `add_sequence` would have.
+    fn finish_loading(&self, st: &mut State, seq_id: SeqId, now: u64) -> KvResult<()> {
+        let ps = self.page_size;
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let loading = seq
+            .loading
+            .take()
+            .ok_or_else(|| internal(unknown(seq_id)))?;
+        let valid = loading.failed_at.min(loading.end);
+        seq.num_committed = valid * ps;
+        for h in seq.hit.iter_mut().skip(1) {
+            *h = 0;
+        }
+        for &t in &loading.tiers[..valid - loading.first] {
+            seq.hit[1 + t as usize] += ps;
+        }
+        let auto_cache = seq.auto_cache;
+        let full_pages = seq.slots.min(seq.tokens.len()) / ps;
+        for (t, tokens) in seq.hit.clone().into_iter().enumerate().skip(1) {
+            st.tiers[t - 1].stats.hit_tokens += tokens as u64;
+        }
+        st.stats.prefix_hit_tokens += ((valid - loading.first) * ps) as u64;
+        self.cache_full_pages(st, seq_id, valid, now)?;
+        if auto_cache {
+            self.cache_full_pages(st, seq_id, full_pages, now)?;
+        }
+        Ok(())
+    }
+
+    /// Cancel the loads of `seq_id` not taken yet (the sequence is being freed): their pages and
+    /// slots are released now; loads already taken complete later and find no sequence.
+    pub(super) fn cancel_loads(&self, st: &mut State, seq_id: SeqId) -> KvResult<()> {
+        let mut cancelled = Vec::new();
+        st.transfers.queued.retain(|id| {
+            let hit =
+                matches!(st.transfers.ops.get(id), Some((Op::Load(l), false)) if l.seq == seq_id);
+            if hit {
+                cancelled.push(*id);
+            }
+            !hit
+        });
+        for id in cancelled {
+            if let Some((Op::Load(l), _)) = st.transfers.ops.remove(&id) {
+                st.tiers[l.tier]
+                    .tree
+                    .unlock(l.tier_node)
+                    .map_err(internal)?;
+                self.release(st, &[l.page])?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The admission's plan across tiers: for HBM-cached `hbm_pages` of `lookup`, the tier of each
+    /// following page that a lower tier holds (the first tier, in order, whose usable prefix
+    /// reaches it). No side effects.
+    pub(super) fn plan_loads(
+        &self,
+        st: &State,
+        ns: Namespace,
+        lookup: &[u32],
+        hbm_pages: usize,
+    ) -> Vec<u8> {
+        let mut plan = Vec::new();
+        let mut slots = Vec::new();
+        let mut reach = Vec::with_capacity(st.tiers.len());
+        let mut deepest = hbm_pages;
+        for tier in &st.tiers {
+            slots.clear();
+            let n = tier.usable_prefix(ns, lookup, &mut slots);
+            reach.push(n);
+            deepest = deepest.max(n);
+        }
+        for i in hbm_pages..deepest {
+            match reach.iter().position(|&n| n > i) {
+                Some(t) => plan.push(t as u8),
+                None => break,
+            }
+        }
+        plan
+    }
+
+    /// Queue the loads of `plan` (pages `first..` of the admission of `seq_id`) into `pages`
+    /// (already the sequence's): lock each slot's tier path, hold each HBM page.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn queue_loads(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        ns: Namespace,
+        lookup: &[u32],
+        first: usize,
+        plan: &[u8],
+        pages: &[PageId],
+        priority: i32,
+        now: u64,
+    ) -> KvResult<super::tiers::Loading> {
+        let ps = self.page_size;
+        let admission = st.transfers.next_admission;
+        st.transfers.next_admission += 1;
+        let end = first + plan.len();
+        for t in 0..st.tiers.len() {
+            let Some(last) = plan.iter().rposition(|&x| x as usize == t) else {
+                continue;
+            };
+            let upto = first + last + 1;
+            let tier = &mut st.tiers[t];
+            let mut ids = Vec::with_capacity(upto);
+            let m = tier
+                .tree
+                .match_prefix(ns, &lookup[..upto * ps], priority, now, &mut ids);
+            if m.num_pages != upto {
+                return Err(internal(KvError::InvalidArgument(format!(
+                    "tier {t} matched {} pages, planned {upto}",
+                    m.num_pages
+                ))));
+            }
+            for i in first..upto {
+                if plan[i - first] as usize != t {
+                    continue;
+                }
+                tier.tree.lock(m.node).map_err(internal)?;
+                let id = st.transfers.next_op;
+                st.transfers.next_op += 1;
+                let op = LoadOp {
+                    tier: t,
+                    slot: ids[i] - 1,
+                    page: pages[i],
+                    tier_node: m.node,
+                    seq: seq_id,
+                    admission,
+                    index: i,
+                };
+                st.transfers.ops.insert(id, (Op::Load(op), false));
+                st.transfers.queued.push(id);
+            }
+        }
+        self.alloc
+            .retain_serialized(&pages[first..end])
+            .map_err(internal)?;
+        Ok(Loading {
+            admission,
+            first,
+            end,
+            pending: plan.len(),
+            failed_at: end,
+            tiers: plan.to_vec(),
+        })
+    }
+
+    /// Offer pages `0..n` of a path to the lower tiers, as the store policy decides: into each
+    /// tier, the run of pages after the tier's own copies that pass the policy. `node` is the HBM
+    /// node ending at page `n` of the path (`tokens`, `pages`, `keys` cover at least `n` pages).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn offer_stores(
+        &self,
+        st: &mut State,
+        ns: Namespace,
+        node: NodeId,
+        tokens: &[u32],
+        pages: &[PageId],
+        keys: &[PageKey],
+        n: usize,
+        trigger: Trigger,
+        now: u64,
+    ) -> KvResult<()> {
+        if st.tiers.is_empty() || n == 0 {
+            return Ok(());
+        }
+        let ps = self.page_size;
+        let hits = st.tree.node_hits(node).unwrap_or(0);
+        let mut emptied = Vec::new();
+        for t in 0..st.tiers.len() {
+            let tier = &st.tiers[t];
+            let mut have = Vec::new();
+            let a = tier.usable_prefix(ns, &tokens[..n * ps], &mut have);
+            // A bad slot ends the usable prefix but still holds its place: nothing to store there.
+            if a < n && tier.tree.peek_prefix_len(ns, &tokens[..(a + 1) * ps]) > a {
+                continue;
+            }
+            let bw = tier.config.bandwidth_gbps;
+            let k = match (&st.store_policy, trigger) {
+                (StorePolicy::All, _) => n,
+                (StorePolicy::Selective { min_priority, .. }, Trigger::Cached(p))
+                    if p >= *min_priority =>
+                {
+                    n
+                }
+                (StorePolicy::Selective { min_hits, .. }, Trigger::Hit) if hits >= *min_hits => n,
+                (StorePolicy::Selective { .. }, Trigger::Pinned) => n,
+                (StorePolicy::Selective { .. }, _) => a,
+                (StorePolicy::Value(model), trig) => {
+                    let h = if matches!(trig, Trigger::Cached(_)) {
+                        0
+                    } else {
+                        hits
+                    };
+                    (a..n)
+                        .take_while(|&d| model.worth_storing(h, d, ps, bw))
+                        .count()
+                        + a
+                }
+            };
+            if k <= a {
+                continue;
+            }
+            let run = &keys[a..k];
+            if run.iter().any(|key| tier.storing.contains(key)) {
+                st.tiers[t].stats.num_store_skipped_in_flight += (k - a) as u64;
+                continue;
+            }
+            let tier = &mut st.tiers[t];
+            let Some(slots) = tier.take_slots(k - a, now, &mut emptied) else {
+                tier.stats.num_store_skipped_no_room += (k - a) as u64;
+                continue;
+            };
+            let tier_node = if a == 0 {
+                ROOT
+            } else {
+                let mut ids = Vec::new();
+                let m = tier
+                    .tree
+                    .match_prefix(ns, &tokens[..a * ps], 0, now, &mut ids);
+                m.node
+            };
+            tier.tree.lock(tier_node).map_err(internal)?;
+            tier.storing.extend(run.iter().copied());
+            let hbm_node = st.tree.cut_path(node, k).map_err(internal)?;
+            st.tree.lock(hbm_node).map_err(internal)?;
+            // The namespace stays interned while its store is in flight.
+            *st.namespace_seqs.entry(ns).or_default() += 1;
+            let id = st.transfers.next_op;
+            st.transfers.next_op += 1;
+            let op = StoreOp {
+                tier: t,
+                ns,
+                tokens: tokens[..k * ps].to_vec(),
+                first: a,
+                pages: pages[a..k].to_vec(),
+                slots,
+                keys: run.to_vec(),
+                parent: if a == 0 { self.root_key } else { keys[a - 1] },
+                hbm_node,
+                tier_node,
+            };
+            st.transfers.ops.insert(id, (Op::Store(op), false));
+            st.transfers.queued.push(id);
+        }
+        for ns in emptied {
+            st.forget_if_unused(ns);
+        }
+        Ok(())
+    }
+
+    /// Keys of pages `0..n` of `tokens` in `ns`, chained from the root, continuing `keys`.
+    pub(super) fn extend_keys(
+        &self,
+        st: &State,
+        ns: Namespace,
+        tokens: &[u32],
+        n: usize,
+        keys: &mut Vec<PageKey>,
+    ) -> KvResult<()> {
+        let ps = self.page_size;
+        let kns = st
+            .key_namespace(ns)
+            .ok_or_else(|| internal(KvError::InvalidArgument("namespace without a name".into())))?;
+        while keys.len() < n {
+            let i = keys.len();
+            let parent = if i == 0 { self.root_key } else { keys[i - 1] };
+            keys.push(page_key(&parent, kns, &tokens[i * ps..(i + 1) * ps]));
+        }
+        Ok(())
+    }
+
+    /// Rebuild tier `tier_name`'s index from pages a previous run stored (a reopened disk
+    /// directory): each page is accepted only if its key is what this manager computes from its
+    /// parent's key (this manager's root key for a first page: same fingerprint only), its
+    /// namespace and its tokens, and its slot is free and in range. Returns, per page, whether
+    /// it was accepted (a rejected one is foreign, orphaned or a duplicate: the caller may reuse
+    /// its slot).
+    pub fn restore_tier(
+        &self,
+        tier_name: &str,
+        pages: &[RestoredPage],
+        now: u64,
+    ) -> KvResult<Vec<bool>> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let t = st
+            .tiers
+            .iter()
+            .position(|x| x.config.name == tier_name)
+            .ok_or_else(|| {
+                KvError::InvalidArgument(format!("restore_tier: no lower tier named {tier_name:?}"))
+            })?;
+        let ps = self.page_size;
+        let n = st.tiers[t].config.num_slots;
+        for (i, p) in pages.iter().enumerate() {
+            if p.tokens.len() != ps {
+                return Err(KvError::InvalidArgument(format!(
+                    "restore_tier: page {i} has {} tokens, the page size is {ps}",
+                    p.tokens.len()
+                )));
+            }
+            if p.slot as usize >= n {
+                return Err(KvError::InvalidArgument(format!(
+                    "restore_tier: page {i} is in slot {}, the tier has {n}",
+                    p.slot
+                )));
+            }
+        }
+        let mut children: HashMap<PageKey, Vec<usize>> = HashMap::new();
+        for (i, p) in pages.iter().enumerate() {
+            children.entry(p.parent_key).or_default().push(i);
+        }
+        let mut accepted = vec![false; pages.len()];
+        let mut free: HashSet<u32> = st.tiers[t].free.iter().copied().collect();
+        // Depth-first from the root key: (page index, depth); the path's tokens and slots are
+        // kept for the current branch only.
+        let mut stack: Vec<(usize, usize)> = children
+            .get(&self.root_key)
+            .map(|v| v.iter().map(|&i| (i, 0)).collect())
+            .unwrap_or_default();
+        let mut path_tokens: Vec<u32> = Vec::new();
+        let mut path_slots: Vec<PageId> = Vec::new();
+        while let Some((i, depth)) = stack.pop() {
+            let p = &pages[i];
+            path_tokens.truncate(depth * ps);
+            path_slots.truncate(depth);
+            let ns = match p.namespace.as_deref() {
+                None => crate::radix::DEFAULT_NAMESPACE,
+                Some(name) => {
+                    let known = st.known_namespace(Some(name));
+                    st.resolve_namespace(known, Some(name))
+                }
+            };
+            let kns = st.key_namespace(ns).ok_or_else(|| {
+                internal(KvError::InvalidArgument("namespace without a name".into()))
+            })?;
+            if page_key(&p.parent_key, kns, &p.tokens) != p.key || !free.contains(&p.slot) {
+                st.forget_if_unused(ns);
+                continue;
+            }
+            path_tokens.extend_from_slice(&p.tokens);
+            path_slots.push(p.slot + 1);
+            let tier = &mut st.tiers[t];
+            let ins = tier
+                .tree
+                .insert(ns, &path_tokens, &path_slots, 0, now)
+                .map_err(internal)?;
+            if ins.num_adopted_pages != 1 {
+                // A duplicate of a page restored already (or a namespace that cannot continue
+                // this path): the branch goes on from the copy the tier kept.
+                let mut kept = Vec::new();
+                tier.tree.peek_prefix_pages(ns, &path_tokens, &mut kept);
+                if kept.len() != depth + 1 {
+                    st.forget_if_unused(ns);
+                    continue;
+                }
+                path_slots = kept;
+            } else {
+                free.remove(&p.slot);
+                tier.keys[p.slot as usize] = p.key;
+                tier.stats.num_restored_pages += 1;
+                accepted[i] = true;
+            }
+            if let Some(kids) = children.get(&p.key) {
+                stack.extend(kids.iter().map(|&c| (c, depth + 1)));
+            }
+        }
+        let tier = &mut st.tiers[t];
+        tier.free.retain(|s| free.contains(s));
+        Ok(accepted)
+    }
+
+    /// Check the tiers' invariants (slots partitioned, counts exact); for tests.
+    pub fn check_tiers(&self) -> Result<(), String> {
+        let st = self.state.lock();
+        for (t, tier) in st.tiers.iter().enumerate() {
+            let in_flight: Vec<u32> = st
+                .transfers
+                .ops
+                .values()
+                .filter_map(|(op, _)| match op {
+                    Op::Store(s) if s.tier == t => Some(s.slots.clone()),
+                    _ => None,
+                })
+                .flatten()
+                .collect();
+            tier.check(&in_flight)?;
+        }
+        st.tree.check_invariants()
+    }
+}
+
+fn namespace_name(names: &HashMap<Namespace, String>, ns: Namespace) -> Option<String> {
+    match ns {
+        crate::radix::DEFAULT_NAMESPACE => None,
+        crate::radix::PUBLIC_NAMESPACE => Some(super::PUBLIC_NAMESPACE_NAME.to_owned()),
+        ns => names.get(&ns).cloned(),
+    }
+}
