@@ -2,8 +2,9 @@
 
 Why one module: ``tools/check_cuda_kernels.py`` (CI, no GPU) and the run-time loader must compile with
 exactly the same options and see exactly the same kernel names, or CI would prove something other than
-what runs. This file imports only the standard library and ``cuda.bindings`` (lazily), so the CI tool
-loads it by path without the native extension or NumPy.
+what runs. This file imports only the standard library, ``cuda.bindings`` (lazily) and the precision
+table ``kvcore/dtypes.py`` (stdlib only too), so the CI tool loads it by path without the native extension
+or NumPy; loaded that way, it loads the table by path as well.
 
 Why cubin and not PTX: PTX from NVRTC 13.5 is ISA 9.5, which a CUDA 13.0 driver (580) refuses to JIT
 (``CUDA_ERROR_UNSUPPORTED_PTX_VERSION``); a cubin for the device's exact SM loads on any driver of the
@@ -16,14 +17,34 @@ wheel (found by ``cuda.pathfinder``), or else from the copy NVRTC >= 13.3 carrie
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+
+def _load_table_by_path() -> ModuleType:
+    """``kvcore/dtypes.py`` without importing the kvcore package (which needs the native extension)."""
+    path = Path(__file__).resolve().parents[1] / "dtypes.py"
+    spec = importlib.util.spec_from_file_location("kvcore_dtypes_standalone", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look the module up while the class is created
+    spec.loader.exec_module(module)
+    return module
+
+
+if TYPE_CHECKING or __package__ == "kvcore.kernels":
+    from kvcore import dtypes as _table
+else:  # loaded by path (tools/check_cuda_kernels.py)
+    _table = _load_table_by_path()
 
 __all__ = [
     "ACTIVATIONS",
@@ -45,14 +66,14 @@ __all__ = [
 # Every entry point the runtime can launch, per source file. CI checks each one is in the cubin, so a
 # template instantiation the runtime needs can never be missing.
 
-ACTIVATIONS: tuple[str, ...] = ("fp16", "bf16")  # q/k/v/out types: __half, __nv_bfloat16
-CACHE_DTYPES: tuple[str, ...] = ("fp16", "bf16", "fp8", "int8")  # kvcore.pool.dtypes.KV_DTYPES
+ACTIVATIONS: tuple[str, ...] = ("fp16", "bf16")  # q/k/v/out types: their cuda_type in kvcore.dtypes
+CACHE_DTYPES: tuple[str, ...] = _table.POOL_DTYPES  # kernel-name suffixes; tags and types: kvcore.dtypes
 HEAD_DIMS: tuple[int, ...] = (64, 128)  # head_dim values with an attention instantiation
 
 
 def activation_for(act: str, cache: str) -> bool:
     """Whether (activation, cache) has kernels: 16-bit caches take their own type, 8-bit ones either."""
-    return cache in ("fp8", "int8") or act == cache
+    return _table.PRECISIONS[cache].quantized or act == cache
 
 
 KERNEL_NAMES: dict[str, tuple[str, ...]] = {

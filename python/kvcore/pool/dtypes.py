@@ -9,6 +9,10 @@ pool written on the CPU and one written on the GPU hold the same bytes:
   = round to nearest even, finite overflow and +-inf saturate to +-448, NaN -> 0x7F; stored as ``uint8``.
 - int8: ``__float2int_rn`` then a clamp to [-127, 127] (symmetric: -128 is never produced).
 
+Which precisions exist, their storage dtypes and their ``qmax`` come from :mod:`kvcore.dtypes` (the one
+precision table); this module keeps the pool's policy (only those four, and its error for the rest) and
+the conversions.
+
 Quantized caches (fp8, int8) hold ``x / scale`` with one fp32 scale per (layer, kv head) for K and one for
 V; the division is IEEE float32 on both backends so the stored bytes agree bit for bit.
 
@@ -19,10 +23,11 @@ backend can convert on the device without a kernel of its own.
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 import numpy as np
 
+from kvcore import dtypes as _table
 from kvcore.exceptions import ConfigError, InvalidDTypeError
 from kvcore.pool.checks import positive_array
 
@@ -44,36 +49,17 @@ __all__ = [
     "to_float32",
 ]
 
-KVDType = Literal["fp16", "bf16", "fp8", "int8"]
+KVDType = _table.PoolDType
 
-# Canonical names are those of kvcore.sizing (fp8 means e4m3 here: e5m2 is refused, not mapped).
-KV_DTYPES: Final[tuple[KVDType, ...]] = ("fp16", "bf16", "fp8", "int8")
-
-_ALIASES: Final[dict[str, KVDType]] = {
-    "fp16": "fp16",
-    "float16": "fp16",
-    "half": "fp16",
-    "f16": "fp16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp8": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8-e4m3": "fp8",
-    "e4m3": "fp8",
-    "float8_e4m3fn": "fp8",
-    "int8": "int8",
-    "i8": "int8",
-}
+# The pool's precisions, in kvcore.dtypes (the one table): fp8 means e4m3 (e5m2 is refused, not mapped).
+KV_DTYPES: Final[tuple[KVDType, ...]] = _table.POOL_DTYPES
 
 _STORAGE: Final[dict[KVDType, np.dtype[Any]]] = {
-    "fp16": np.dtype(np.float16),
-    "bf16": np.dtype(np.uint16),  # bf16 bit patterns
-    "fp8": np.dtype(np.uint8),  # e4m3fn bit patterns
-    "int8": np.dtype(np.int8),
+    name: np.dtype(storage) for name in KV_DTYPES if (storage := _table.PRECISIONS[name].storage)
 }
 
-FP8_E4M3_MAX: Final = 448.0
-INT8_MAX: Final = 127.0
+FP8_E4M3_MAX: Final = _table.PRECISIONS["fp8"].qmax
+INT8_MAX: Final = _table.PRECISIONS["int8"].qmax
 
 
 def normalize_kv_dtype(kv_dtype: str) -> KVDType:
@@ -84,12 +70,12 @@ def normalize_kv_dtype(kv_dtype: str) -> KVDType:
     """
     if not isinstance(kv_dtype, str):
         raise ConfigError(f"kv_dtype: expected a precision name such as 'bf16', got {kv_dtype!r}")
-    key = kv_dtype.strip().lower()
-    if key not in _ALIASES:
+    name = _table.canonical(kv_dtype)
+    if name is None or not _table.is_pool_dtype(name):
         raise ConfigError(
             f"kv_dtype: the KV pool stores {', '.join(KV_DTYPES)} (fp8 = e4m3), not {kv_dtype!r}"
         )
-    return _ALIASES[key]
+    return name
 
 
 def storage_dtype(kv_dtype: str) -> np.dtype[Any]:
@@ -99,13 +85,12 @@ def storage_dtype(kv_dtype: str) -> np.dtype[Any]:
 
 def is_quantized(kv_dtype: str) -> bool:
     """True for the precisions stored as ``x / scale`` (fp8, int8)."""
-    return normalize_kv_dtype(kv_dtype) in ("fp8", "int8")
+    return _table.PRECISIONS[normalize_kv_dtype(kv_dtype)].quantized
 
 
 def qmax(kv_dtype: str) -> float:
     """Largest magnitude a quantized precision stores (448 for e4m3, 127 for int8; 1.0 otherwise)."""
-    name = normalize_kv_dtype(kv_dtype)
-    return FP8_E4M3_MAX if name == "fp8" else INT8_MAX if name == "int8" else 1.0
+    return _table.PRECISIONS[normalize_kv_dtype(kv_dtype)].qmax
 
 
 # ----------------------------------------------------------------------------------------------- bf16

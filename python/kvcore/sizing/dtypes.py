@@ -10,10 +10,14 @@ one fp32 scale per layer, per K/V tensor and per KV head (static per-head scalin
 ``k_scale``/``v_scale``). That is a constant ``2 × layers × kv_heads × 4`` bytes per pool, not a cost per
 token: 2,048 bytes for 32 layers × 8 heads. The plain formula (:func:`kvcore.sizing.kv_cache_bytes`)
 never includes scales; totals that do say so.
+
+The widths, names and spellings are those of :mod:`kvcore.dtypes` (the one precision table, shared with
+the pool and the kernels); this module keeps sizing's policy: which names it accepts and its errors.
 """
 
 from __future__ import annotations
 
+from kvcore import dtypes as _table
 from kvcore.exceptions import ConfigError
 
 __all__ = [
@@ -28,44 +32,20 @@ __all__ = [
     "weight_dtype_bits",
 ]
 
-# Canonical cache precisions and their width in bits.
-_KV_BITS: dict[str, int] = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
-
-# Canonical weight precisions. fp4 (NVFP4/MXFP4) and int4 are counted at 4 bits without their group
-# scales: a measured checkpoint size is always better than this estimate.
-_WEIGHT_BITS: dict[str, int] = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp4": 4}
-
-# Spellings found in configs and on command lines (lower case) -> canonical name.
-_ALIASES: dict[str, str] = {
-    "float32": "fp32",
-    "float": "fp32",
-    "f32": "fp32",
-    "float16": "fp16",
-    "half": "fp16",
-    "f16": "fp16",
-    "bfloat16": "bf16",
-    "fp8_e4m3": "fp8",
-    "fp8-e4m3": "fp8",
-    "e4m3": "fp8",
-    "float8_e4m3fn": "fp8",
-    "nvfp4": "fp4",
-    "mxfp4": "fp4",
-}
-
-KV_DTYPES: tuple[str, ...] = tuple(_KV_BITS)
-WEIGHT_DTYPES: tuple[str, ...] = tuple(_WEIGHT_BITS)
+# Canonical cache and weight precisions, their widths and spellings: kvcore.dtypes (the one table).
+KV_DTYPES: tuple[str, ...] = _table.KV_DTYPES
+WEIGHT_DTYPES: tuple[str, ...] = _table.WEIGHT_DTYPES
 
 # Bytes of one scale (fp32) in a quantized cache; one per layer, K/V tensor and KV head (module docstring).
-SCALE_BYTES = 4
+SCALE_BYTES = _table.SCALE_BYTES
 
 
-def _canonical(name: object, table: dict[str, int], field: str) -> str:
+def _canonical(name: object, names: tuple[str, ...], field: str) -> str:
     if not isinstance(name, str):
         raise ConfigError(f"{field}: expected a precision name such as 'bf16', got {name!r}")
-    key = name.strip().lower()
-    key = _ALIASES.get(key, key)
-    if key not in table:
-        raise ConfigError(f"{field}: unknown precision {name!r}; expected one of {', '.join(table)}")
+    key = _table.canonical(name)
+    if key is None or key not in names:
+        raise ConfigError(f"{field}: unknown precision {name!r}; expected one of {', '.join(names)}")
     return key
 
 
@@ -75,17 +55,17 @@ def normalize_kv_dtype(kv_dtype: str) -> str:
     Raises:
         ConfigError: the name is not a cache precision kvcore knows (fp32, fp16, bf16, fp8, int8, int4).
     """
-    return _canonical(kv_dtype, _KV_BITS, "kv_dtype")
+    return _canonical(kv_dtype, KV_DTYPES, "kv_dtype")
 
 
 def normalize_weight_dtype(weight_dtype: str) -> str:
     """Canonical name of a weight precision (the cache precision names plus ``fp4``)."""
-    return _canonical(weight_dtype, _WEIGHT_BITS, "weight_dtype")
+    return _canonical(weight_dtype, WEIGHT_DTYPES, "weight_dtype")
 
 
 def kv_dtype_bits(kv_dtype: str) -> int:
     """Width of one cached element in bits (int4 -> 4), so that sums stay exact integers."""
-    return _KV_BITS[normalize_kv_dtype(kv_dtype)]
+    return _table.PRECISIONS[normalize_kv_dtype(kv_dtype)].bits
 
 
 def kv_dtype_bytes(kv_dtype: str) -> float:
@@ -99,9 +79,9 @@ def kv_dtype_bytes(kv_dtype: str) -> float:
 
 def weight_dtype_bits(weight_dtype: str) -> int:
     """Width of one weight in bits (group scales of 4-bit formats are not counted)."""
-    return _WEIGHT_BITS[normalize_weight_dtype(weight_dtype)]
+    return _table.PRECISIONS[normalize_weight_dtype(weight_dtype)].bits
 
 
 def is_quantized_kv_dtype(kv_dtype: str) -> bool:
     """True for the precisions that carry scales in kvcore's layout (fp8, int8, int4)."""
-    return kv_dtype_bits(kv_dtype) <= 8
+    return _table.PRECISIONS[normalize_kv_dtype(kv_dtype)].quantized
