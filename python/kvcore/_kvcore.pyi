@@ -1,15 +1,15 @@
 """Type stubs of the native module (checked against the built module by ``mypy.stubtest``)."""
 
-from collections.abc import Callable, Sequence
-from typing import TypeAlias, final
+from collections.abc import Callable, Iterable, Sequence
+from typing import Protocol, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
 from kvcore.events import KVEvent
-from kvcore.manager import PageTable, PrefixMatch
+from kvcore.manager import PageTable, PrefixMatch, TransferBatch
 
-__all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__", "page_keys"]
+__all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__", "page_keys", "payload_checksum"]
 
 __version__: str
 
@@ -99,6 +99,10 @@ class CacheStats:
 
 _Ids: TypeAlias = Sequence[int] | npt.NDArray[np.int64] | npt.NDArray[np.int32]
 
+class _TierLike(Protocol):
+    name: str
+    num_slots: int
+
 _Tokens: TypeAlias = npt.NDArray[np.int32] | npt.NDArray[np.uint32] | npt.NDArray[np.int64] | Sequence[int]
 
 @final
@@ -115,6 +119,9 @@ class KVCacheManager:
         clock: Callable[[], float] | None = None,
         fingerprint: bytes | bytearray | None = None,
         events: bool = False,
+        lower_tiers: Sequence[tuple[str, int] | tuple[str, int, float] | _TierLike] | None = None,
+        store_policy: str = "selective",
+        store_options: dict[str, float] | None = None,
     ) -> KVCacheManager: ...
     def add_sequence(
         self,
@@ -130,6 +137,28 @@ class KVCacheManager:
 
         ``reserve``: slots for only that many prompt tokens after the hit (the rest with ``reserve``).
         """
+    @property
+    def tier_names(self) -> list[str]:
+        """Names of the lower tiers, fastest first (a transfer row's ``tier`` indexes this)."""
+    def take_transfers(self) -> TransferBatch:
+        """Queued stores and loads, now in flight: copy them (``kvcore.tiers.Mover``) and report
+        each op with ``complete_transfers``. Call it after the step that wrote the stored pages."""
+    def complete_transfers(self, op_ids: _Ids, ok: bool | Sequence[bool] | npt.NDArray[np.bool_]) -> None:
+        """Report taken transfers: a store OK becomes visible in its tier, a failed one frees its
+        slots; a failed load cuts the sequence's hit before it. Nothing changes on a bad id."""
+    def is_ready(self, seq_id: int) -> bool:
+        """Whether the sequence's prefix is in HBM (no load in flight): its tables are valid."""
+    def hit_tokens(self, seq_id: int) -> dict[str, int]:
+        """``{"hbm": n, tier name: n, ...}``: where the sequence's prefix hit comes from."""
+    def tier_stats(self) -> dict[str, dict[str, int]]:
+        """``{tier name: {counter: value}}``: occupancy and counters of each lower tier."""
+    def restore_tier(
+        self, name: str, entries: Iterable[tuple[int, bytes, bytes, str | None, _Tokens]]
+    ) -> npt.NDArray[np.bool_]:
+        """Rebuild a lower tier's index from ``DiskTier.entries()``; accepted or not, per entry
+        (only pages whose keys this cache computes: same fingerprint, namespace and tokens)."""
+    def _check_invariants(self) -> None:
+        """Check the tree's and the lower tiers' invariants (tests); InternalError if broken."""
     def reserve(self, seq_id: int, num_tokens: int) -> bool:
         """Slots for the next ``num_tokens`` prompt tokens; False (nothing changed) if no room."""
     def page_keys(self, seq_id: int) -> npt.NDArray[np.uint8]:

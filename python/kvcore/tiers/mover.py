@@ -1,0 +1,144 @@
+"""The mover: executes a cache's transfer batches between the pool and its lower tiers.
+
+The Rust core decides what moves where (:meth:`KVCacheManager.take_transfers`); the mover copies
+the bytes through each tier's ``store`` / ``load`` and reports every op back
+(:meth:`KVCacheManager.complete_transfers`), so a page never stays held by a transfer that
+nobody completes, even when a tier raises.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import numpy.typing as npt
+
+from kvcore.exceptions import ConfigError
+from kvcore.manager import TransferBatch
+
+__all__ = ["MoveResult", "Mover", "Tier"]
+
+
+class Tier(Protocol):
+    """What the mover needs of a lower tier (``HostTier``, ``DiskTier`` implement it)."""
+
+    name: str
+    num_slots: int
+
+    def store(
+        self,
+        pool: Any,
+        pages: npt.NDArray[np.int32],
+        slots: npt.NDArray[np.int32],
+        keys: npt.NDArray[np.uint8],
+        parent_keys: npt.NDArray[np.uint8],
+        tokens: npt.NDArray[np.uint32],
+        namespaces: list[str | None],
+    ) -> npt.NDArray[np.bool_]: ...
+
+    def load(
+        self,
+        pool: Any,
+        slots: npt.NDArray[np.int32],
+        pages: npt.NDArray[np.int32],
+        keys: npt.NDArray[np.uint8],
+    ) -> npt.NDArray[np.bool_]: ...
+
+
+@dataclass(frozen=True)
+class MoveResult:
+    """What one :meth:`Mover.run` did, in pages."""
+
+    stored: int
+    store_failed: int
+    loaded: int
+    load_failed: int
+
+    @property
+    def idle(self) -> bool:
+        """Nothing was queued."""
+        return not (self.stored or self.store_failed or self.loaded or self.load_failed)
+
+
+class Mover:
+    """Moves a cache's pages between ``pool`` and ``tiers`` (one tier object per lower tier of the
+    cache, matched by name; each with the cache's slot count).
+
+    Raises:
+        ConfigError: a cache tier has no tier object (or a different slot count), a tier object is
+            not one of the cache's, or the pool's page count or page size is not the cache's.
+    """
+
+    def __init__(self, cache: Any, pool: Any, tiers: Sequence[Tier]) -> None:
+        names = list(cache.tier_names)
+        by_name = {t.name: t for t in tiers}
+        if len(by_name) != len(tiers):
+            raise ConfigError("Mover: two tiers share a name")
+        missing = [n for n in names if n not in by_name]
+        extra = [n for n in by_name if n not in names]
+        if missing or extra:
+            raise ConfigError(
+                f"Mover: the cache's lower tiers are {names}; missing tier objects {missing}, "
+                f"unknown ones {extra}"
+            )
+        for n in names:
+            got = by_name[n].num_slots
+            stats = cache.tier_stats()[n]
+            if got != stats["num_slots"]:
+                raise ConfigError(
+                    f"Mover: tier {n!r} has {got} slots, the cache was built with {stats['num_slots']}"
+                )
+        if pool.num_pages != cache.num_pages or pool.page_size != cache.page_size:
+            raise ConfigError(
+                f"Mover: the pool has {pool.num_pages} pages of {pool.page_size} tokens, the cache "
+                f"{cache.num_pages} of {cache.page_size}"
+            )
+        self.cache = cache
+        self.pool = pool
+        self.tiers: list[Tier] = [by_name[n] for n in names]
+
+    def run(self) -> MoveResult:
+        """Take the cache's queued transfers, copy them, and complete every op."""
+        return self.execute(self.cache.take_transfers())
+
+    def execute(self, batch: TransferBatch) -> MoveResult:
+        """Copy one batch and complete its ops (an op a tier failed, or that raised, fails)."""
+        store_ok = np.zeros(len(batch.store_ops), dtype=bool)
+        load_ok = np.zeros(len(batch.load_ops), dtype=bool)
+        try:
+            for t, tier in enumerate(self.tiers):
+                rows = np.flatnonzero(batch.store_tiers == t)
+                if len(rows):
+                    store_ok[rows] = tier.store(
+                        self.pool,
+                        batch.store_pages[rows],
+                        batch.store_slots[rows],
+                        batch.store_keys[rows],
+                        batch.store_parent_keys[rows],
+                        batch.store_tokens[rows],
+                        [batch.store_namespaces[i] for i in rows],
+                    )
+                rows = np.flatnonzero(batch.load_tiers == t)
+                if len(rows):
+                    load_ok[rows] = tier.load(
+                        self.pool, batch.load_slots[rows], batch.load_pages[rows], batch.load_keys[rows]
+                    )
+        finally:
+            # Always report: a store op succeeds only if every row of it did.
+            ops = np.unique(batch.store_ops)
+            op_ok = np.ones(len(ops), dtype=bool)
+            if len(ops):
+                where = np.searchsorted(ops, batch.store_ops)
+                np.logical_and.at(op_ok, where, store_ok)
+            self.cache.complete_transfers(
+                np.concatenate([ops, batch.load_ops]).astype(np.int64),
+                np.concatenate([op_ok, load_ok]).tolist(),
+            )
+        return MoveResult(
+            stored=int(store_ok.sum()),
+            store_failed=int(len(store_ok) - store_ok.sum()),
+            loaded=int(load_ok.sum()),
+            load_failed=int(len(load_ok) - load_ok.sum()),
+        )
