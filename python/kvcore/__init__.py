@@ -26,7 +26,7 @@ from kvcore.exceptions import (
     TraceFormatError,
     UnknownSequenceError,
 )
-from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixMatch
+from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixMatch, TransferBatch
 
 __all__ = [
     "PUBLIC_NAMESPACE",
@@ -45,6 +45,7 @@ __all__ = [
     "PageTable",
     "PrefixMatch",
     "TraceFormatError",
+    "TransferBatch",
     "UnknownSequenceError",
     "__version__",
     "page_keys",

@@ -1,0 +1,336 @@
+"""The manager's side of the lower tiers: residence, two-phase transfers, promotion, policies, restart.
+
+No bytes move here (the tiers' storage has its own tests): transfers are taken and completed by
+hand, so each rule of the contract is checked on its own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvcore
+from kvcore import InvalidArgumentError, InvalidDTypeError, KVCacheManager
+
+PS = 4
+
+
+def tiered(
+    num_pages: int = 32, host: int = 16, disk: int = 32, policy: str = "all", **kw: object
+) -> KVCacheManager:
+    return KVCacheManager(
+        num_pages, PS, lower_tiers=[("host", host), ("disk", disk)], store_policy=policy, **kw
+    )
+
+
+def complete_all(m: KVCacheManager, ok: bool = True) -> kvcore.TransferBatch:
+    b = m.take_transfers()
+    ops = np.unique(b.store_ops).tolist() + b.load_ops.tolist()
+    if ops:
+        m.complete_transfers(ops, ok)
+    return b
+
+
+def demote(m: KVCacheManager, seq_id: int, tokens: list[int], ns: str | None = None) -> None:
+    """Admit, store to the tiers, free, and drop from HBM."""
+    assert m.add_sequence(seq_id, tokens, ns) is not None
+    complete_all(m)
+    m.free_sequence(seq_id)
+    m.evict(1 << 20)
+    assert m.peek_prefix_len(tokens, ns) == 0
+
+
+PROMPT = list(range(1, 14))  # 3 full pages + 1 token
+
+
+def test_store_is_invisible_until_completed_and_failed_store_frees_its_slots() -> None:
+    m = tiered()
+    m.add_sequence(1, PROMPT)
+    b = m.take_transfers()
+    assert sorted(set(b.store_tiers.tolist())) == [0, 1] and len(b.store_ops) == 6
+    assert b.tier_names == ("host", "disk")
+    # The pages are held by the stores: evicting finds nothing to take.
+    m.free_sequence(1)
+    assert m.evict(100) == 0
+    assert m.stats().num_pages_in_use == 3
+    # In flight: a new admission in HBM-less conditions sees no tier copy yet.
+    assert m.tier_stats()["host"]["num_slots_in_flight"] == 3
+    host_ops = np.unique(b.store_ops[b.store_tiers == 0]).tolist()
+    disk_ops = np.unique(b.store_ops[b.store_tiers == 1]).tolist()
+    m.complete_transfers(host_ops, False)
+    m.complete_transfers(disk_ops, True)
+    s = m.tier_stats()
+    assert s["host"]["num_store_failed_pages"] == 3 and s["host"]["num_slots_free"] == 16
+    assert s["disk"]["num_stored_pages"] == 3 and s["disk"]["num_slots_cached"] == 3
+    assert m.evict(100) == 3
+    assert m.add_sequence(2, PROMPT) == 12
+    assert m.hit_tokens(2) == {"hbm": 0, "host": 0, "disk": 12}
+    m._check_invariants()
+
+
+def test_promotion_queues_loads_and_the_sequence_is_ready_once_they_complete() -> None:
+    m = tiered()
+    demote(m, 1, PROMPT)
+    assert m.add_sequence(2, PROMPT) == 12
+    assert not m.is_ready(2)
+    for call in (
+        lambda: m.append(2, [5]),
+        lambda: m.page_table([2]),
+        lambda: m.block_table([2]),
+        lambda: m.slot_mapping(2, 1),
+        lambda: m.commit(2, 4),
+        lambda: m.fork(2, 3),
+        lambda: m.truncate(2, 4),
+    ):
+        with pytest.raises(InvalidArgumentError, match="loading"):
+            call()
+    b = m.take_transfers()
+    pages = m.seq_pages(2).tolist()
+    assert b.load_pages.tolist() == pages[:3]
+    assert (b.load_tiers == 0).all()  # host first
+    assert len(b.store_ops) == 0  # the tiers already hold them
+    m.complete_transfers(b.load_ops, True)
+    assert m.is_ready(2)
+    assert m.hit_tokens(2) == {"hbm": 0, "host": 12, "disk": 0}
+    # The loaded pages are now cached in HBM: another admission shares them.
+    assert m.add_sequence(3, PROMPT) == 12
+    assert m.seq_pages(3).tolist()[:3] == pages[:3]
+    assert m.tier_stats()["host"]["hit_tokens"] == 12
+    m._check_invariants()
+
+
+def test_a_failed_load_cuts_the_hit_before_it_and_marks_the_slot_bad() -> None:
+    m = tiered()
+    demote(m, 1, PROMPT)
+    m.add_sequence(2, PROMPT)
+    b = m.take_transfers()
+    ok = [True, False, True]
+    m.complete_transfers(b.load_ops, ok)
+    assert m.is_ready(2)
+    assert m.hit_tokens(2) == {"hbm": 0, "host": 4, "disk": 0}
+    assert m.tier_stats()["host"]["num_slots_bad"] == 1
+    assert m.tier_stats()["host"]["num_load_failed_pages"] == 1
+    m.free_sequence(2)
+    m.evict(1 << 20)
+    # The host copy of page 1 is bad: the match continues from the disk copies instead.
+    m.add_sequence(3, PROMPT)
+    assert m.hit_tokens(3) == {"hbm": 0, "host": 4, "disk": 8}
+    m._check_invariants()
+
+
+def test_loads_complete_in_any_order_and_freeing_while_loading_cancels_the_untaken_ones() -> None:
+    m = tiered()
+    demote(m, 1, PROMPT)
+    m.add_sequence(2, PROMPT)
+    m.free_sequence(2)  # nothing taken yet: the loads are cancelled, everything released
+    assert complete_all(m).load_ops.size == 0
+    assert m.stats().num_pages_in_use == 0
+    assert m.tier_stats()["host"]["num_slots_locked"] == 0
+    m.add_sequence(3, PROMPT)
+    b = m.take_transfers()
+    m.free_sequence(3)  # taken: the pages stay held by the loads until they complete
+    assert m.stats().num_pages_in_use == 3
+    m.complete_transfers(b.load_ops[::-1], True)
+    assert m.stats().num_pages_in_use == 0
+    m._check_invariants()
+
+
+def test_complete_transfers_refuses_bad_ids_and_changes_nothing() -> None:
+    m = tiered()
+    m.add_sequence(1, PROMPT)
+    b = m.take_transfers()
+    ops = np.unique(b.store_ops).tolist()
+    before = m.tier_stats()
+    with pytest.raises(InvalidArgumentError, match="not a transfer in flight"):
+        m.complete_transfers([ops[0], 999], True)
+    with pytest.raises(InvalidArgumentError, match="twice"):
+        m.complete_transfers([ops[0], ops[0]], True)
+    with pytest.raises(InvalidArgumentError, match="outcomes"):
+        m.complete_transfers(ops, [True])
+    with pytest.raises(InvalidArgumentError):
+        m.complete_transfers([-1], True)
+    with pytest.raises(InvalidDTypeError):
+        m.complete_transfers(ops, ["yes"] * len(ops))
+    assert m.tier_stats() == before
+    m.complete_transfers(ops, True)
+    m.add_sequence(2, [7] * 9)
+    with pytest.raises(InvalidArgumentError, match="not taken"):
+        queued = 1 + max(ops)
+        m.complete_transfers([queued], True)
+
+
+def test_a_store_without_room_is_skipped_and_counted() -> None:
+    m = tiered(host=2, disk=2)
+    m.add_sequence(1, PROMPT)  # 3 pages, 2 slots per tier, nothing evictable there
+    assert len(m.take_transfers().store_ops) == 0
+    s = m.tier_stats()
+    assert s["host"]["num_store_skipped_no_room"] == 3 and s["disk"]["num_store_skipped_no_room"] == 3
+
+
+def test_tier_eviction_is_leaf_first_and_lru() -> None:
+    m = tiered(host=4, disk=1, num_pages=64)
+    m.add_sequence(1, list(range(1, 10)))  # pages a, b
+    complete_all(m)
+    m.add_sequence(2, list(range(100, 109)))  # pages c, d: host full
+    complete_all(m)
+    m.add_sequence(3, list(range(200, 205)))  # page e: evicts the LRU leaf (b), not a
+    complete_all(m)
+    for i in (1, 2, 3):
+        m.free_sequence(i)
+    m.evict(1 << 20)
+    m.add_sequence(4, list(range(1, 10)))
+    assert m.hit_tokens(4)["host"] == 4  # a kept, b evicted
+    assert m.tier_stats()["host"]["num_evicted_slots"] == 1
+
+
+def test_selective_policy_stores_on_the_second_use_and_on_priority_and_pins() -> None:
+    m = tiered(policy="selective")
+    m.add_sequence(1, PROMPT)
+    assert len(m.take_transfers().store_ops) == 0  # used once
+    m.add_sequence(2, PROMPT)  # hit: used twice
+    b = complete_all(m)
+    assert len(b.store_ops) == 6
+    m2 = tiered(policy="selective", store_options={"min_priority": 5})
+    m2.add_sequence(1, PROMPT, priority=5)
+    assert len(m2.take_transfers().store_ops) == 6
+    m3 = tiered(policy="selective", store_options={"min_hits": 100})
+    m3.add_sequence(1, PROMPT)
+    m3.free_sequence(1)
+    assert m3.pin(PROMPT, 10.0) == 3
+    assert len(m3.take_transfers().store_ops) == 6
+
+
+def test_value_policy_weighs_reuse_against_the_transfer_cost() -> None:
+    # 256 KiB pages: the fast host is worth it for a page never reused yet; the 2 GB/s disk
+    # (131 us a page against a 400 us prefill) only once the page was hit.
+    m = KVCacheManager(
+        64,
+        16,
+        lower_tiers=[("host", 64, 25.0), ("disk", 64, 2.0)],
+        store_policy="value",
+        store_options={"page_bytes": 262144.0},
+    )
+    m.add_sequence(1, list(range(1, 40)))
+    assert set(complete_all(m).store_tiers.tolist()) == {0}
+    m.add_sequence(2, list(range(1, 40)))
+    assert set(complete_all(m).store_tiers.tolist()) == {1}
+    # A disk slower than recomputing is never worth it, however often a page is hit.
+    slow = KVCacheManager(64, 16, lower_tiers=[("disk", 64, 0.5)], store_policy="value")
+    for i in range(6):
+        slow.add_sequence(i, list(range(1, 40)))
+    assert not slow.take_transfers()
+    with pytest.raises(InvalidArgumentError, match="not an option"):
+        tiered(policy="value", store_options={"min_hits": 2})
+
+
+def test_namespaces_are_kept_in_every_tier() -> None:
+    m = tiered()
+    demote(m, 1, PROMPT, ns="tenant-a")
+    assert m.add_sequence(2, PROMPT, "tenant-b") == 0
+    assert m.add_sequence(3, PROMPT) == 0
+    assert m.add_sequence(4, PROMPT, "tenant-a") == 12
+    b = m.take_transfers()
+    keys = kvcore.page_keys(np.asarray(PROMPT, dtype=np.int32), PS, namespace="tenant-a")
+    assert (b.load_keys == keys[:3]).all()
+    # A tenant whose only trace is in a lower tier keeps its name interned (no id reuse, no alias).
+    m.complete_transfers(b.load_ops, True)
+    # tenant-b's stores, in flight: a store keeps its namespace interned too.
+    m.complete_transfers(np.unique(b.store_ops), True)
+    for i in (2, 3, 4):
+        m.free_sequence(i)
+    m.evict(1 << 20)
+    assert m.num_namespaces() >= 1
+    m.reset_prefix_cache()
+    assert m.num_namespaces() == 0
+    assert m.tier_stats()["host"]["num_slots_cached"] == 0
+
+
+def test_store_rows_describe_the_page_for_a_self_describing_value() -> None:
+    m = tiered(fingerprint=b"model-x")
+    m.add_sequence(1, PROMPT, "t")
+    b = m.take_transfers()
+    keys = kvcore.page_keys(np.asarray(PROMPT, dtype=np.int32), PS, fingerprint=b"model-x", namespace="t")
+    host = b.store_tiers == 0
+    assert (b.store_keys[host] == keys[:3]).all()
+    assert bytes(b.store_parent_keys[host][0]) == m.root_key()
+    assert (b.store_parent_keys[host][1:] == keys[:2]).all()
+    assert b.store_tokens[host].tolist() == [PROMPT[0:4], PROMPT[4:8], PROMPT[8:12]]
+    assert b.store_namespaces == ["t"] * 6
+
+
+def entries_of(b: kvcore.TransferBatch, tier: int) -> list[tuple[int, bytes, bytes, str | None, np.ndarray]]:
+    rows = np.flatnonzero(b.store_tiers == tier)
+    return [
+        (
+            int(b.store_slots[i]),
+            bytes(b.store_keys[i]),
+            bytes(b.store_parent_keys[i]),
+            b.store_namespaces[i],
+            b.store_tokens[i],
+        )
+        for i in rows
+    ]
+
+
+def test_restore_rebuilds_a_tier_for_the_same_fingerprint_only() -> None:
+    m = tiered(fingerprint=b"fp-1")
+    m.add_sequence(1, PROMPT, "t")
+    b1 = complete_all(m)
+    m.add_sequence(2, PROMPT[:8] + [99] * 5, "t")
+    entries = entries_of(b1, 1) + entries_of(complete_all(m), 1)
+    assert len(entries) == 4  # a shared first page, then 2 + 1
+    fresh = tiered(fingerprint=b"fp-1")
+    assert fresh.restore_tier("disk", entries[::-1]).all()  # any order
+    assert fresh.tier_stats()["disk"]["num_restored_pages"] == 4
+    assert fresh.add_sequence(3, PROMPT, "t") == 12
+    assert fresh.hit_tokens(3)["disk"] == 12
+    assert fresh.add_sequence(4, PROMPT) == 0  # another namespace
+    fresh._check_invariants()
+    other = tiered(fingerprint=b"fp-2")
+    assert not other.restore_tier("disk", entries).any()
+    assert other.add_sequence(1, PROMPT, "t") == 0
+    assert other.num_namespaces() == 1  # what the rejected entries interned was forgotten
+    # A tampered entry (tokens that do not give its key) and its descendants are refused.
+    bad = list(entries)
+    slot, key, parent, ns, tokens = bad[0]
+    bad[0] = (slot, key, parent, ns, tokens + 1)
+    again = tiered(fingerprint=b"fp-1")
+    assert not again.restore_tier("disk", bad).any()
+    with pytest.raises(InvalidArgumentError, match="no lower tier"):
+        again.restore_tier("ssd", entries)
+    with pytest.raises(InvalidArgumentError, match="slot"):
+        again.restore_tier("disk", [(10_000, key, parent, ns, tokens)])
+
+
+@pytest.mark.parametrize(
+    ("tiers", "match"),
+    [
+        ([("host", 0)], "num_slots"),
+        ([("host", 4), ("host", 4)], "distinct"),
+        ([("", 4)], "distinct"),
+        ([("host", 4, -1.0)], "bandwidth"),
+        ("host", "lower_tiers"),
+        ([("host",)], "lower_tiers"),
+        ([object()], "lower_tiers"),
+    ],
+)
+def test_bad_tier_configs_are_refused(tiers: object, match: str) -> None:
+    with pytest.raises((InvalidArgumentError, InvalidDTypeError), match=match):
+        KVCacheManager(8, PS, lower_tiers=tiers)  # type: ignore[arg-type]
+
+
+def test_bad_store_policies_are_refused() -> None:
+    with pytest.raises(InvalidArgumentError, match="store_policy"):
+        tiered(policy="sometimes")
+    with pytest.raises(InvalidArgumentError, match="dict"):
+        tiered(policy="all", store_options=[1])
+    with pytest.raises(InvalidArgumentError, match="value"):
+        tiered(policy="value", store_options={"prior_misses": 0.0})
+
+
+def test_without_tiers_nothing_is_queued() -> None:
+    m = KVCacheManager(16, PS)
+    m.add_sequence(1, PROMPT)
+    b = m.take_transfers()
+    assert not b and m.tier_names == [] and m.tier_stats() == {}
+    assert m.is_ready(1) and m.hit_tokens(1) == {"hbm": 0}
