@@ -871,6 +871,7 @@ impl KVCacheManager {
         {
             let ps = self.page_size;
             let mut pages = Vec::with_capacity(pinned);
+            // Pinning is a use: the match touches the pinned path as a hit would.
             let hit = st
                 .tree
                 .match_prefix(ns, &tokens[..pinned * ps], 0, now, &mut pages);
@@ -881,7 +882,6 @@ impl KVCacheManager {
                 ns,
                 hit.node,
                 tokens,
-                &pages,
                 &keys,
                 hit.num_pages,
                 tiers::Trigger::Pinned,
@@ -1008,7 +1008,6 @@ impl KVCacheManager {
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let (ns, node) = (seq.ns, seq.node);
         let tokens = std::mem::take(&mut seq.tokens);
-        let pages = std::mem::take(&mut seq.pages);
         let mut keys = std::mem::take(&mut seq.keys);
         let node_pages = seq.lock_pages;
         let result = self
@@ -1020,11 +1019,10 @@ impl KVCacheManager {
                 } else {
                     st.tree.cut_path(node, n).map_err(internal)?
                 };
-                self.offer_stores(st, ns, node, &tokens, &pages, &keys, n, trigger, now)
+                self.offer_stores(st, ns, node, &tokens, &keys, n, trigger, now)
             });
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.tokens = tokens;
-        seq.pages = pages;
         seq.keys = keys;
         result
     }

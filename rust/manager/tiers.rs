@@ -27,13 +27,13 @@
 //!   complete; its hit is then cut before the first failed page, and the engine recomputes the
 //!   rest into the pages it already holds.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{internal, unknown, KVCacheManager, SeqId, State};
 use crate::error::{KvError, KvResult};
 use crate::eviction::EvictionPolicy;
 use crate::keys::{page_key, PageKey};
-use crate::radix::{Namespace, NodeId, RadixTree, ROOT};
+use crate::radix::{FxBuildHasher, Namespace, NodeId, RadixTree, ROOT};
 use crate::PageId;
 
 /// One lower tier of a manager.
@@ -356,33 +356,45 @@ pub(super) struct StoreOp {
     tier_node: NodeId,
 }
 
-/// A load in flight: slot `slot` of tier `tier` into HBM page `page`, page `index` of the
-/// admission `admission` of sequence `seq`.
+/// The loads of one admission, in flight: page `first + i` of sequence `seq` comes from slot
+/// `slots[i]` of tier `tiers[i]` into HBM page `pages[i]`, as op `base + i`.
 #[derive(Debug)]
-pub(super) struct LoadOp {
-    tier: usize,
-    slot: u32,
-    page: PageId,
-    tier_node: NodeId,
+pub(super) struct LoadGroup {
     seq: SeqId,
     admission: u64,
-    index: usize,
+    first: usize,
+    tiers: Vec<u8>,
+    slots: Vec<u32>,
+    pages: Vec<PageId>,
+    /// Whether each load completed (its page reference and slot lock released).
+    done: Vec<bool>,
+    pending: usize,
+    /// Tier nodes locked for the group (one lock per tier used), released when all complete.
+    tier_nodes: Vec<(usize, NodeId)>,
+    taken: bool,
 }
 
-#[derive(Debug)]
-pub(super) enum Op {
-    Store(StoreOp),
-    Load(LoadOp),
-}
-
-/// Transfer ops: queued (not taken yet) and in flight (taken, not completed).
+/// Transfer ops: queued (not taken yet) and in flight (taken, not completed). Op ids are never
+/// reused; an admission's loads take consecutive ids.
 #[derive(Debug, Default)]
 pub(super) struct Transfers {
-    pub(super) ops: HashMap<u64, (Op, bool)>,
-    /// Ops not taken yet, in queue order.
+    /// Store ops by id, and whether taken.
+    pub(super) stores: HashMap<u64, (StoreOp, bool), FxBuildHasher>,
+    /// Load groups by their first op id.
+    pub(super) loads: BTreeMap<u64, LoadGroup>,
+    /// Ops not taken yet, in queue order: a store's id, or a load group's first id.
     pub(super) queued: Vec<u64>,
     pub(super) next_op: u64,
     pub(super) next_admission: u64,
+}
+
+impl Transfers {
+    /// The load group holding op `id`, and the op's index in it.
+    fn load_of(&self, id: u64) -> Option<(u64, usize)> {
+        let (&base, g) = self.loads.range(..=id).next_back()?;
+        let i = (id - base) as usize;
+        (i < g.pages.len()).then_some((base, i))
+    }
 }
 
 /// The loads of one admission (a sequence is not ready while it has some).
@@ -494,34 +506,34 @@ impl KVCacheManager {
         let ps = self.page_size;
         let queued = std::mem::take(&mut st.transfers.queued);
         for id in queued {
-            let Some((op, taken)) = st.transfers.ops.get_mut(&id) else {
-                continue;
-            };
-            *taken = true;
-            match op {
-                Op::Store(s) => {
-                    let name = namespace_name(&st.namespace_names, s.ns);
-                    for (i, (&page, &slot)) in s.pages.iter().zip(&s.slots).enumerate() {
-                        let at = (s.first + i) * ps;
-                        batch.stores.push(StoreRow {
-                            op: id,
-                            tier: s.tier,
-                            page,
-                            slot,
-                            key: s.keys[i],
-                            parent_key: if i == 0 { s.parent } else { s.keys[i - 1] },
-                            tokens: s.tokens[at..at + ps].to_vec(),
-                            namespace: name.clone(),
-                        });
-                    }
+            if let Some((op, taken)) = st.transfers.stores.get_mut(&id) {
+                *taken = true;
+                let name = namespace_name(&st.namespace_names, op.ns);
+                for (i, (&page, &slot)) in op.pages.iter().zip(&op.slots).enumerate() {
+                    let at = (op.first + i) * ps;
+                    batch.stores.push(StoreRow {
+                        op: id,
+                        tier: op.tier,
+                        page,
+                        slot,
+                        key: op.keys[i],
+                        parent_key: if i == 0 { op.parent } else { op.keys[i - 1] },
+                        tokens: op.tokens[at..at + ps].to_vec(),
+                        namespace: name.clone(),
+                    });
                 }
-                Op::Load(l) => batch.loads.push(LoadRow {
-                    op: id,
-                    tier: l.tier,
-                    slot: l.slot,
-                    page: l.page,
-                    key: st.tiers[l.tier].keys[l.slot as usize],
-                }),
+            } else if let Some(g) = st.transfers.loads.get_mut(&id) {
+                g.taken = true;
+                for i in 0..g.pages.len() {
+                    let (tier, slot) = (g.tiers[i] as usize, g.slots[i]);
+                    batch.loads.push(LoadRow {
+                        op: id + i as u64,
+                        tier,
+                        slot,
+                        page: g.pages[i],
+                        key: st.tiers[tier].keys[slot as usize],
+                    });
+                }
             }
         }
         batch
@@ -544,27 +556,38 @@ impl KVCacheManager {
         }
         let mut seen = HashSet::with_capacity(op_ids.len());
         for &id in op_ids {
-            let why = match st.transfers.ops.get(&id) {
+            let taken = match st.transfers.stores.get(&id) {
+                Some(&(_, taken)) => Some(taken),
+                None => st
+                    .transfers
+                    .load_of(id)
+                    .filter(|&(base, i)| !st.transfers.loads[&base].done[i])
+                    .map(|(base, _)| st.transfers.loads[&base].taken),
+            };
+            let why = match taken {
                 None => "is not a transfer in flight",
-                Some((_, false)) => "was not taken (take_transfers) yet",
-                Some(_) if !seen.insert(id) => "is listed twice",
-                Some(_) => continue,
+                Some(false) => "was not taken (take_transfers) yet",
+                Some(true) if !seen.insert(id) => "is listed twice",
+                Some(true) => continue,
             };
             return Err(KvError::InvalidArgument(format!(
                 "complete_transfers: op {id} {why}"
             )));
         }
+        let mut released = Vec::new();
         for (&id, &good) in op_ids.iter().zip(ok) {
-            let (op, _) =
-                st.transfers.ops.remove(&id).ok_or_else(|| {
-                    internal(KvError::InvalidArgument(format!("op {id} vanished")))
-                })?;
-            match op {
-                Op::Store(s) => self.finish_store(st, s, good, now)?,
-                Op::Load(l) => self.finish_load(st, l, good, now)?,
+            if let Some((op, _)) = st.transfers.stores.remove(&id) {
+                self.finish_store(st, op, good, now)?;
+                continue;
             }
+            let (base, i) = st
+                .transfers
+                .load_of(id)
+                .ok_or_else(|| internal(KvError::InvalidArgument(format!("op {id} vanished"))))?;
+            self.finish_load(st, base, i, good, now, &mut released)?;
         }
-        Ok(())
+        // The loads' own references on their HBM pages (each sequence holds its own, if live).
+        self.release(st, &released)
     }
 
     fn finish_store(&self, st: &mut State, s: StoreOp, good: bool, now: u64) -> KvResult<()> {
@@ -609,31 +632,55 @@ impl KVCacheManager {
         Ok(())
     }
 
-    fn finish_load(&self, st: &mut State, l: LoadOp, good: bool, now: u64) -> KvResult<()> {
-        let tier = &mut st.tiers[l.tier];
+    fn finish_load(
+        &self,
+        st: &mut State,
+        base: u64,
+        i: usize,
+        good: bool,
+        now: u64,
+        released: &mut Vec<PageId>,
+    ) -> KvResult<()> {
+        let g = st
+            .transfers
+            .loads
+            .get_mut(&base)
+            .ok_or_else(|| internal(KvError::InvalidArgument("load group vanished".into())))?;
+        g.done[i] = true;
+        g.pending -= 1;
+        released.push(g.pages[i]);
+        let (seq_id, admission, index) = (g.seq, g.admission, g.first + i);
+        let (t, slot) = (g.tiers[i] as usize, g.slots[i]);
+        if g.pending == 0 {
+            let g =
+                st.transfers.loads.remove(&base).ok_or_else(|| {
+                    internal(KvError::InvalidArgument("load group vanished".into()))
+                })?;
+            for (t, node) in g.tier_nodes {
+                st.tiers[t].tree.unlock(node).map_err(internal)?;
+            }
+        }
+        let tier = &mut st.tiers[t];
         if good {
             tier.stats.num_loaded_pages += 1;
         } else {
             tier.stats.num_load_failed_pages += 1;
-            if !std::mem::replace(&mut tier.bad[l.slot as usize], true) {
+            if !std::mem::replace(&mut tier.bad[slot as usize], true) {
                 tier.num_bad += 1;
             }
         }
-        tier.tree.unlock(l.tier_node).map_err(internal)?;
-        // The op's own reference on the HBM page (the sequence holds its own, if still live).
-        self.release(st, &[l.page])?;
-        let Some(seq) = st.seqs.get_mut(&l.seq) else {
+        let Some(seq) = st.seqs.get_mut(&seq_id) else {
             return Ok(());
         };
-        let Some(loading) = seq.loading.as_mut().filter(|x| x.admission == l.admission) else {
+        let Some(loading) = seq.loading.as_mut().filter(|x| x.admission == admission) else {
             return Ok(());
         };
         loading.pending -= 1;
         if !good {
-            loading.failed_at = loading.failed_at.min(l.index);
+            loading.failed_at = loading.failed_at.min(index);
         }
         if loading.pending == 0 {
-            self.finish_loading(st, l.seq, now)?;
+            self.finish_loading(st, seq_id, now)?;
         }
         Ok(())
     }
@@ -671,22 +718,21 @@ impl KVCacheManager {
     /// Cancel the loads of `seq_id` not taken yet (the sequence is being freed): their pages and
     /// slots are released now; loads already taken complete later and find no sequence.
     pub(super) fn cancel_loads(&self, st: &mut State, seq_id: SeqId) -> KvResult<()> {
+        let loads = &st.transfers.loads;
         let mut cancelled = Vec::new();
         st.transfers.queued.retain(|id| {
-            let hit =
-                matches!(st.transfers.ops.get(id), Some((Op::Load(l), false)) if l.seq == seq_id);
+            let hit = loads.get(id).is_some_and(|g| g.seq == seq_id && !g.taken);
             if hit {
                 cancelled.push(*id);
             }
             !hit
         });
-        for id in cancelled {
-            if let Some((Op::Load(l), _)) = st.transfers.ops.remove(&id) {
-                st.tiers[l.tier]
-                    .tree
-                    .unlock(l.tier_node)
-                    .map_err(internal)?;
-                self.release(st, &[l.page])?;
+        for base in cancelled {
+            if let Some(g) = st.transfers.loads.remove(&base) {
+                for (t, node) in g.tier_nodes {
+                    st.tiers[t].tree.unlock(node).map_err(internal)?;
+                }
+                self.release(st, &g.pages)?;
             }
         }
         Ok(())
@@ -740,6 +786,8 @@ impl KVCacheManager {
         let admission = st.transfers.next_admission;
         st.transfers.next_admission += 1;
         let end = first + plan.len();
+        let mut slots = vec![0u32; plan.len()];
+        let mut tier_nodes = Vec::new();
         for t in 0..st.tiers.len() {
             let Some(last) = plan.iter().rposition(|&x| x as usize == t) else {
                 continue;
@@ -756,26 +804,32 @@ impl KVCacheManager {
                     m.num_pages
                 ))));
             }
-            for i in first..upto {
-                if plan[i - first] as usize != t {
-                    continue;
+            tier.tree.lock(m.node).map_err(internal)?;
+            tier_nodes.push((t, m.node));
+            for (i, &x) in plan.iter().enumerate() {
+                if x as usize == t {
+                    slots[i] = ids[first + i] - 1;
                 }
-                tier.tree.lock(m.node).map_err(internal)?;
-                let id = st.transfers.next_op;
-                st.transfers.next_op += 1;
-                let op = LoadOp {
-                    tier: t,
-                    slot: ids[i] - 1,
-                    page: pages[i],
-                    tier_node: m.node,
-                    seq: seq_id,
-                    admission,
-                    index: i,
-                };
-                st.transfers.ops.insert(id, (Op::Load(op), false));
-                st.transfers.queued.push(id);
             }
         }
+        let base = st.transfers.next_op;
+        st.transfers.next_op += plan.len() as u64;
+        st.transfers.loads.insert(
+            base,
+            LoadGroup {
+                seq: seq_id,
+                admission,
+                first,
+                tiers: plan.to_vec(),
+                slots,
+                pages: pages[first..end].to_vec(),
+                done: vec![false; plan.len()],
+                pending: plan.len(),
+                tier_nodes,
+                taken: false,
+            },
+        );
+        st.transfers.queued.push(base);
         self.alloc
             .retain_serialized(&pages[first..end])
             .map_err(internal)?;
@@ -791,7 +845,9 @@ impl KVCacheManager {
 
     /// Offer pages `0..n` of a path to the lower tiers, as the store policy decides: into each
     /// tier, the run of pages after the tier's own copies that pass the policy. `node` is the HBM
-    /// node ending at page `n` of the path (`tokens`, `pages`, `keys` cover at least `n` pages).
+    /// node ending at page `n` of the path (`tokens` and `keys` cover at least `n` pages). The
+    /// stores read the tree's pages (locked until they complete), never a sequence's private copy
+    /// of the same tokens, which its sequence may free and the pool reuse meanwhile.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn offer_stores(
         &self,
@@ -799,7 +855,6 @@ impl KVCacheManager {
         ns: Namespace,
         node: NodeId,
         tokens: &[u32],
-        pages: &[PageId],
         keys: &[PageKey],
         n: usize,
         trigger: Trigger,
@@ -868,6 +923,9 @@ impl KVCacheManager {
             tier.storing.extend(run.iter().copied());
             let hbm_node = st.tree.cut_path(node, k).map_err(internal)?;
             st.tree.lock(hbm_node).map_err(internal)?;
+            let mut path = Vec::with_capacity(k - a);
+            st.tree.path_pages(hbm_node, k - a, &mut path);
+            let pages: Vec<PageId> = path.into_iter().map(|(p, _)| p).collect();
             // The namespace stays interned while its store is in flight.
             *st.namespace_seqs.entry(ns).or_default() += 1;
             let id = st.transfers.next_op;
@@ -877,14 +935,14 @@ impl KVCacheManager {
                 ns,
                 tokens: tokens[..k * ps].to_vec(),
                 first: a,
-                pages: pages[a..k].to_vec(),
+                pages,
                 slots,
                 keys: run.to_vec(),
                 parent: if a == 0 { self.root_key } else { keys[a - 1] },
                 hbm_node,
                 tier_node,
             };
-            st.transfers.ops.insert(id, (Op::Store(op), false));
+            st.transfers.stores.insert(id, (op, false));
             st.transfers.queued.push(id);
         }
         for ns in emptied {
@@ -1021,13 +1079,10 @@ impl KVCacheManager {
         for (t, tier) in st.tiers.iter().enumerate() {
             let in_flight: Vec<u32> = st
                 .transfers
-                .ops
+                .stores
                 .values()
-                .filter_map(|(op, _)| match op {
-                    Op::Store(s) if s.tier == t => Some(s.slots.clone()),
-                    _ => None,
-                })
-                .flatten()
+                .filter(|(op, _)| op.tier == t)
+                .flat_map(|(op, _)| op.slots.iter().copied())
                 .collect();
             tier.check(&in_flight)?;
         }

@@ -60,7 +60,8 @@ use std::ops::Range;
 use crate::error::{KvError, KvResult};
 use crate::eviction::{EvictKey, EvictionIndex, EvictionPolicy};
 use crate::{PageId, NULL_PAGE};
-use hash::{child_key, hash_page, random_seed, FxBuildHasher};
+pub(crate) use hash::FxBuildHasher;
+use hash::{child_key, hash_page, random_seed};
 
 /// A node of the tree: a slab index. [`ROOT`] (0) is the one root, shared by every namespace;
 /// it holds no pages, and `lock`/`unlock` on it do nothing. A match of zero pages returns it.

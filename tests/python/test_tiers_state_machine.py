@@ -154,7 +154,7 @@ class TiersMachine(RuleBasedStateMachine):
     def readmit(self, data: st.DataObject, evict: bool, extra: list[int]) -> None:
         """A prompt seen before (plus a few tokens), after HBM lost its pages: a lower-tier hit."""
         tokens, ns = data.draw(st.sampled_from(self.history))
-        self.mover.run()
+        self.move(False, False)
         if evict:
             self.cache.evict(1 << 20)
         self.add(tokens + extra, ns)
