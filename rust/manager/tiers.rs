@@ -869,13 +869,20 @@ impl KVCacheManager {
         for t in 0..st.tiers.len() {
             let tier = &st.tiers[t];
             let mut have = Vec::new();
-            let a = tier.usable_prefix(ns, &tokens[..n * ps], &mut have);
+            let visible = tier.usable_prefix(ns, &tokens[..n * ps], &mut have);
             // A bad slot ends the usable prefix but still holds its place: nothing to store there.
-            if a < n && tier.tree.peek_prefix_len(ns, &tokens[..(a + 1) * ps]) > a {
+            if visible < n && tier.tree.peek_prefix_len(ns, &tokens[..(visible + 1) * ps]) > visible
+            {
                 continue;
             }
+            // Pages of this path already in flight to the tier (an earlier store of this call or
+            // step): the new store continues after them, and completes after them (op order).
+            let mut a = visible;
+            while a < n && tier.storing.contains(&keys[a]) {
+                a += 1;
+            }
             let bw = tier.config.bandwidth_gbps;
-            let k = match (&st.store_policy, trigger) {
+            let wanted = match (&st.store_policy, trigger) {
                 (StorePolicy::All, _) => n,
                 (StorePolicy::Selective { min_priority, .. }, Trigger::Cached(p))
                     if p >= *min_priority =>
@@ -897,29 +904,33 @@ impl KVCacheManager {
                         + a
                 }
             };
+            // Stop before a page in flight further on (another path's store of a shared page).
+            let k = (a..wanted)
+                .find(|&i| tier.storing.contains(&keys[i]))
+                .unwrap_or(wanted);
+            if wanted > k {
+                st.tiers[t].stats.num_store_skipped_in_flight += (wanted - k) as u64;
+            }
             if k <= a {
                 continue;
             }
             let run = &keys[a..k];
-            if run.iter().any(|key| tier.storing.contains(key)) {
-                st.tiers[t].stats.num_store_skipped_in_flight += (k - a) as u64;
-                continue;
-            }
             let tier = &mut st.tiers[t];
-            let Some(slots) = tier.take_slots(k - a, now, &mut emptied) else {
-                tier.stats.num_store_skipped_no_room += (k - a) as u64;
-                continue;
-            };
-            let tier_node = if a == 0 {
+            // Lock the parent copies first: making room must not evict what the store extends.
+            let tier_node = if visible == 0 {
                 ROOT
             } else {
                 let mut ids = Vec::new();
-                let m = tier
-                    .tree
-                    .match_prefix(ns, &tokens[..a * ps], 0, now, &mut ids);
-                m.node
+                tier.tree
+                    .match_prefix(ns, &tokens[..visible * ps], 0, now, &mut ids)
+                    .node
             };
             tier.tree.lock(tier_node).map_err(internal)?;
+            let Some(slots) = tier.take_slots(k - a, now, &mut emptied) else {
+                tier.tree.unlock(tier_node).map_err(internal)?;
+                tier.stats.num_store_skipped_no_room += (k - a) as u64;
+                continue;
+            };
             tier.storing.extend(run.iter().copied());
             let hbm_node = st.tree.cut_path(node, k).map_err(internal)?;
             st.tree.lock(hbm_node).map_err(internal)?;

@@ -823,8 +823,9 @@ impl PyKVCacheManager {
     /// The stats in Prometheus text exposition format.
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
         let stats = Bound::new(py, self.stats(py)?)?;
+        let tiers = self.tier_stats(py)?;
         python_attr(py, &METRICS_TEXT, "kvcore.metrics", "metrics_text")?
-            .call1((stats,))?
+            .call1((stats, "kvcore", tiers))?
             .extract()
     }
 

@@ -334,3 +334,32 @@ def test_without_tiers_nothing_is_queued() -> None:
     b = m.take_transfers()
     assert not b and m.tier_names == [] and m.tier_stats() == {}
     assert m.is_ready(1) and m.hit_tokens(1) == {"hbm": 0}
+
+
+def test_a_store_continues_after_pages_in_flight_to_the_same_tier() -> None:
+    m = tiered()
+    m.add_sequence(1, PROMPT)  # 3 pages in flight to each tier
+    m.add_sequence(2, PROMPT[:12] + [50] * 9)  # shares them, adds 2 pages: stored after them
+    complete_all(m)
+    for name in ("host", "disk"):
+        s = m.tier_stats()[name]
+        got = (s["num_stored_pages"], s["num_store_skipped_in_flight"], s["num_store_failed_pages"])
+        assert got == (5, 0, 0)
+
+
+def test_making_room_never_evicts_the_prefix_a_store_extends() -> None:
+    m = KVCacheManager(64, PS, lower_tiers=[("host", 4)], store_policy="all")
+    m.add_sequence(1, list(range(8)))
+    complete_all(m)
+    m.free_sequence(1)
+    m.add_sequence(2, list(range(100, 108)))
+    complete_all(m)  # host full: A (least recently used) and B, 2 pages each
+    m.add_sequence(3, list(range(16)))  # extends A by 2 pages: A, locked under the store, stays; B goes
+    complete_all(m)
+    s = m.tier_stats()["host"]
+    assert (s["num_stored_pages"], s["num_store_failed_pages"], s["num_evicted_slots"]) == (6, 0, 2)
+    for i in (2, 3):
+        m.free_sequence(i)
+    m.evict(1 << 20)
+    m.add_sequence(4, list(range(17)))
+    assert m.hit_tokens(4)["host"] == 16
