@@ -10,7 +10,8 @@ and measures it:
 - :func:`generate_workload`: the built-in, seeded workload (shared system prompts and tools with Zipf
   popularity, multi-turn chats, RAG documents);
 - :func:`replay`: one policy at one capacity, in ``sequential`` mode (trace order, prompts only, as in
-  Mooncake's Figure 9) or ``timed`` mode (arrivals, decoding, queueing, preemption);
+  Mooncake's Figure 9) or ``timed`` mode (arrivals, decoding, queueing, preemption), optionally with
+  host-DRAM and disk tiers below HBM (:class:`TierResult`: their hits, bytes moved, skipped stores);
 - :func:`run_replay`: several policies and a capacity sweep, as a :class:`ReplayReport`
   (:func:`format_report`, ``to_json``, :func:`plot_sweep`, :func:`plot_timeline`);
 - :func:`resolve_capacity`: pages from a count, tokens, bytes, or a model on a GPU via ``kvcore.sizing``.
@@ -28,8 +29,11 @@ from __future__ import annotations
 
 from kvcore.replay.capacity import DEFAULT_GPU, DEFAULT_MODEL, Capacity, resolve_capacity
 from kvcore.replay.engine import (
+    DEFAULT_BANDWIDTH_GBPS,
+    DEFAULT_TOKEN_BYTES,
     MODES,
     POLICIES,
+    STORE_POLICIES,
     Observer,
     ReplayConfig,
     default_sweep_pages,
@@ -42,6 +46,7 @@ from kvcore.replay.progress import Progress
 from kvcore.replay.report import (
     PolicyResult,
     ReplayReport,
+    TierResult,
     Timeline,
     UsageSplit,
     WorkloadSummary,
@@ -51,18 +56,22 @@ from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import MAX_REQUEST_TOKENS, MOONCAKE_BLOCK_SIZE, Trace, read_trace, write_trace
 
 __all__ = [
+    "DEFAULT_BANDWIDTH_GBPS",
     "DEFAULT_GPU",
     "DEFAULT_MODEL",
+    "DEFAULT_TOKEN_BYTES",
     "MAX_REQUEST_TOKENS",
     "MODES",
     "MOONCAKE_BLOCK_SIZE",
     "POLICIES",
+    "STORE_POLICIES",
     "Capacity",
     "Observer",
     "PolicyResult",
     "Progress",
     "ReplayConfig",
     "ReplayReport",
+    "TierResult",
     "Timeline",
     "TokenSource",
     "Trace",

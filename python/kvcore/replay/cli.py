@@ -82,6 +82,36 @@ def register(subparsers: Any) -> None:
         metavar="N",
         help="tokens per page (default 16; 512 = Mooncake blocks)",
     )
+    tiers = p.add_argument_group(
+        "lower tiers (below HBM; default none): KV pages stored to and loaded back from host DRAM and disk"
+    )
+    tiers.add_argument(
+        "--host-tier-tokens", metavar="T", help="tokens of host-DRAM tier, e.g. 4M (k = 1024, M = 1024^2)"
+    )
+    tiers.add_argument("--disk-tier-tokens", metavar="T", help="tokens of disk tier, e.g. 40M")
+    tiers.add_argument(
+        "--store-policy",
+        choices=("selective", "all", "value"),
+        help="pages stored to the tiers: selective (hit again or pinned), all (every cached page), value "
+        "(when reuse is worth the transfer) (default selective)",
+    )
+    tiers.add_argument(
+        "--host-bandwidth-gbps",
+        type=float_arg(0, strict=True),
+        metavar="GB_S",
+        help="host tier GB/s: timed load times and the value policy (default 25)",
+    )
+    tiers.add_argument(
+        "--disk-bandwidth-gbps",
+        type=float_arg(0, strict=True),
+        metavar="GB_S",
+        help="disk tier GB/s (default 5)",
+    )
+    tiers.add_argument(
+        "--page-bytes",
+        metavar="B",
+        help="K/V bytes of a page, for bytes moved, e.g. 2MiB (default: from --model, else 128 KiB a token)",
+    )
     run = p.add_argument_group("replay")
     run.add_argument(
         "--mode",
@@ -155,6 +185,56 @@ def _tokens(text: str, what: str) -> int:
     return parse_tokens(text, what)
 
 
+def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: int | None) -> dict[str, Any]:
+    """ReplayConfig's lower-tier fields from the flags (none when no tier is given).
+
+    Raises:
+        ConfigError: a tier under one page, a bad size, or a tier flag without a tier.
+    """
+    from kvcore.exceptions import ConfigError
+    from kvcore.replay.engine import DEFAULT_BANDWIDTH_GBPS
+    from kvcore.sizing import parse_bytes
+
+    out: dict[str, Any] = {}
+    for name in ("host", "disk"):
+        flag = f"--{name}-tier-tokens"
+        text = getattr(args, f"{name}_tier_tokens")
+        if text is None:
+            continue
+        slots = _tokens(text, flag) // page_size
+        if slots < 1:
+            raise ConfigError(f"{flag}: {text!r} is less than one page of {page_size} tokens")
+        out[f"{name}_tier_slots"] = slots
+    given = [
+        flag
+        for flag, value in (
+            ("--store-policy", args.store_policy),
+            ("--host-bandwidth-gbps", args.host_bandwidth_gbps),
+            ("--disk-bandwidth-gbps", args.disk_bandwidth_gbps),
+            ("--page-bytes", args.page_bytes),
+        )
+        if value is not None
+    ]
+    if not out:
+        if given:
+            raise ConfigError(f"{given[0]} needs a lower tier: --host-tier-tokens or --disk-tier-tokens")
+        return out
+    if args.page_bytes is not None and args.model is not None:
+        raise ConfigError("--page-bytes and --model both give the bytes of a page: give one")
+    page_bytes = (
+        parse_bytes(args.page_bytes, "--page-bytes") if args.page_bytes is not None else model_page_bytes
+    )
+    if page_bytes is not None and page_bytes < 1:
+        raise ConfigError(f"--page-bytes: expected at least 1 byte, got {args.page_bytes!r}")
+    for name in ("host", "disk"):
+        bw = getattr(args, f"{name}_bandwidth_gbps")
+        out[f"{name}_bandwidth_gbps"] = DEFAULT_BANDWIDTH_GBPS[name] if bw is None else bw
+    if args.store_policy is not None:  # else ReplayConfig's default, the manager's
+        out["store_policy"] = args.store_policy
+    out["page_bytes"] = page_bytes
+    return out
+
+
 def _run(args: argparse.Namespace) -> int:
     from kvcore.exceptions import ConfigError
     from kvcore.replay.capacity import resolve_capacity
@@ -199,6 +279,7 @@ def _run(args: argparse.Namespace) -> int:
         decode_rate=args.decode_rate,
         decode_chunk=args.decode_chunk,
         max_queue_wait_s=args.max_queue_wait,
+        **_tier_options(args, capacity.page_size, capacity.page_bytes),
     )
     sweep_pages: list[int] = []
     if args.sweep_tokens:

@@ -27,10 +27,23 @@ Memory follows the capacity, not the trace's numbers: a request's tokens are bui
 fit the cache (a prompt longer than the whole cache is refused without them, as ``add_sequence``
 would refuse it), and an answer a decode chunk at a time.
 
+**Lower tiers** (``host_tier_slots``, ``disk_tier_slots``): the manager is built with a host-DRAM and/or a
+disk tier below HBM and a store policy (``selective``, ``all``, ``value``; see ``_kvcore.pyi``). No bytes
+move in a replay: after each admission and release (and, timed, each decode step) the engine takes the
+queued stores and loads and completes every one OK, so a store is visible to the next lookup and an
+admitted request is ready at once. A request's hit may then come partly from a tier
+(``hit_tokens(seq_id)``); in timed mode its prefill starts only after its loads, which take
+``pages x page_bytes / bandwidth`` of simulated time (the tiers one after the other, no contention between
+requests, as prefill has none either), and then computes only the tokens found nowhere. Stores are
+write-backs off the request's path and cost it nothing. Per tier, the result counts hits, pages stored
+and loaded (bytes = pages x ``page_bytes``), and the stores the manager skipped and why.
+
 Hit accounting (see :mod:`kvcore.replay.report`): ``hit_tokens`` are uncapped. ``add_sequence`` caps
 its answer at ``prompt_len - 1``; the two differ only for a page-aligned prompt, so the engine asks
 ``peek_prefix_len`` (no side effects) first for those prompts only, about one in ``page_size`` of
-them, which costs almost nothing.
+them, which costs almost nothing. ``peek_prefix_len`` sees HBM only, so with tiers a page-aligned prompt
+counts fully only when HBM holds all of it; otherwise its hit is the manager's capped answer, short by the
+last page when that page is found only in a lower tier (the manager offers no uncapped lookup of them).
 """
 
 from __future__ import annotations
@@ -42,6 +55,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import count
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,14 +65,40 @@ from kvcore._json import show
 from kvcore.exceptions import ConfigError
 from kvcore.replay.capacity import Capacity
 from kvcore.replay.progress import Progress
-from kvcore.replay.report import PolicyResult, ReplayReport, Timeline, UsageSplit, WorkloadSummary
+from kvcore.replay.report import (
+    PolicyResult,
+    ReplayReport,
+    TierResult,
+    Timeline,
+    UsageSplit,
+    WorkloadSummary,
+)
 from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import Trace
 
-__all__ = ["MODES", "POLICIES", "Observer", "ReplayConfig", "default_sweep_pages", "replay", "run_replay"]
+__all__ = [
+    "DEFAULT_BANDWIDTH_GBPS",
+    "DEFAULT_TOKEN_BYTES",
+    "MODES",
+    "POLICIES",
+    "STORE_POLICIES",
+    "Observer",
+    "ReplayConfig",
+    "default_sweep_pages",
+    "replay",
+    "run_replay",
+]
 
 POLICIES = ("lru", "lfu", "priority")
 MODES = ("sequential", "timed")
+#: The manager's store policies (which pages go down to the lower tiers); the first is its default.
+STORE_POLICIES = ("selective", "all", "value")
+#: GB/s (10^9 B/s) of each tier: the manager's own defaults (rust/py/tiers.rs). The engine always passes
+#: a bandwidth to the manager, so the value policy and the timed mode's load times use the same figure.
+DEFAULT_BANDWIDTH_GBPS = {"host": 25.0, "disk": 5.0}
+#: K/V bytes of one token over all layers when no model is given: Llama-3.1-8B in bf16 (32 layers x 8 KV
+#: heads x 128 x 2 (K, V) x 2 B), the value policy's default of 2 MiB per 16-token page.
+DEFAULT_TOKEN_BYTES = 128 * 1024
 
 #: Called after every change of the cache's usage with (simulated time or request index, stats).
 Observer = Callable[[float, CacheStats], None]
@@ -78,12 +118,38 @@ class ReplayConfig:
     decode_rate: float = 50.0  # timed: tokens generated per second per request, > 0, finite
     decode_chunk: int = 32  # timed: tokens reserved per append, >= 1 (coarser is faster to simulate)
     max_queue_wait_s: float = 60.0  # timed: longest wait for admission before a refusal, >= 0, finite
+    host_tier_slots: int = 0  # pages of the host-DRAM tier below HBM, >= 0 (0: no host tier)
+    disk_tier_slots: int = 0  # pages of the disk tier below host, >= 0 (0: no disk tier)
+    host_bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS["host"]  # GB/s of a host load or store, > 0, finite
+    disk_bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS["disk"]  # GB/s of a disk load or store, > 0, finite
+    store_policy: str = STORE_POLICIES[0]  # one of STORE_POLICIES (unused without a tier)
+    page_bytes: int | None = None  # K/V bytes of one page, >= 1; None: DEFAULT_TOKEN_BYTES * page_size
 
     def __post_init__(self) -> None:
         for name in ("capacity_pages", "page_size", "decode_chunk"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {show(value)}")
+        for name in ("host_tier_slots", "disk_tier_slots"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"{name} must be an integer >= 0, got {show(value)}")
+        pb = self.page_bytes
+        if pb is not None and (isinstance(pb, bool) or not isinstance(pb, int) or pb < 1):
+            raise ConfigError(f"page_bytes must be None or an integer >= 1, got {show(pb)}")
+        if self.store_policy not in STORE_POLICIES:
+            raise ConfigError(
+                f"store_policy must be one of {', '.join(STORE_POLICIES)}, got {show(self.store_policy)}"
+            )
+        bandwidths = (self.host_bandwidth_gbps, self.disk_bandwidth_gbps)
+        if not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+            for x in bandwidths
+        ):
+            raise ConfigError(
+                "host_bandwidth_gbps and disk_bandwidth_gbps must be finite and > 0, "
+                f"got {show(self.host_bandwidth_gbps)} and {show(self.disk_bandwidth_gbps)}"
+            )
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {show(self.policy)}")
         if self.mode not in MODES:
@@ -96,6 +162,116 @@ class ReplayConfig:
             raise ConfigError(
                 "prefill_rate and decode_rate must be finite and > 0, max_queue_wait_s finite and >= 0"
             )
+
+    @property
+    def lower_tiers(self) -> list[tuple[str, int, float]]:
+        """``(name, num_slots, bandwidth_gbps)`` of each configured tier, fastest first (empty: HBM only)."""
+        tiers = [
+            ("host", self.host_tier_slots, float(self.host_bandwidth_gbps)),
+            ("disk", self.disk_tier_slots, float(self.disk_bandwidth_gbps)),
+        ]
+        return [t for t in tiers if t[1] > 0]
+
+    @property
+    def page_nbytes(self) -> int:
+        """K/V bytes of one page: ``page_bytes``, or :data:`DEFAULT_TOKEN_BYTES` per token."""
+        return self.page_bytes if self.page_bytes is not None else DEFAULT_TOKEN_BYTES * self.page_size
+
+
+def _manager(cfg: ReplayConfig) -> KVCacheManager:
+    """A fresh manager for ``cfg``: HBM of ``capacity_pages`` (plus the null page), and its lower tiers.
+
+    The value policy weighs a store against the replay's own costs: ``page_bytes``, and in timed mode the
+    prefill rate (sequential mode has none, so the manager's default per-token prefill cost applies).
+    """
+    tiers = cfg.lower_tiers
+    if not tiers:
+        return KVCacheManager(cfg.capacity_pages + 1, page_size=cfg.page_size, eviction=cfg.policy)
+    options: dict[str, float] | None = None
+    if cfg.store_policy == "value":
+        options = {"page_bytes": float(cfg.page_nbytes)}
+        if cfg.mode == "timed":
+            options["prefill_us_per_token"] = 1e6 / cfg.prefill_rate
+    return KVCacheManager(
+        cfg.capacity_pages + 1,
+        page_size=cfg.page_size,
+        eviction=cfg.policy,
+        lower_tiers=tiers,
+        store_policy=cfg.store_policy,
+        store_options=options,
+    )
+
+
+class _Transfers:
+    """Completes every queued transfer at once (a replay moves no bytes) and tallies the loads' time
+    (``bytes / bandwidth``, which the timed mode makes requests wait).
+
+    ``settle`` after each manager call that may queue stores or loads: a store not completed is invisible
+    to lookups, and a sequence with a load in flight is not ready (its tables cannot be used).
+    """
+
+    def __init__(self, m: KVCacheManager, cfg: ReplayConfig) -> None:
+        self.take, self.complete = m.take_transfers, m.complete_transfers
+        tiers = cfg.lower_tiers
+        # Simulated seconds to load one page from each tier, indexed like TransferBatch.load_tiers.
+        self.page_s = np.array([cfg.page_nbytes / (bw * 1e9) for _, _, bw in tiers])  # [num_tiers] float64
+        self.load_s = [0.0] * len(tiers)  # simulated seconds of loads, per tier
+
+    def settle(self) -> float:
+        """Complete what is queued; the simulated seconds its loads take (one after the other)."""
+        b = self.take()
+        if not b:
+            return 0.0
+        ops: list[int] = np.unique(b.store_ops).tolist() + b.load_ops.tolist()
+        self.complete(ops, True)
+        if not len(b.load_tiers):
+            return 0.0
+        per_tier = np.bincount(b.load_tiers, minlength=len(self.page_s)) * self.page_s
+        for t, s in enumerate(per_tier.tolist()):
+            self.load_s[t] += s
+        return float(per_tier.sum())
+
+
+def _tier_results(
+    m: KVCacheManager, cfg: ReplayConfig, hits: dict[str, int], load_s: Sequence[float]
+) -> list[TierResult]:
+    """One :class:`TierResult` per lower tier, from the manager's counters and the engine's tallies."""
+    stats = m.tier_stats()
+    out = []
+    for (name, slots, bw), seconds in zip(cfg.lower_tiers, load_s, strict=True):
+        s = stats[name]
+        out.append(
+            TierResult(
+                name=name,
+                num_slots=slots,
+                bandwidth_gbps=bw,
+                page_bytes=cfg.page_nbytes,
+                hit_tokens=hits[name],
+                num_stored_pages=s["num_stored_pages"],
+                num_loaded_pages=s["num_loaded_pages"],
+                num_store_skipped_no_room=s["num_store_skipped_no_room"],
+                num_store_skipped_in_flight=s["num_store_skipped_in_flight"],
+                num_store_failed_pages=s["num_store_failed_pages"],
+                num_load_failed_pages=s["num_load_failed_pages"],
+                num_evicted_slots=s["num_evicted_slots"],
+                num_slots_cached=s["num_slots_cached"],
+                load_s=seconds,
+            )
+        )
+    return out
+
+
+def _tier_fields(
+    m: KVCacheManager, cfg: ReplayConfig, hits: dict[str, int], load_s: Sequence[float]
+) -> dict[str, Any]:
+    """The PolicyResult fields of the lower tiers (none without tiers: the result is as before)."""
+    if not cfg.lower_tiers:
+        return {}
+    return dict(
+        store_policy=cfg.store_policy,
+        page_bytes=cfg.page_nbytes,
+        tiers=_tier_results(m, cfg, hits, load_s),
+    )
 
 
 class _Usage:
@@ -216,7 +392,10 @@ def _sequential(
 ) -> PolicyResult:
     start = time.perf_counter()
     ps = cfg.page_size
-    m = KVCacheManager(cfg.capacity_pages + 1, page_size=ps, eviction=cfg.policy)
+    m = _manager(cfg)
+    moves = _Transfers(m, cfg)
+    tier_names = [name for name, _, _ in cfg.lower_tiers]
+    tier_hits = dict.fromkeys(tier_names, 0)  # hit tokens from each lower tier (capped: all saved)
     n = trace.num_requests
     lens: list[int] = trace.input_lens.tolist()
     prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
@@ -238,11 +417,19 @@ def _sequential(
         hit = add(i, tokens, None, prios[i])
         if hit is None:
             continue
+        if tier_names:
+            moves.settle()
+            if hit:
+                split = m.hit_tokens(i)
+                for name in tier_names:
+                    tier_hits[name] += split[name]
         served[i] = True
         saved += hit
         queried += length
-        if whole >= 0:
-            full_hit[i] = whole == length
+        # HBM holds the whole page-aligned prompt: count it uncapped. Short of that, peek (HBM only) is
+        # the capped hit itself without tiers, and with them the hit's lower-tier part is missing from it.
+        if whole == length:
+            full_hit[i] = True
             hit = whole
         hits += hit
         got[i] = hit
@@ -251,6 +438,8 @@ def _sequential(
             if progress is not None:
                 progress.update(i)
         free(i)
+        if tier_names:
+            moves.settle()
     stats = m.stats()
     pages = -(-trace.input_lens // ps)
     in_use = pages + full_hit  # the live request's pages, plus the cached copy of a recomputed last page
@@ -282,6 +471,7 @@ def _sequential(
         mean=usage.sample_mean(),
         elapsed_s=time.perf_counter() - start,
         timeline=usage.timeline,
+        **_tier_fields(m, cfg, tier_hits, moves.load_s),
         **out,  # type: ignore[arg-type]
     )
 
@@ -295,7 +485,11 @@ class _Timed:
         self.cfg = cfg
         self.src = src
         self.ps = cfg.page_size
-        self.m = KVCacheManager(cfg.capacity_pages + 1, page_size=cfg.page_size, eviction=cfg.policy)
+        self.m = _manager(cfg)
+        self.moves = _Transfers(self.m, cfg)
+        self.tiered = bool(cfg.lower_tiers)
+        self.tier_names = [name for name, _, _ in cfg.lower_tiers]
+        self.tier_hits = dict.fromkeys(self.tier_names, 0)  # hit tokens from each tier at first admission
         n = self.n = trace.num_requests
         self.arrival: list[float] = (trace.timestamps_ms / 1000.0).tolist()
         self.order: list[int] = np.argsort(trace.timestamps_ms, kind="stable").tolist()
@@ -339,9 +533,16 @@ class _Timed:
         if hit is None:
             c["num_admission_failures"] += 1
             return False
+        load_s = 0.0
+        if self.tiered:
+            load_s = self.moves.settle()
+            if first and hit:
+                split = self.m.hit_tokens(idx)
+                for name in self.tier_names:
+                    self.tier_hits[name] += split[name]
         if first:
             self.started.add(idx)
-            got = whole if whole >= 0 else hit
+            got = whole if whole == length else hit  # see _sequential
             self.got[idx] = got
             self.looked_up[idx] = True
             c["prompt_tokens"] += length
@@ -355,9 +556,9 @@ class _Timed:
         self.running[idx] = None
         if len(self.running) > c["peak_running"]:
             c["peak_running"] = len(self.running)
-        heapq.heappush(
-            self.heap, (t + (length - hit) / self.cfg.prefill_rate, next(self.tie), idx, self.epoch[idx])
-        )
+        # Loads first (load_s: 0 without tiers), then the tokens found nowhere.
+        done = t + load_s + (length - hit) / self.cfg.prefill_rate
+        heapq.heappush(self.heap, (done, next(self.tie), idx, self.epoch[idx]))
         self.usage.sample(t, self.hit_rate())
         return True
 
@@ -390,6 +591,8 @@ class _Timed:
 
     def release(self, idx: int, t: float) -> None:
         self.m.free_sequence(idx)
+        if self.tiered:
+            self.moves.settle()
         del self.running[idx]
         self.blocked_on = -1
         self.usage.sample(t, self.hit_rate())
@@ -425,6 +628,8 @@ class _Timed:
             self.preempt(victim, t)
             if victim == idx:
                 return
+        if self.tiered:
+            self.moves.settle()
         self.generated[idx] = g + size
         heapq.heappush(self.heap, (t + size / self.cfg.decode_rate, next(self.tie), idx, self.epoch[idx]))
         if -(-(length + size) // self.ps) != -(-length // self.ps):  # new pages: usage changed
@@ -493,6 +698,7 @@ def _timed(
         mean=usage.time_mean(span),
         elapsed_s=time.perf_counter() - start,
         timeline=usage.timeline,
+        **_tier_fields(sim.m, cfg, sim.tier_hits, sim.moves.load_s),
         **c,  # type: ignore[arg-type]
     )
 
@@ -588,12 +794,21 @@ def run_replay(
                     trace, replace(config, policy=p, capacity_pages=pages), tokens=src, progress=bar(label)
                 )
             )
-    settings = {
+    settings: dict[str, object] = {
         "prefill_rate": config.prefill_rate,
         "decode_rate": config.decode_rate,
         "decode_chunk": config.decode_chunk,
         "max_queue_wait_s": config.max_queue_wait_s,
     }
+    if config.lower_tiers:  # only then: the HBM-only report stays as it was
+        settings.update(
+            lower_tiers=[
+                {"name": name, "num_slots": slots, "bandwidth_gbps": bw}
+                for name, slots, bw in config.lower_tiers
+            ],
+            store_policy=config.store_policy,
+            page_bytes=config.page_nbytes,
+        )
     return ReplayReport(
         workload=WorkloadSummary.of(trace),
         capacity=capacity,

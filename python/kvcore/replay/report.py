@@ -11,6 +11,10 @@ place so the CLI, the tests and the benchmark all read the same definitions:
   difference only arises for a fully cached, page-aligned prompt.
 - ``hit_rate_pages``: pages found cached / ``ceil(prompt_len / page_size)`` pages per prompt (a partial
   last page never hits: the manager caches whole pages only).
+
+With lower tiers (host DRAM, disk) a hit is found in HBM or loaded from a tier: ``hit_tokens`` is their
+sum, :class:`TierResult` holds each tier's part (a lower-tier hit is always capped, so it is all
+prefill saved) and the bytes the tier would move. Without tiers none of this appears in the result.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from kvcore.replay.capacity import Capacity
 __all__ = [
     "PolicyResult",
     "ReplayReport",
+    "TierResult",
     "Timeline",
     "UsageSplit",
     "WorkloadSummary",
@@ -53,6 +58,43 @@ class Timeline:
     free: list[int] = field(default_factory=list)  # pages free
     hit_rate: list[float] = field(default_factory=list)  # cumulative hit_rate_tokens so far, in [0, 1]
     x_label: str = "requests"  # what x counts
+
+
+@dataclass(frozen=True)
+class TierResult:
+    """One lower tier's part in a replay. The replay reports every transfer OK, so its stored and loaded
+    pages are the bytes it would move, ``page_bytes`` each (counted by the manager, ``tier_stats``); a
+    store the manager itself fails is counted apart and moves no page."""
+
+    name: str  # "host" or "disk"
+    num_slots: int  # pages it holds, >= 1
+    bandwidth_gbps: float  # GB/s (10^9 B/s) of a load or store, > 0
+    page_bytes: int  # K/V bytes of one page over all layers, >= 1
+    hit_tokens: int  # prompt tokens of served requests loaded from it at first admission (all prefill saved)
+    num_stored_pages: int  # pages stored into it
+    num_loaded_pages: int  # pages loaded from it into HBM (timed: preempted requests' reloads too)
+    num_store_skipped_no_room: int  # pages not stored: no slot could be freed for them
+    num_store_skipped_in_flight: int  # pages not stored: a store of one of them was in flight
+    num_store_failed_pages: int  # pages of stores reported OK that the manager could not insert
+    num_load_failed_pages: int  # pages of loads that failed (0: the replay reports every load OK)
+    num_evicted_slots: int  # slots emptied to make room for newer pages
+    num_slots_cached: int  # slots holding a page at the end, <= num_slots
+    load_s: float  # seconds its loads take at bandwidth_gbps (timed: simulated time requests wait on them)
+
+    @property
+    def stored_bytes(self) -> int:
+        return self.num_stored_pages * self.page_bytes
+
+    @property
+    def loaded_bytes(self) -> int:
+        return self.num_loaded_pages * self.page_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "stored_bytes": self.stored_bytes, "loaded_bytes": self.loaded_bytes}
+
+
+# PolicyResult fields that exist only with lower tiers: left out of to_dict without them.
+_TIER_FIELDS = ("store_policy", "page_bytes", "tiers")
 
 
 @dataclass
@@ -90,6 +132,13 @@ class PolicyResult:
     priority_hit_rates: dict[str, float] = field(
         default_factory=dict
     )  # hit_rate_tokens per priority ("0", "1")
+    store_policy: str | None = (
+        None  # the lower tiers' store policy ("selective", "all", "value"); None: HBM only
+    )
+    page_bytes: int | None = None  # K/V bytes of one page, for the tiers' bytes moved; None: HBM only
+    tiers: list[TierResult] = field(
+        default_factory=list
+    )  # one per lower tier, fastest first; empty: HBM only
     timeline: Timeline = field(default_factory=Timeline, repr=False)  # samples for the plot
 
     @property
@@ -104,16 +153,48 @@ class PolicyResult:
     def prefill_saved_fraction(self) -> float:
         return self.prefill_tokens_saved / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @property
+    def tier_hit_tokens(self) -> int:
+        """Hit tokens loaded from the lower tiers: the prefill tokens they saved (0 without tiers)."""
+        return sum(t.hit_tokens for t in self.tiers)
+
+    @property
+    def hit_tokens_by_tier(self) -> dict[str, int]:
+        """``{"hbm": n, tier name: n, ...}``: where the hit tokens were found; they sum to hit_tokens."""
+        return {"hbm": self.hit_tokens - self.tier_hit_tokens, **{t.name: t.hit_tokens for t in self.tiers}}
+
+    @property
+    def stored_bytes(self) -> int:
+        """Bytes stored into every lower tier."""
+        return sum(t.stored_bytes for t in self.tiers)
+
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes loaded from every lower tier."""
+        return sum(t.loaded_bytes for t in self.tiers)
+
     def to_dict(self) -> dict[str, Any]:
-        """Flat JSON-ready dict: the rates first, then every counter (the timeline is left out)."""
+        """Flat JSON-ready dict: the rates first, then every counter (the timeline is left out). With lower
+        tiers, also the hits by tier, the prefill tokens the tiers saved, the bytes moved and ``tiers``
+        (name -> its :class:`TierResult` with ``stored_bytes`` and ``loaded_bytes``)."""
         out: dict[str, Any] = {
             "hit_rate_tokens": self.hit_rate_tokens,
             "hit_rate_pages": self.hit_rate_pages,
             "prefill_saved_fraction": self.prefill_saved_fraction,
         }
         for name, value in asdict(self).items():
-            if name != "timeline":
+            if name != "timeline" and name not in _TIER_FIELDS:
                 out[name] = value
+        if self.tiers:
+            out.update(
+                store_policy=self.store_policy,
+                page_bytes=self.page_bytes,
+                hit_tokens_by_tier=self.hit_tokens_by_tier,
+                tier_prefill_tokens_saved=self.tier_hit_tokens,
+                stored_bytes=self.stored_bytes,
+                loaded_bytes=self.loaded_bytes,
+                tiers={t.name: t.to_dict() for t in self.tiers},
+            )
         return out
 
 
@@ -187,6 +268,61 @@ def _tokens(n: float) -> str:
     return f"{n:.0f}"
 
 
+def _bytes(n: float) -> str:
+    for unit, size in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _tier_line(report: ReplayReport) -> str | None:
+    """The tiers' header line, or None for an HBM-only replay."""
+    tiers = report.settings.get("lower_tiers")
+    if not tiers:
+        return None
+    ps = report.capacity.page_size
+    parts = [
+        f"{t['name']} {t['num_slots']:,} pages ({_tokens(t['num_slots'] * ps)} tokens,"
+        f" {t['bandwidth_gbps']:g} GB/s)"
+        for t in tiers
+    ]
+    return (
+        f"  tiers      {', '.join(parts)}; store policy {report.settings['store_policy']},"
+        f" {_bytes(report.settings['page_bytes'])} per page"
+    )
+
+
+def _tier_rows(res: list[PolicyResult], row: Any) -> None:
+    """The rows of the lower tiers (their hits, what they saved, moved and skipped) in the policy table."""
+    names = list(dict.fromkeys(t.name for r in res for t in r.tiers))
+    if not names:
+        return
+
+    def share(r: PolicyResult, n: int) -> str:
+        return f"{_tokens(n)} ({_pct(n / r.prompt_tokens if r.prompt_tokens else 0.0).strip()})"
+
+    for name in ["hbm", *names]:
+        row(f"  hits in {name}", [share(r, r.hit_tokens_by_tier.get(name, 0)) for r in res])
+    row("prefill saved by tiers", [share(r, r.tier_hit_tokens) for r in res])
+    for name in names:
+        by = [{t.name: t for t in r.tiers}.get(name) for r in res]
+        row(
+            f"{name} stored/loaded",
+            [f"{_bytes(t.stored_bytes)} / {_bytes(t.loaded_bytes)}" if t else "" for t in by],
+        )
+        row(
+            f"{name} stores dropped",
+            [
+                f"{t.num_store_skipped_no_room:,} no room, {t.num_store_skipped_in_flight:,} in flight,"
+                f" {t.num_store_failed_pages:,} failed"
+                if t
+                else ""
+                for t in by
+            ],
+        )
+        row(f"{name} load time", [f"{t.load_s:,.1f} s" if t else "" for t in by])
+
+
 def _table(rows: list[list[str]], header: list[str]) -> list[str]:
     """Left-aligned first column, right-aligned others."""
     widths = [max(len(r[c]) for r in [header, *rows]) for c in range(len(header))]
@@ -227,6 +363,9 @@ def format_report(report: ReplayReport) -> str:
             f"  engine     prefill {s['prefill_rate']:,.0f} tok/s, decode {s['decode_rate']:,.0f} tok/s per"
             f" request, {s['decode_chunk']}-token steps, queue wait <= {s['max_queue_wait_s']:g} s"
         )
+    tier_line = _tier_line(report)
+    if tier_line is not None:
+        lines.append(tier_line)
     lines.append("")
     res = report.results
     header = ["", *[r.policy for r in res]]
@@ -243,6 +382,7 @@ def format_report(report: ReplayReport) -> str:
         "prefill tokens saved",
         [f"{_tokens(r.prefill_tokens_saved)} ({_pct(r.prefill_saved_fraction).strip()})" for r in res],
     )
+    _tier_rows(res, row)
     row("requests served", [f"{r.num_served:,}" for r in res])
     row("refused", [f"{r.num_refused:,}" for r in res])
     if report.mode == "timed":
