@@ -1,0 +1,795 @@
+"""Storage half of the lower tiers: HostTier, DiskTier and their codec.
+
+Each test checks behaviour against a reference: pool bytes against the bytes stored (bit for bit),
+quantized values against float32 originals with the codec's own error bound, tier state against a
+dict model (Hypothesis), and every failure path (keys, checksums, torn/truncated/foreign files, full
+or unwritable disks) against the counters and the files left in the directory.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError, InvalidPageError
+from kvcore.pool import KVPool, dtypes
+from kvcore.pool._cupy import gpu_available
+from kvcore.tiers import DiskTier, HostTier, codec
+from kvcore.tiers.disk import slot_filename
+
+L, H, P, D = 2, 2, 4, 8  # small geometry: a page is 2*2*2*4*8 = 256 elements
+DTYPES = ("fp16", "bf16", "fp8", "int8")
+LAYOUTS = ("HND", "NHD")
+NAMESPACES: list[str | None] = [None, "*", "tenant-a", "", "ünïcødé/✓"]
+
+
+def make_pool(
+    kv_dtype: str = "bf16", layout: str = "HND", num_pages: int = 12, seed: int = 0, backend: str = "numpy"
+) -> KVPool:
+    """A pool whose every byte is random (NaN and infinity bit patterns included: copies are bitwise)."""
+    pool = KVPool(
+        num_layers=L,
+        num_pages=num_pages,
+        num_kv_heads=H,
+        head_dim=D,
+        page_size=P,
+        kv_dtype=kv_dtype,
+        layout=layout,  # type: ignore[arg-type]
+        backend=backend,
+    )
+    rng = np.random.default_rng(seed)
+    raw = rng.integers(0, 256, size=pool.data.nbytes, dtype=np.uint8)
+    pool.data[...] = pool.xp.asarray(raw.view(pool.storage_dtype).reshape(pool.data.shape))
+    return pool
+
+
+def fill_values(pool: KVPool, seed: int = 0) -> np.ndarray:
+    """Fill a fp16/bf16 pool with activation-like values (K with outlier channels); returns the float32
+    values the pool holds ``[num_layers, 2, num_pages, *page_shape]``."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(pool.data.shape).astype(np.float32)
+    ch = (slice(None), 0, slice(None), Ellipsis, slice(0, 2))  # K, head_dim channels 0-1: 20x larger
+    x[ch] *= 20.0
+    pool.data[...] = dtypes.encode(x, pool.kv_dtype)
+    out: np.ndarray = dtypes.decode(pool.data, pool.kv_dtype)
+    return out
+
+
+def meta(n: int, seed: int = 0, namespaces: list[str | None] | None = None) -> dict[str, Any]:
+    rng = np.random.default_rng(seed + 1000)
+    return {
+        "keys": rng.integers(0, 256, size=(n, 16), dtype=np.uint8),
+        "parent_keys": rng.integers(0, 256, size=(n, 16), dtype=np.uint8),
+        "tokens": rng.integers(0, 2**32, size=(n, P), dtype=np.uint32),
+        "namespaces": namespaces
+        if namespaces is not None
+        else [NAMESPACES[i % len(NAMESPACES)] for i in range(n)],
+    }
+
+
+def i32(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.int32)
+
+
+def page_bytes(pool: KVPool, page: int) -> np.ndarray:
+    out: np.ndarray = pool.backend.asnumpy(pool.data[:, :, page]).copy()
+    return out
+
+
+def open_disk(path: Path, pool: KVPool, num_slots: int = 8, **kw: Any) -> DiskTier:
+    g = codec.Geometry.of_pool(pool, kw.get("quantize"))
+    return DiskTier(path / "tier", num_slots * (codec.header_len(g) + g.payload_bytes), pool, **kw)
+
+
+def slot_path(tier: DiskTier, slot: int) -> Path:
+    return Path(tier.path) / slot_filename(slot)
+
+
+@pytest.fixture(params=["host", "disk"])
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def make_tier(kind: str, tmp_path: Path, pool: KVPool, num_slots: int = 8, **kw: Any) -> Any:
+    if kind == "host":
+        return HostTier(pool, num_slots, **kw)
+    return open_disk(tmp_path, pool, num_slots, **kw)
+
+
+# ------------------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kv_dtype", DTYPES)
+def test_round_trip_is_bit_exact(kind: str, tmp_path: Path, kv_dtype: str, layout: str) -> None:
+    pool = make_pool(kv_dtype, layout)
+    tier = make_tier(kind, tmp_path, pool)
+    pages, slots = i32(3, 4, 1, 9, 5), i32(6, 0, 1, 7, 2)  # a run (3,4 -> 6,0 is not; 4->0,1 ... mixed)
+    m = meta(5)
+    want = [page_bytes(pool, int(p)) for p in pages]
+    assert tier.store(pool, pages, slots, **m).tolist() == [True] * 5
+    before = pool.data.copy()
+    dst = i32(10, 11, 2, 7, 8)
+    assert tier.load(pool, slots, dst, m["keys"]).tolist() == [True] * 5
+    for d, w in zip(dst.tolist(), want, strict=True):
+        assert np.array_equal(page_bytes(pool, d).view(np.uint8), w.view(np.uint8))
+    untouched = np.setdiff1d(np.arange(pool.num_pages), dst)
+    assert np.array_equal(pool.data[:, :, untouched].view(np.uint8), before[:, :, untouched].view(np.uint8))
+    s = tier.stats()
+    assert (s["stores"], s["loads"], s["load_failed"], s["slots_used"]) == (5, 5, 0, 5)
+    assert s["bytes"] == 5 * (tier.slot_bytes if kind == "host" else tier.file_bytes)
+
+
+def test_consecutive_runs_and_repeated_load_slots(kind: str, tmp_path: Path) -> None:
+    """Runs of consecutive pages into consecutive slots (one block copy) and one slot loaded twice."""
+    pool = make_pool("fp16", "NHD", num_pages=20)
+    tier = make_tier(kind, tmp_path, pool, num_slots=10)
+    pages, slots = np.arange(1, 9, dtype=np.int32), np.arange(2, 10, dtype=np.int32)
+    m = meta(8)
+    want = {int(s): page_bytes(pool, int(p)) for p, s in zip(pages, slots, strict=True)}
+    assert tier.store(pool, pages, slots, **m).all()
+    ok = tier.load(pool, i32(2, 3, 4, 2), i32(12, 13, 14, 19), m["keys"][[0, 1, 2, 0]])
+    assert ok.all()
+    for page, slot in ((12, 2), (13, 3), (14, 4), (19, 2)):
+        assert np.array_equal(page_bytes(pool, page).view(np.uint8), want[slot].view(np.uint8))
+
+
+def test_empty_batches(kind: str, tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = make_tier(kind, tmp_path, pool)
+    e = np.zeros(0, dtype=np.int32)
+    assert tier.store(pool, e, e, **meta(0, namespaces=[])).shape == (0,)
+    assert tier.load(pool, e, e, np.zeros((0, 16), np.uint8)).shape == (0,)
+
+
+# ------------------------------------------------------------------------------------------ quantized
+
+
+def _bound(x: np.ndarray, mode: str, layout: str) -> np.ndarray:
+    """The codec's error bound per element: scale / 2 of the element's group (plus float32 slack)."""
+    qmax = 127.0 if mode == "int8" else 7.0
+    xh = x if layout == "HND" else x.swapaxes(-3, -2)  # [..., H, P, D]
+    k_amax = np.abs(xh[..., 0, :, :, :]).max(axis=-2, keepdims=True)  # per channel over tokens
+    v_amax = np.abs(xh[..., 1, :, :, :]).max(axis=-1, keepdims=True)  # per token over head_dim
+    b = np.empty_like(xh)
+    for kv, amax in ((0, k_amax), (1, v_amax)):
+        # scale / 2, plus float32 rounding of x / scale and q * scale (a few ulps of the group's max)
+        b[..., kv, :, :, :] = np.broadcast_to(
+            amax / qmax / 2 + amax * 4e-7 + 1e-30, xh[..., kv, :, :, :].shape
+        )
+    return b if layout == "HND" else b.swapaxes(-3, -2)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("kv_dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize(("mode", "max_rel"), [("int8", 0.01), ("int4", 0.15)])
+def test_quantized_round_trip_error_bounds(
+    kind: str, tmp_path: Path, kv_dtype: str, layout: str, mode: str, max_rel: float
+) -> None:
+    pool = make_pool(kv_dtype, layout)
+    x = fill_values(pool)
+    tier = make_tier(kind, tmp_path, pool, quantize=mode)
+    pages, slots = i32(1, 2, 3, 4), i32(0, 5, 6, 7)
+    m = meta(4)
+    assert tier.store(pool, pages, slots, **m).all()
+    assert tier.load(pool, slots, i32(8, 9, 10, 11), m["keys"]).all()
+    got = np.moveaxis(dtypes.decode(pool.data[:, :, 8:12], kv_dtype), 2, 0)  # [4, L, 2, *page_shape]
+    ref = np.moveaxis(x[:, :, 1:5], 2, 0)
+    eps = 2.0**-8 if kv_dtype == "bf16" else 2.0**-11  # rounding of the dequantized value to the pool
+    bound = _bound(ref, mode, layout) + np.abs(got) * eps + 6e-8
+    assert (np.abs(got - ref) <= bound).all()
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel < max_rel
+    expected_bytes = codec.quantized_bytes(mode, L, H, P, D)
+    assert (tier.slot_bytes if kind == "host" else tier.payload_len) == expected_bytes
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.tuples(st.integers(1, 3), st.integers(1, 3), st.integers(1, 5), st.integers(1, 9)),
+    layout=st.sampled_from(LAYOUTS),
+    mode=st.sampled_from(["int8", "int4"]),
+    scale=st.floats(1e-6, 1e6),
+    seed=st.integers(0, 2**31),
+)
+def test_codec_bound_and_exact_grid(
+    shape: tuple[int, int, int, int], layout: str, mode: str, scale: float, seed: int
+) -> None:
+    """Any geometry (odd head_dim and page_size: int4 packs across rows): the error is within scale/2,
+    and values already on the quantization grid come back exactly."""
+    nl, nh, ps, hd = shape
+    page_shape = (nh, ps, hd) if layout == "HND" else (ps, nh, hd)
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal((nl, 2, *page_shape)) * scale).astype(np.float32)
+    q = codec.quantize_page(x, mode, layout)
+    assert q.dtype == np.uint8 and q.shape == (codec.quantized_bytes(mode, nl, nh, ps, hd),)
+    y = codec.dequantize_page(q, mode, layout, x.shape)
+    assert y.shape == x.shape and y.dtype == np.float32
+    assert (np.abs(y - x) <= _bound(x, mode, layout)).all()
+    # dequantized values are on the grid: quantizing them again gives the same integers
+    ks = 4 * nl * nh * (hd + ps)
+    assert np.array_equal(codec.quantize_page(y, mode, layout)[ks:], q[ks:])
+
+
+def test_codec_zero_and_non_finite_groups() -> None:
+    x = np.zeros((1, 2, H, P, D), dtype=np.float32)
+    for mode in ("int8", "int4"):
+        assert np.array_equal(
+            codec.dequantize_page(codec.quantize_page(x, mode, "HND"), mode, "HND", x.shape), x
+        )
+    x[0, 1, 0, 0, 0] = np.nan
+    x[0, 1, 0, 1, 0] = np.inf
+    x[0, 1, 0, 2, 1] = 3.0
+    y = codec.dequantize_page(codec.quantize_page(x, "int8", "HND"), "int8", "HND", x.shape)
+    assert y[0, 1, 0, 0, 0] == 0.0  # NaN is stored as 0
+    assert y[0, 1, 0, 1, 0] > 1e38  # +inf saturates to the largest magnitude
+    assert abs(y[0, 1, 0, 2, 1] - 3.0) <= 3.0 / 254 * 1.0001  # its own token group is unaffected
+    assert np.isfinite(y[:, 0]).all()
+
+
+def test_quantize_refuses_fp8_int8_pools_and_unknown_modes(tmp_path: Path) -> None:
+    for kv_dtype in ("fp8", "int8"):
+        pool = make_pool(kv_dtype)
+        with pytest.raises(ConfigError, match="fp16/bf16"):
+            HostTier(pool, 2, quantize="int8")
+        with pytest.raises(ConfigError, match="fp16/bf16"):
+            DiskTier(tmp_path / kv_dtype, 1 << 20, pool, quantize="int4")
+    with pytest.raises(ConfigError, match="quantize"):
+        HostTier(make_pool(), 2, quantize="int2")
+    with pytest.raises(ConfigError, match="mode"):
+        codec.quantize_page(np.zeros((1, 2, 1, 1, 2), np.float32), "fp4", "HND")
+
+
+# ------------------------------------------------------------------------------------------ misses
+
+
+def test_key_mismatch_and_empty_slots_miss(kind: str, tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = make_tier(kind, tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    before = pool.data.copy()
+    wrong = m["keys"].copy()
+    wrong[0, 7] ^= 1
+    ok = tier.load(pool, i32(0, 1, 5), i32(6, 7, 8), np.concatenate([wrong[:1], m["keys"][1:], wrong[:1]]))
+    assert ok.tolist() == [False, True, False]
+    assert np.array_equal(pool.data[:, :, 6].view(np.uint8), before[:, :, 6].view(np.uint8))  # untouched
+    s = tier.stats()
+    assert (s["load_failed"], s["load_failed_key"], s["load_failed_empty"], s["loads"]) == (2, 1, 1, 1)
+
+
+def test_forget_empties_slots(kind: str, tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = make_tier(kind, tmp_path, pool)
+    m = meta(3)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m).all()
+    tier.forget(i32(1, 1, 5))  # a repeat and a slot holding nothing are fine
+    assert tier.load(pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"]).tolist() == [True, False, True]
+    s = tier.stats()
+    assert (s["forgets"], s["slots_used"], s["load_failed_empty"]) == (1, 2, 1)
+    if kind == "disk":
+        assert not slot_path(tier, 1).exists() and slot_path(tier, 0).exists()
+
+
+def test_fp8_pages_miss_under_other_scales(kind: str, tmp_path: Path) -> None:
+    """fp8/int8 bytes mean x / scale: a page stored under other pool scales is a miss, not wrong K/V."""
+    pool = make_pool("fp8")
+    tier = make_tier(kind, tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    pool.set_scales(0, 0.5, 2.0)
+    assert tier.load(pool, i32(0), i32(2), m["keys"]).tolist() == [False]
+    assert tier.stats()["load_failed_scales"] == 1
+    pool.set_scales(0, 1.0, 1.0)
+    assert tier.load(pool, i32(0), i32(2), m["keys"]).tolist() == [True]
+
+
+# ------------------------------------------------------------------------------------------ caller mistakes
+
+
+def test_caller_mistakes_raise_and_change_nothing(kind: str, tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = make_tier(kind, tmp_path, pool, num_slots=4)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    before = tier.stats()
+    bad: list[tuple[type[Exception], dict[str, Any]]] = [
+        (InvalidArgumentError, {"slots": i32(0, 4)}),  # out of range
+        (InvalidArgumentError, {"slots": i32(2, 2)}),  # repeated
+        (InvalidPageError, {"pages": i32(0, 1)}),  # the null page
+        (InvalidArgumentError, {"pages": i32(3, 3)}),  # repeated
+        (InvalidDTypeError, {"keys": np.zeros((2, 15), np.uint8)}),
+        (InvalidDTypeError, {"tokens": np.zeros((2, P + 1), np.uint32)}),
+        (InvalidDTypeError, {"parent_keys": np.zeros((3, 16), np.uint8)}),
+        (InvalidDTypeError, {"namespaces": [None]}),
+        (InvalidArgumentError, {"namespaces": [None, 7]}),
+        (InvalidDTypeError, {"pages": np.array([1.0, 2.0])}),
+    ]
+    for exc, override in bad:
+        args = {"pages": i32(3, 4), "slots": i32(2, 3), **meta(2), **override}
+        with pytest.raises(exc):
+            tier.store(pool, args.pop("pages"), args.pop("slots"), **args)
+    with pytest.raises(InvalidArgumentError, match="stores pages of"):
+        tier.store(make_pool(layout="NHD"), i32(3), i32(2), **meta(1))
+    with pytest.raises(InvalidArgumentError, match="stores pages of"):
+        tier.load(make_pool("fp16"), i32(0), i32(3), m["keys"][:1])
+    with pytest.raises(InvalidArgumentError):
+        tier.load(pool, i32(0, 1), i32(3, 3), m["keys"])  # a page loaded twice
+    with pytest.raises(InvalidArgumentError):
+        tier.load(pool, i32(-1), i32(3), m["keys"][:1])
+    assert tier.stats() == before
+    assert tier.load(pool, i32(0, 1), i32(5, 6), m["keys"]).all()
+
+
+def test_construction_errors(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = DiskTier(tmp_path / "a", 1 << 20, pool)
+    size = tier.file_bytes
+    tier.close()
+    with pytest.raises(ConfigError, match="hold no slot"):
+        DiskTier(tmp_path / "b", size - 1, pool)
+    assert DiskTier(tmp_path / "c", size, pool).num_slots == 1
+    (tmp_path / "file").write_bytes(b"x")
+    with pytest.raises(ConfigError, match="usable directory"):
+        DiskTier(tmp_path / "file", 1 << 20, pool)
+    with pytest.raises(ConfigError, match="num_slots"):
+        HostTier(pool, 0)
+
+
+def test_one_disk_tier_per_directory(tmp_path: Path) -> None:
+    pool = make_pool()
+    first = DiskTier(tmp_path / "t", 1 << 20, pool)
+    with pytest.raises(ConfigError, match="in use"):
+        DiskTier(tmp_path / "t", 1 << 20, pool)
+    first.close()
+    with DiskTier(tmp_path / "t", 1 << 20, pool) as again:
+        assert again.num_slots == first.num_slots
+
+
+# ------------------------------------------------------------------------------------------ disk files
+
+
+def test_reopen_lists_exactly_the_stored_entries(tmp_path: Path) -> None:
+    pool = make_pool("int8", "NHD")
+    tier = open_disk(tmp_path, pool, 8)
+    m = meta(5)
+    slots = i32(7, 0, 3, 4, 1)
+    assert tier.store(pool, i32(1, 2, 3, 4, 5), slots, **m).all()
+    tier.forget(i32(4))
+    tier.close()
+    again = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    entries = again.entries()
+    assert [e.slot for e in entries] == [0, 1, 3, 7]
+    by_slot = {int(s): i for i, s in enumerate(slots)}
+    for e in entries:
+        i = by_slot[e.slot]
+        assert e.key == m["keys"][i].tobytes() and e.parent_key == m["parent_keys"][i].tobytes()
+        assert e.namespace == m["namespaces"][i]
+        assert e.tokens.dtype == np.uint32 and np.array_equal(e.tokens, m["tokens"][i])
+    assert again.stats()["open_entries"] == 4 and again.stats()["open_removed"] == 0
+    assert again.load(pool, i32(7, 3), i32(9, 10), m["keys"][[0, 2]]).all()
+    assert np.array_equal(page_bytes(pool, 9), page_bytes(pool, 1))
+
+
+def test_header_pack_parse_round_trip() -> None:
+    g = codec.Geometry.of_pool(make_pool("bf16", "NHD"), "int4")
+    buf = bytearray(codec.header_len(g))
+    toks = np.arange(P, dtype=np.uint32) + 2**31
+    n = codec.pack_header(
+        buf,
+        geometry=g,
+        key=b"k" * 16,
+        parent_key=b"p" * 16,
+        namespace="ns✓",
+        tokens=toks,
+        payload_len=123,
+        payload_checksum=b"c" * 16,
+        scale_digest=bytes(16),
+    )
+    assert n == len(buf) == 4096 and buf[:8] == codec.MAGIC
+    h = codec.parse_header(bytes(buf))
+    assert (h.key, h.parent_key, h.namespace, h.geometry, h.payload_len) == (
+        b"k" * 16,
+        b"p" * 16,
+        "ns✓",
+        g,
+        123,
+    )
+    assert np.array_equal(h.tokens, toks) and h.payload_checksum == b"c" * 16
+    for off, reason in (
+        (0, "magic"),
+        (8, "version"),
+        (10, "malformed"),
+        (20, "checksum"),
+        (4095, "checksum"),
+    ):
+        bad = bytearray(buf)
+        bad[off] ^= 0x40
+        with pytest.raises(codec.HeaderError) as e:
+            codec.parse_header(bytes(bad))
+        assert e.value.reason == reason
+    with pytest.raises(codec.HeaderError) as e:
+        codec.pack_header(
+            buf,
+            geometry=g,
+            key=b"k" * 16,
+            parent_key=b"p" * 16,
+            namespace="x" * (codec.namespace_room(g) + 1),
+            tokens=toks,
+            payload_len=1,
+            payload_checksum=bytes(16),
+            scale_digest=bytes(16),
+        )
+    assert e.value.reason == "namespace"
+
+
+def test_flipped_payload_byte_is_a_counted_miss_and_the_file_is_removed(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    path = slot_path(tier, 0)
+    raw = bytearray(path.read_bytes())
+    raw[tier.header_len + 17] ^= 0x01
+    path.write_bytes(bytes(raw))
+    assert tier.load(pool, i32(0, 1), i32(5, 6), m["keys"]).tolist() == [False, True]
+    s = tier.stats()
+    assert (s["load_failed_checksum"], s["checksum_mismatches"], s["slots_used"]) == (1, 1, 1)
+    assert not path.exists()
+    assert tier.load(pool, i32(0), i32(5), m["keys"][:1]).tolist() == [False]  # now simply empty
+    assert tier.stats()["load_failed_empty"] == 1
+
+
+@pytest.mark.parametrize(("offset", "counter"), [(0, "open_removed_header"), (40, "open_removed_header")])
+def test_flipped_header_byte_is_removed_at_reopen(tmp_path: Path, offset: int, counter: str) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    tier.close()
+    path = slot_path(tier, 1)
+    raw = bytearray(path.read_bytes())
+    raw[offset] ^= 0x80
+    path.write_bytes(bytes(raw))
+    again = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    assert [e.slot for e in again.entries()] == [0]
+    assert again.stats()[counter] == 1 and again.stats()["open_removed"] == 1
+    assert not path.exists()
+    assert again.load(pool, i32(1), i32(5), m["keys"][1:]).tolist() == [False]
+
+
+def test_header_corrupted_after_open_is_a_counted_miss(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    path = slot_path(tier, 0)
+    raw = bytearray(path.read_bytes())
+    raw[50] ^= 0x01  # inside the geometry fields, covered by the header checksum
+    path.write_bytes(bytes(raw))
+    assert tier.load(pool, i32(0), i32(5), m["keys"]).tolist() == [False]
+    s = tier.stats()
+    assert (s["load_failed_corrupt"], s["checksum_mismatches"]) == (1, 1)
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("cut", [1, 100, "header"])
+def test_truncated_file_is_removed_at_reopen(tmp_path: Path, cut: int | str) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    tier.close()
+    path = slot_path(tier, 0)
+    size = path.stat().st_size
+    os.truncate(path, 50 if cut == "header" else size - int(cut))
+    again = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    assert [e.slot for e in again.entries()] == [1]
+    assert again.stats()["open_removed_truncated"] == 1 and not path.exists()
+
+
+def test_file_truncated_after_open_is_a_counted_miss(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    os.truncate(slot_path(tier, 0), tier.file_bytes - 3)
+    assert tier.load(pool, i32(0), i32(5), m["keys"]).tolist() == [False]
+    assert tier.stats()["load_failed_corrupt"] == 1 and not slot_path(tier, 0).exists()
+
+
+def test_leftover_temp_files_are_removed_at_open(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(2), **m).all()
+    tier.close()
+    good = slot_path(tier, 2).read_bytes()
+    (Path(tier.path) / (slot_filename(3) + ".tmp")).write_bytes(good[:1000])  # torn
+    (Path(tier.path) / (slot_filename(4) + ".tmp")).write_bytes(good)  # complete but never renamed
+    (Path(tier.path) / "notes.txt").write_text("an operator's file")
+    again = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    assert [e.slot for e in again.entries()] == [2]
+    assert again.stats()["open_removed_temp"] == 2
+    assert sorted(p.name for p in Path(tier.path).iterdir()) == ["notes.txt", slot_filename(2), "tier.lock"]
+
+
+def test_a_crash_mid_store_is_never_visible(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kill the store between writing the temp file and renaming it (the worst moment: the slot's old
+    file was recycled as the temp file): after a restart the slot is simply absent."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+
+    class Crash(BaseException):
+        pass
+
+    def crash(*a: Any, **k: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(Crash):
+        tier.store(pool, i32(3), i32(0), **meta(1, seed=5))
+    monkeypatch.undo()
+    tier.close()
+    again = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    assert [e.slot for e in again.entries()] == [1]
+    assert again.stats()["open_removed_temp"] == 1
+
+
+def test_foreign_geometry_files_are_left_alone(tmp_path: Path) -> None:
+    bf16, fp16 = make_pool("bf16"), make_pool("fp16")
+    tier = open_disk(tmp_path, bf16)
+    m = meta(2)
+    assert tier.store(bf16, i32(1, 2), i32(0, 1), **m).all()
+    tier.close()
+    other = DiskTier(tier.path, 8 * tier.file_bytes, fp16)
+    assert other.entries() == [] and other.stats()["open_foreign"] == 2 and other.stats()["open_removed"] == 0
+    assert other.load(fp16, i32(0), i32(3), m["keys"][:1]).tolist() == [False]
+    other.close()
+    quantized = DiskTier(tier.path, 8 * tier.file_bytes, bf16, quantize="int8")
+    assert quantized.entries() == [] and quantized.stats()["open_foreign"] == 2
+    quantized.close()
+    back = DiskTier(tier.path, 8 * tier.file_bytes, bf16)
+    assert [e.slot for e in back.entries()] == [0, 1]
+    assert back.load(bf16, i32(0, 1), i32(3, 4), m["keys"]).all()
+
+
+def test_slots_beyond_a_smaller_capacity_are_removed(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    assert tier.store(pool, i32(1, 2), i32(1, 6), **meta(2)).all()
+    tier.close()
+    small = DiskTier(tier.path, 4 * tier.file_bytes, pool)
+    assert [e.slot for e in small.entries()] == [1]
+    assert small.stats()["open_removed_out_of_range"] == 1 and not slot_path(tier, 6).exists()
+
+
+def test_namespace_too_long_for_a_header_is_a_counted_failure(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    room = codec.namespace_room(tier.geometry)
+    m = meta(2, namespaces=["x" * room, "y" * (room + 1)])
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).tolist() == [True, False]
+    assert tier.stats()["store_failed_namespace"] == 1
+    tier.close()
+    assert DiskTier(tier.path, 8 * tier.file_bytes, pool).entries()[0].namespace == "x" * room
+
+
+def test_fsync_mode_syncs_every_file_and_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool, fsync=True)
+    synced: list[int] = []
+    real = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real(fd))[1])
+    m = meta(3)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m).all()
+    assert len(synced) == 4  # three files, then the directory once for the batch
+    monkeypatch.undo()
+    assert tier.load(pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"]).all()
+
+
+# ------------------------------------------------------------------------------------------ I/O failures
+
+
+def _fail_nth(n: int, err: int, real: Any) -> Any:
+    calls = {"n": 0}
+
+    def fake(*a: Any, **k: Any) -> Any:
+        calls["n"] += 1
+        if n < 0 or calls["n"] == n:
+            raise OSError(err, os.strerror(err))
+        return real(*a, **k)
+
+    return fake
+
+
+@pytest.mark.parametrize(
+    ("fn", "err", "counter"),
+    [
+        ("writev", errno.ENOSPC, "store_failed_no_space"),
+        ("writev", errno.EDQUOT, "store_failed_no_space"),
+        ("open", errno.EACCES, "store_failed_permission"),
+        ("replace", errno.EIO, "store_failed_io"),
+        ("rename", errno.EIO, "store_failed_io"),  # recycling the old file fails: it must go all the same
+        ("open", errno.EMFILE, "store_failed_other"),
+    ],
+)
+def test_io_errors_are_counted_failures_and_leave_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fn: str, err: int, counter: str
+) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(3)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m).all()
+    # the second of three stores fails; slot 1 held a page, which is gone afterwards (not stale)
+    monkeypatch.setattr(os, fn, _fail_nth(2, err, getattr(os, fn)))
+    m2 = meta(3, seed=9)
+    assert tier.store(pool, i32(4, 5, 6), i32(0, 1, 2), **m2).tolist() == [True, False, True]
+    monkeypatch.undo()
+    s = tier.stats()
+    assert (s[counter], s["store_failed"], s["stores"], s["slots_used"]) == (1, 1, 5, 2)
+    keys = np.stack([m2["keys"][0], m2["keys"][1], m["keys"][1], m2["keys"][2]])
+    assert tier.load(pool, i32(0, 1, 1, 2), i32(7, 8, 9, 10), keys).tolist() == [True, False, False, True]
+    assert sorted(p.name for p in Path(tier.path).iterdir()) == [
+        slot_filename(0),
+        slot_filename(2),
+        "tier.lock",
+    ]
+
+
+def test_full_disk_fails_every_store_without_raising(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    monkeypatch.setattr(os, "writev", _fail_nth(-1, errno.ENOSPC, os.writev))
+    monkeypatch.setattr(os, "write", _fail_nth(-1, errno.ENOSPC, os.write))
+    assert not tier.store(pool, i32(1, 2, 3, 4), i32(0, 1, 2, 3), **meta(4)).any()
+    assert tier.stats()["store_failed_no_space"] == 4 and tier.stats()["slots_used"] == 0
+    monkeypatch.undo()
+    assert sorted(p.name for p in Path(tier.path).iterdir()) == ["tier.lock"]
+    assert tier.store(pool, i32(1), i32(0), **meta(1)).all()  # space is back
+
+
+def test_short_writes_and_reads_are_completed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """writev/readv may move fewer bytes than asked; the tier loops until every byte is through."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    real_writev, real_readv = os.writev, os.readv
+
+    def short_writev(fd: int, bufs: list[Any]) -> int:
+        return real_writev(fd, [memoryview(bufs[0])[:777]])
+
+    def short_readv(fd: int, bufs: list[Any]) -> int:
+        return real_readv(fd, [memoryview(bufs[0])[:333]])
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    monkeypatch.setattr(os, "readv", short_readv)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    assert tier.load(pool, i32(0, 1), i32(3, 4), m["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 3), page_bytes(pool, 1))
+
+
+def test_read_errors_are_counted_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    monkeypatch.setattr(os, "readv", _fail_nth(-1, errno.EIO, os.readv))
+    assert not tier.load(pool, i32(0, 1), i32(3, 4), m["keys"]).any()
+    monkeypatch.undo()
+    assert tier.stats()["load_failed_io"] == 2
+    os.unlink(slot_path(tier, 1))  # removed behind the tier's back
+    assert tier.load(pool, i32(0, 1), i32(3, 4), m["keys"]).tolist() == [True, False]
+    assert tier.stats()["load_failed_io"] == 3 and tier.stats()["slots_used"] == 1
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores permissions")
+def test_unwritable_directory_fails_stores_without_raising(tmp_path: Path) -> None:
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1), i32(0), **m)[:1].all()
+    os.chmod(tier.path, 0o500)
+    try:
+        assert tier.store(pool, i32(2, 3), i32(1, 0), **meta(2, seed=3)).tolist() == [False, False]
+        assert tier.stats()["store_failed_permission"] == 2
+        assert tier.load(pool, i32(0), i32(4), m["keys"][:1]).tolist() == [False]  # slot 0 was dropped
+    finally:
+        os.chmod(tier.path, 0o700)
+
+
+# ------------------------------------------------------------------------------------------ model-based
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    ops=st.lists(
+        st.tuples(
+            st.sampled_from(["store", "load", "forget", "reopen"]),
+            st.lists(st.integers(0, 5), min_size=1, max_size=4, unique=True),
+            st.integers(0, 3),
+        ),
+        min_size=1,
+        max_size=12,
+    ),
+    kind=st.sampled_from(["host", "disk"]),
+)
+def test_tier_matches_a_dict_model(
+    tmp_path_factory: pytest.TempPathFactory, ops: list[Any], kind: str
+) -> None:
+    """Random stores, loads, forgets and (disk) reopens against ``{slot: (key, page bytes)}``."""
+    pool = make_pool("bf16", num_pages=16)
+    path = tmp_path_factory.mktemp("model")
+    tier: Any = HostTier(pool, 6) if kind == "host" else open_disk(path, pool, 6)
+    model: dict[int, tuple[bytes, bytes]] = {}
+    rng = np.random.default_rng(0)
+    for op, slots, salt in ops:
+        s = np.array(slots, dtype=np.int32)
+        n = s.shape[0]
+        if op == "store":
+            pages = np.arange(1, 1 + n, dtype=np.int32) + salt
+            m = meta(n, seed=int(rng.integers(1 << 30)))
+            assert tier.store(pool, pages, s, **m).all()
+            for i, slot in enumerate(slots):
+                model[slot] = (m["keys"][i].tobytes(), page_bytes(pool, int(pages[i])).tobytes())
+        elif op == "load":
+            keys = np.array(
+                [
+                    np.frombuffer(model[x][0], np.uint8) if x in model and salt else np.full(16, 7, np.uint8)
+                    for x in slots
+                ]
+            )
+            dst = np.arange(10, 10 + n, dtype=np.int32)
+            ok = tier.load(pool, s, dst, keys)
+            for i, slot in enumerate(slots):
+                hit = slot in model and model[slot][0] == keys[i].tobytes()
+                assert ok[i] == hit
+                if hit:
+                    assert page_bytes(pool, int(dst[i])).tobytes() == model[slot][1]
+        elif op == "forget":
+            tier.forget(s)
+            for slot in slots:
+                model.pop(slot, None)
+        elif kind == "disk":
+            tier.close()
+            tier = DiskTier(tier.path, 6 * tier.file_bytes, pool)
+            assert {e.slot: e.key for e in tier.entries()} == {k: v[0] for k, v in model.items()}
+        assert tier.stats()["slots_used"] == len(model)
+    if kind == "disk":
+        tier.close()
+
+
+# ------------------------------------------------------------------------------------------ GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="needs CuPy and a CUDA device")
+@pytest.mark.parametrize("quantize", [None, "int8", "int4"])
+def test_cupy_pool_round_trip_matches_numpy(kind: str, tmp_path: Path, quantize: str | None) -> None:
+    """The CuPy path (device gather, one D2H per run into pinned rows) stores the bytes the NumPy path
+    stores, and loads them back the same."""
+    host_pool = make_pool("bf16", "NHD")
+    if quantize:
+        fill_values(host_pool)
+    dev_pool = host_pool.to("cupy")
+    pages, slots, m = i32(1, 2, 3, 7), i32(0, 1, 2, 5), meta(4)
+    results = []
+    for i, pool in enumerate((host_pool, dev_pool)):
+        tier = make_tier(kind, tmp_path / str(i), pool, quantize=quantize)
+        assert tier.store(pool, pages, slots, **m).all()
+        assert tier.load(pool, slots, i32(8, 9, 10, 11), m["keys"]).all()
+        results.append(pool.backend.asnumpy(pool.data))
+        if kind == "disk":
+            tier.close()
+    assert np.array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
