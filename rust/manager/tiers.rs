@@ -495,17 +495,27 @@ impl KVCacheManager {
         Ok(seq.hit.clone())
     }
 
-    /// Queued transfers, now in flight: the mover copies the bytes and reports each op with
-    /// [`complete_transfers`](Self::complete_transfers). Call it after the step whose kernels
-    /// wrote the stored pages (a page cached by `add_sequence`/`append` is written in the step
-    /// that follows), and before the next one needs the loaded pages.
-    pub fn take_transfers(&self) -> TransferBatch {
+    /// Queued transfers (stores, loads, or both), now in flight: the mover copies the bytes and
+    /// reports each op with [`complete_transfers`](Self::complete_transfers).
+    ///
+    /// Stores copy pages cached by `add_sequence`/`append`, whose K/V the engine writes in the
+    /// step that follows: take stores only *after* that step. Loads fill the pages of sequences
+    /// admitted with a lower-tier hit (not ready until they complete): take them any time, e.g.
+    /// before the step to overlap them with it. One call of both after every step is always
+    /// right (a loading sequence then joins the next step).
+    pub fn take_transfers(&self, stores: bool, loads: bool) -> TransferBatch {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let mut batch = TransferBatch::default();
         let ps = self.page_size;
         let queued = std::mem::take(&mut st.transfers.queued);
+        let mut kept = Vec::new();
         for id in queued {
+            let is_store = st.transfers.stores.contains_key(&id);
+            if (is_store && !stores) || (!is_store && !loads) {
+                kept.push(id);
+                continue;
+            }
             if let Some((op, taken)) = st.transfers.stores.get_mut(&id) {
                 *taken = true;
                 let name = namespace_name(&st.namespace_names, op.ns);
@@ -536,6 +546,7 @@ impl KVCacheManager {
                 }
             }
         }
+        st.transfers.queued = kept;
         batch
     }
 

@@ -666,9 +666,23 @@ impl PyKVCacheManager {
     }
 
     /// Queued transfers as a `TransferBatch`, now in flight: copy the bytes (`kvcore.tiers.Mover`)
-    /// and report each op with `complete_transfers`.
-    fn take_transfers<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let (batch, names) = self.run(py, false, |m| (m.take_transfers(), m.tier_names()));
+    /// and report each op with `complete_transfers`. Take stores only after the step that wrote
+    /// their pages; loads any time (`stores=False` before a step, to overlap them with it).
+    #[pyo3(
+        signature = (*, stores = Arg::Missing, loads = Arg::Missing),
+        text_signature = "($self, *, stores=True, loads=True)"
+    )]
+    fn take_transfers<'py>(
+        &self,
+        py: Python<'py>,
+        stores: Arg<'_>,
+        loads: Arg<'_>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let stores = stores.or(true, |b| bool_arg(b, "stores"))?;
+        let loads = loads.or(true, |b| bool_arg(b, "loads"))?;
+        let (batch, names) = self.run(py, false, |m| {
+            (m.take_transfers(stores, loads), m.tier_names())
+        });
         let class = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")?;
         super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
     }

@@ -363,3 +363,19 @@ def test_making_room_never_evicts_the_prefix_a_store_extends() -> None:
     m.evict(1 << 20)
     m.add_sequence(4, list(range(17)))
     assert m.hit_tokens(4)["host"] == 16
+
+
+def test_loads_can_be_taken_before_the_step_and_stores_after_it() -> None:
+    m = tiered()
+    demote(m, 1, PROMPT)
+    m.add_sequence(2, PROMPT)  # loads queued
+    m.add_sequence(3, [9] * 13)  # stores queued (its pages are computed in this step)
+    early = m.take_transfers(stores=False)
+    assert len(early.load_ops) == 3 and len(early.store_ops) == 0
+    m.complete_transfers(early.load_ops, True)
+    assert m.is_ready(2)
+    late = m.take_transfers(loads=False)
+    assert len(late.store_ops) == 6 and len(late.load_ops) == 0
+    assert not m.take_transfers()
+    with pytest.raises(InvalidDTypeError):
+        m.take_transfers(stores="yes")  # type: ignore[arg-type]

@@ -66,7 +66,7 @@ fn timing() {
         let m = mk(tiers);
         m.add_sequence(-1, prefix.as_slice(), None, 0, true, 0)
             .unwrap();
-        let b = m.take_transfers();
+        let b = m.take_transfers(true, true);
         let mut ops: Vec<u64> = b.stores.iter().map(|r| r.op).collect();
         ops.dedup();
         let oks = vec![true; ops.len()];

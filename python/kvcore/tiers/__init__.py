@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from kvcore.tiers.disk import DiskEntry, DiskTier
 from kvcore.tiers.host import HostTier
-from kvcore.tiers.mover import MoveResult, Mover, Tier
+from kvcore.tiers.mover import Mover, MoveResult, Tier
 
 __all__ = [
     "DiskEntry",

@@ -187,6 +187,11 @@ class HostTier:
             self._stats.add("forgets", int(self._used[s].sum()))
             self._used[s] = False
 
+    def slot_keys(self) -> dict[int, bytes]:
+        """``{slot: page key}`` of every slot holding a page (for audits: which tenant owns what)."""
+        with self._lock:
+            return {int(s): bytes(self._keys[s]) for s in np.flatnonzero(self._used)}
+
     def stats(self) -> dict[str, int]:
         """Counters (flat, every name always present): ``slots_used``, ``bytes`` (held now),
         ``stores``/``loads`` (rows that succeeded), ``load_failed`` and its reasons, byte totals."""

@@ -99,9 +99,14 @@ class Mover:
         self.pool = pool
         self.tiers: list[Tier] = [by_name[n] for n in names]
 
-    def run(self) -> MoveResult:
-        """Take the cache's queued transfers, copy them, and complete every op."""
-        return self.execute(self.cache.take_transfers())
+    def run(self, *, stores: bool = True, loads: bool = True) -> MoveResult:
+        """Take the cache's queued transfers (stores, loads or both), copy them, and complete every op.
+
+        Call it after each step (both kinds: the stores copy what the step wrote; sequences
+        waiting on loads join the next step). ``run(stores=False)`` before a step starts the
+        loads of sequences admitted for it; never take stores before the step that writes them.
+        """
+        return self.execute(self.cache.take_transfers(stores=stores, loads=loads))
 
     def execute(self, batch: TransferBatch) -> MoveResult:
         """Copy one batch and complete its ops (an op a tier failed, or that raised, fails)."""

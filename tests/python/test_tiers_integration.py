@@ -1,0 +1,179 @@
+"""The manager, a real pool, HostTier, DiskTier and the Mover together: tenants, restart, faults.
+
+Pages carry recognisable K/V (a per-prefix pattern written by the "engine"), so a page that comes back
+from a tier can be checked byte for byte against what was computed for that very prefix.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import kvcore
+from kvcore import KVCacheManager
+from kvcore.pool import KVPool
+from kvcore.tiers import DiskTier, HostTier, Mover
+
+PS = 4
+FP = b"tiny-model/fp16/p4"
+
+
+def make_pool(num_pages: int) -> KVPool:
+    return KVPool(
+        num_layers=2, num_pages=num_pages, num_kv_heads=2, head_dim=8, page_size=PS, kv_dtype="fp16"
+    )
+
+
+def pattern(key: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """The K/V (fp16) an engine computes for the page with this key (a pattern seeded by it)."""
+    seed = int.from_bytes(bytes(key[:8]), "little")
+    return np.random.default_rng(seed).standard_normal(shape).astype(np.float16)
+
+
+class Engine:
+    """Admits prompts and 'computes' their pages: writes each page's pattern; checks hit pages."""
+
+    def __init__(self, cache: KVCacheManager, pool: KVPool, mover: Mover) -> None:
+        self.cache, self.pool, self.mover = cache, pool, mover
+        self.next_id = 0
+
+    def page_shape(self) -> tuple[int, ...]:
+        return self.pool.data[:, :, 0].shape
+
+    def run(self, prompt: list[int], ns: str | None) -> dict[str, int]:
+        sid = self.next_id
+        self.next_id += 1
+        assert self.cache.add_sequence(sid, prompt, ns) is not None
+        self.mover.run(stores=False)  # loads only: the pages just cached are not computed yet
+        assert self.cache.is_ready(sid)
+        hit = self.cache.hit_tokens(sid)
+        keys = kvcore.page_keys(np.asarray(prompt, dtype=np.int32), PS, fingerprint=FP, namespace=ns)
+        pages = self.cache.seq_pages(sid)
+        hit_pages = sum(hit.values()) // PS
+        for i, key in enumerate(keys):
+            want = pattern(key, self.page_shape())
+            if i < hit_pages:  # found cached or loaded: exactly this prefix's K/V
+                np.testing.assert_array_equal(self.pool.data[:, :, pages[i]], want)
+            else:  # computed now
+                self.pool.data[:, :, pages[i]] = want
+        self.mover.run()  # stores of what was just computed
+        self.cache.free_sequence(sid)
+        return hit
+
+
+def setup(tmp_path: Path, *, host: int = 6, disk_pages: int = 64, num_pages: int = 16, fp: bytes = FP):
+    pool = make_pool(num_pages)
+    host_tier = HostTier(pool, host)
+    disk_tier = DiskTier(tmp_path / "disk", disk_pages * (pool.page_bytes + 8192), pool)
+    cache = KVCacheManager(
+        num_pages, PS, fingerprint=fp, lower_tiers=[host_tier, disk_tier], store_policy="all"
+    )
+    return cache, pool, host_tier, disk_tier, Engine(cache, pool, Mover(cache, pool, [host_tier, disk_tier]))
+
+
+def test_two_tenants_every_slot_and_file_belongs_to_the_tenant_that_stored_it(tmp_path: Path) -> None:
+    cache, pool, host, disk, engine = setup(tmp_path)
+    rng = np.random.default_rng(0)
+    shared = rng.integers(0, 50, 12).tolist()  # both tenants send the very same tokens
+    keys: dict[str, set[bytes]] = {"A": set(), "B": set()}
+    for step in range(40):
+        ns = "A" if step % 2 else "B"
+        prompt = shared + rng.integers(0, 50, int(rng.integers(1, 12))).tolist()
+        engine.run(prompt, ns)
+        if step % 5 == 4:
+            cache.evict(1 << 20)
+        for k in kvcore.page_keys(np.asarray(prompt, dtype=np.int32), PS, fingerprint=FP, namespace=ns):
+            keys[ns].add(bytes(k))
+    assert not keys["A"] & keys["B"]
+    # Every host slot's page is a page one tenant stored.
+    held = host.slot_keys()
+    assert held and all(k in keys["A"] | keys["B"] for k in held.values())
+    # Every disk file names its tenant, and that tenant stored exactly that page.
+    disk.close()
+    entries = DiskTier(tmp_path / "disk", disk.num_slots * disk.file_bytes, pool).entries()
+    assert entries
+    for e in entries:
+        assert e.namespace in ("A", "B")
+        assert e.key in keys[e.namespace], e
+    # And B never loaded A's page: the engine checked every hit page's bytes against B's own prefix.
+    tiers = cache.tier_stats()
+    assert tiers["host"]["num_loaded_pages"] + tiers["disk"]["num_loaded_pages"] > 0
+    assert tiers["host"]["num_load_failed_pages"] == tiers["disk"]["num_load_failed_pages"] == 0
+
+
+def test_a_reopened_disk_tier_warms_a_new_manager_with_the_same_fingerprint_only(tmp_path: Path) -> None:
+    cache, _pool, _host, disk, engine = setup(tmp_path)
+    prompt = list(range(1, 22))  # 5 full pages
+    engine.run(prompt, "t")
+    assert cache.tier_stats()["disk"]["num_stored_pages"] == 5
+    disk.close()
+    for fp, expected in ((FP, 20), (b"another-model", 0)):
+        pool2 = make_pool(16)
+        disk2 = DiskTier(tmp_path / "disk", disk.num_slots * disk.file_bytes, pool2)
+        cache2 = KVCacheManager(16, PS, fingerprint=fp, lower_tiers=[disk2], store_policy="all")
+        accepted = cache2.restore_tier("disk", disk2.entries())
+        assert accepted.sum() == (5 if expected else 0)
+        hit = cache2.add_sequence(0, prompt, "t")
+        assert hit == expected
+        Mover(cache2, pool2, [disk2]).run()
+        if expected:
+            keys = kvcore.page_keys(np.asarray(prompt, dtype=np.int32), PS, fingerprint=FP, namespace="t")
+            pages = cache2.seq_pages(0)
+            for i in range(5):
+                np.testing.assert_array_equal(
+                    pool2.data[:, :, pages[i]], pattern(keys[i], pool2.data[:, :, 0].shape)
+                )
+        assert cache2.add_sequence(1, prompt, "u") == 0  # another tenant: nothing
+        disk2.close()
+
+
+def test_a_flipped_byte_is_a_counted_miss_the_file_goes_and_nothing_wrong_is_read(tmp_path: Path) -> None:
+    cache, pool, host, disk, engine = setup(tmp_path, host=1)
+    prompt = list(range(1, 22))
+    engine.run(prompt, None)
+    engine.run(list(range(100, 110)), None)  # host (1 slot) now holds something else
+    cache.evict(1 << 20)
+    # Corrupt the payload of the file holding page 2 of the prompt.
+    key2 = bytes(kvcore.page_keys(np.asarray(prompt, dtype=np.int32), PS, fingerprint=FP)[2])
+    disk.close()
+    reopened = DiskTier(tmp_path / "disk", disk.num_slots * disk.file_bytes, pool)
+    target = next(e for e in reopened.entries() if e.key == key2)
+    reopened.close()
+    path = tmp_path / "disk" / f"slot-{target.slot:08d}.kv"
+    with open(path, "r+b") as f:
+        f.seek(os.path.getsize(path) - 10)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    disk2 = DiskTier(tmp_path / "disk", disk.num_slots * disk.file_bytes, pool)
+    engine.mover = Mover(cache, pool, [host, disk2])
+    hit = engine.run(prompt, None)  # checks every page it reports as hit byte for byte
+    assert hit == {"hbm": 0, "host": 0, "disk": 8}  # pages 0 and 1; page 2 failed, recomputed
+    assert disk2.stats()["checksum_mismatches"] == 1
+    assert not path.exists()
+    assert cache.tier_stats()["disk"]["num_load_failed_pages"] == 1
+    disk2.close()
+
+
+def test_a_full_or_unwritable_disk_skips_stores_and_nothing_crashes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache, _pool, _host, disk, engine = setup(tmp_path)
+
+    def no_space(*args: object, **kwargs: object) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "writev", no_space)
+    monkeypatch.setattr(os, "write", no_space)
+    engine.run(list(range(1, 22)), None)
+    s = cache.tier_stats()
+    assert s["disk"]["num_store_failed_pages"] == 5 and s["disk"]["num_slots_cached"] == 0
+    assert s["host"]["num_stored_pages"] == 5
+    assert disk.stats()["store_failed"] >= 5
+    monkeypatch.undo()
+    engine.run(list(range(1, 22)), None)  # room again: stored this time (a hit now stores)
+    cache._check_invariants()
