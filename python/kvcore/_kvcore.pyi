@@ -151,6 +151,9 @@ class KVCacheManager:
         """Whether the sequence's prefix is in HBM (no load in flight): its tables are valid."""
     def hit_tokens(self, seq_id: int) -> dict[str, int]:
         """``{"hbm": n, tier name: n, ...}``: where the sequence's prefix hit comes from."""
+    def peek_hit_tokens(self, tokens: _Tokens, namespace: str | None = None) -> dict[str, int]:
+        """``{"hbm": n, tier name: n, ...}``: the prefix an admission would find now, per medium
+        (no side effects)."""
     def tier_stats(self) -> dict[str, dict[str, int]]:
         """``{tier name: {counter: value}}``: occupancy and counters of each lower tier."""
     def restore_tier(

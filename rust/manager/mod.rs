@@ -1005,11 +1005,19 @@ impl KVCacheManager {
         if st.tiers.is_empty() || !st.store_policy.may_store(trigger) {
             return Ok(());
         }
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        // The common case, a prefix every tier holds already: no key, no store.
+        if !self.tiers_lack(st, seq.ns, &seq.tokens, n) {
+            return Ok(());
+        }
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let (ns, node) = (seq.ns, seq.node);
         let tokens = std::mem::take(&mut seq.tokens);
         let mut keys = std::mem::take(&mut seq.keys);
         let node_pages = seq.lock_pages;
+        if keys.len() < n {
+            self.seed_keys_from_tiers(st, ns, &tokens, n, &mut keys);
+        }
         let result = self
             .extend_keys(st, ns, &tokens, n, &mut keys)
             .and_then(|()| {

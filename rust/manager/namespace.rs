@@ -9,7 +9,7 @@ use crate::keys::KeyNamespace;
 use crate::radix::{Namespace, DEFAULT_NAMESPACE, PUBLIC_NAMESPACE};
 
 /// Stands for a namespace name never used to cache anything: it owns no node.
-pub(super) const UNSEEN_NAMESPACE: Namespace = u64::MAX - 1;
+pub(crate) const UNSEEN_NAMESPACE: Namespace = u64::MAX - 1;
 
 impl State {
     /// Intern a namespace name not known yet.

@@ -224,20 +224,17 @@ impl Tier {
         })
     }
 
-    /// Usable pages of the tier's longest match of `tokens` (stops before a bad slot), with their
-    /// slots appended to `out`.
-    fn usable_prefix(&self, ns: Namespace, tokens: &[u32], out: &mut Vec<u32>) -> usize {
-        let start = out.len();
+    /// Usable pages of the tier's longest match of `tokens`: the match, stopped before a bad
+    /// slot. No side effects.
+    fn usable_prefix(&self, ns: Namespace, tokens: &[u32]) -> usize {
+        if self.num_bad == 0 {
+            return self.tree.peek_prefix_len(ns, tokens);
+        }
         let mut ids = Vec::new();
         self.tree.peek_prefix_pages(ns, tokens, &mut ids);
-        for id in ids {
-            let slot = id - 1;
-            if self.bad[slot as usize] {
-                break;
-            }
-            out.push(slot);
-        }
-        out.len() - start
+        ids.iter()
+            .position(|&id| self.bad[(id - 1) as usize])
+            .unwrap_or(ids.len())
     }
 
     /// Take `n` free slots, evicting the tier's evictable slots if short; None (nothing taken or
@@ -471,6 +468,26 @@ impl KVCacheManager {
     pub fn tier_names(&self) -> Vec<String> {
         let st = self.state.lock();
         st.tiers.iter().map(|t| t.config.name.clone()).collect()
+    }
+
+    /// Tokens of the longest prefix of `tokens` an admission would find now, per medium
+    /// (`[HBM, tier 0, ...]`, as [`hit_tokens`](Self::hit_tokens) would report them), without side
+    /// effects: nothing touched, locked or loaded. The whole of `tokens` is looked up (an
+    /// admission looks up its prompt but the last token).
+    pub fn peek_hit_tokens(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<usize> {
+        let st = self.state.lock();
+        let ns = st
+            .known_namespace(namespace)
+            .unwrap_or(super::namespace::UNSEEN_NAMESPACE);
+        let hbm = st.tree.peek_prefix_len(ns, tokens);
+        let mut out = vec![0; 1 + st.tiers.len()];
+        out[0] = hbm * self.page_size;
+        if !st.tiers.is_empty() {
+            for t in self.plan_loads(&st, ns, tokens, hbm) {
+                out[1 + t as usize] += self.page_size;
+            }
+        }
+        out
     }
 
     /// Per-tier counters and occupancy.
@@ -760,20 +777,22 @@ impl KVCacheManager {
         hbm_pages: usize,
     ) -> Vec<u8> {
         let mut plan = Vec::new();
-        let mut slots = Vec::new();
         let mut reach = Vec::with_capacity(st.tiers.len());
         let mut deepest = hbm_pages;
         for tier in &st.tiers {
-            slots.clear();
-            let n = tier.usable_prefix(ns, lookup, &mut slots);
+            let n = tier.usable_prefix(ns, lookup);
             reach.push(n);
             deepest = deepest.max(n);
         }
-        for i in hbm_pages..deepest {
-            match reach.iter().position(|&n| n > i) {
-                Some(t) => plan.push(t as u8),
-                None => break,
-            }
+        // Runs: from page i, the first tier reaching past i serves every page up to its reach
+        // (the tiers before it all end at or before i).
+        let mut i = hbm_pages;
+        while i < deepest {
+            let Some(t) = reach.iter().position(|&n| n > i) else {
+                break;
+            };
+            plan.resize(plan.len() + (reach[t] - i), t as u8);
+            i = reach[t];
         }
         plan
     }
@@ -879,8 +898,7 @@ impl KVCacheManager {
         let mut emptied = Vec::new();
         for t in 0..st.tiers.len() {
             let tier = &st.tiers[t];
-            let mut have = Vec::new();
-            let visible = tier.usable_prefix(ns, &tokens[..n * ps], &mut have);
+            let visible = tier.usable_prefix(ns, &tokens[..n * ps]);
             // A bad slot ends the usable prefix but still holds its place: nothing to store there.
             if visible < n && tier.tree.peek_prefix_len(ns, &tokens[..(visible + 1) * ps]) > visible
             {
@@ -971,6 +989,45 @@ impl KVCacheManager {
             st.forget_if_unused(ns);
         }
         Ok(())
+    }
+
+    /// Whether some tier lacks (and is not receiving) one of pages `0..n` of `tokens` in `ns`:
+    /// when none does, there is nothing to offer and no key to compute. No side effects.
+    pub(super) fn tiers_lack(&self, st: &State, ns: Namespace, tokens: &[u32], n: usize) -> bool {
+        let ps = self.page_size;
+        st.tiers
+            .iter()
+            .any(|t| t.tree.peek_prefix_len(ns, &tokens[..n * ps]) < n)
+    }
+
+    /// Extend `keys` (the keys of a prefix of the pages of `tokens` in `ns`) with the keys a tier
+    /// already holds for the following pages of that path, in the same namespace: a copy instead
+    /// of a hash per page (an admission that hits a long cached prefix would hash all of it).
+    pub(super) fn seed_keys_from_tiers(
+        &self,
+        st: &State,
+        ns: Namespace,
+        tokens: &[u32],
+        n: usize,
+        keys: &mut Vec<PageKey>,
+    ) {
+        let ps = self.page_size;
+        let mut path = Vec::new();
+        for tier in &st.tiers {
+            if keys.len() >= n {
+                return;
+            }
+            path.clear();
+            tier.tree
+                .peek_prefix_pages_ns(ns, &tokens[..n * ps], &mut path);
+            // Keys chain from the root: only a run of this namespace's pages from the start
+            // continues `keys` (a public node's key was computed in the public namespace).
+            let own = path.iter().take_while(|&&(_, x)| x == ns).count();
+            while keys.len() < own {
+                let (id, _) = path[keys.len()];
+                keys.push(tier.keys[(id - 1) as usize]);
+            }
+        }
     }
 
     /// Keys of pages `0..n` of `tokens` in `ns`, chained from the root, continuing `keys`.

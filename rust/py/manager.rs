@@ -70,6 +70,8 @@ pub(crate) struct PyKVCacheManager {
     /// Injected clock (seconds, float) for TTL tests; None: a monotonic clock.
     clock: Option<Py<PyAny>>,
     epoch: Instant,
+    /// The lower tiers' names (fixed at construction).
+    tier_names: Vec<String>,
 }
 
 impl PyKVCacheManager {
@@ -178,6 +180,7 @@ impl PyKVCacheManager {
         // Large pools are built detached: other Python threads keep running meanwhile.
         let inner = py.detach(|| KVCacheManager::new(config))?;
         Ok(Self {
+            tier_names: inner.tier_names(),
             inner,
             gate: parking_lot::Mutex::new(()),
             clock,
@@ -661,8 +664,8 @@ impl PyKVCacheManager {
     /// A `kvcore.CacheStats` snapshot (usage split and counters).
     /// Names of the lower tiers, fastest first (a transfer row's `tier` indexes this).
     #[getter]
-    fn tier_names(&self, py: Python<'_>) -> Vec<String> {
-        self.run(py, false, |m| m.tier_names())
+    fn tier_names(&self) -> Vec<String> {
+        self.tier_names.clone()
     }
 
     /// Queued transfers as a `TransferBatch`, now in flight: copy the bytes (`kvcore.tiers.Mover`)
@@ -680,9 +683,8 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stores = stores.or(true, |b| bool_arg(b, "stores"))?;
         let loads = loads.or(true, |b| bool_arg(b, "loads"))?;
-        let (batch, names) = self.run(py, false, |m| {
-            (m.take_transfers(stores, loads), m.tier_names())
-        });
+        let batch = self.run(py, false, |m| m.take_transfers(stores, loads));
+        let names = self.tier_names.clone();
         let class = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")?;
         super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
     }
@@ -741,8 +743,31 @@ impl PyKVCacheManager {
         seq_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyDict>> {
         let id = self::seq_id(seq_id, "seq_id")?;
-        let (hit, names) = self.run(py, false, |m| (m.hit_tokens(id), m.tier_names()));
-        let hit = hit?;
+        let hit = self.run(py, false, |m| m.hit_tokens(id))?;
+        let names = &self.tier_names;
+        let d = PyDict::new(py);
+        d.set_item("hbm", hit[0])?;
+        for (name, n) in names.iter().zip(&hit[1..]) {
+            d.set_item(name, n)?;
+        }
+        Ok(d)
+    }
+
+    /// `{"hbm": tokens, tier name: tokens, ...}`: the longest prefix of `tokens` an admission would
+    /// find now, per medium, without side effects (for routers and schedulers: where a prompt's
+    /// cached prefix lives, hence what it costs to start).
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn peek_hit_tokens<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        namespace: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
+        let hit = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.peek_hit_tokens(ids.as_slice(), namespace.as_deref())
+        });
+        let names = &self.tier_names;
         let d = PyDict::new(py);
         d.set_item("hbm", hit[0])?;
         for (name, n) in names.iter().zip(&hit[1..]) {

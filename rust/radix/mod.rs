@@ -422,6 +422,28 @@ impl RadixTree {
         found.total
     }
 
+    /// [`peek_prefix_pages`](Self::peek_prefix_pages), each page with the namespace of the node
+    /// holding it (a match from `ns` may run through public nodes).
+    pub fn peek_prefix_pages_ns(
+        &self,
+        ns: Namespace,
+        tokens: &[u32],
+        out: &mut Vec<(PageId, Namespace)>,
+    ) -> usize {
+        let found = self.find(ns, tokens);
+        let start = out.len();
+        out.resize(start + found.total, (NULL_PAGE, ns));
+        let mut end = out.len();
+        self.each_matched(found, |n, matched| {
+            for (dst, &p) in out[end - matched..end].iter_mut().zip(&n.pages[..matched]) {
+                *dst = (p, n.ns);
+            }
+            end -= matched;
+        });
+        debug_assert_eq!(end, start);
+        found.total
+    }
+
     /// [`peek_prefix_len`](Self::peek_prefix_len), and how many of the matched pages are
     /// evictable now: the pages that locking the match would take out of
     /// [`num_evictable_pages`](Self::num_evictable_pages). No side effects.
