@@ -943,7 +943,6 @@ impl KVCacheManager {
             if k <= a {
                 continue;
             }
-            let run = &keys[a..k];
             let tier = &mut st.tiers[t];
             // Lock the parent copies first: making room must not evict what the store extends.
             let tier_node = if visible == 0 {
@@ -955,11 +954,24 @@ impl KVCacheManager {
                     .node
             };
             tier.tree.lock(tier_node).map_err(internal)?;
-            let Some(slots) = tier.take_slots(k - a, now, &mut emptied) else {
-                tier.tree.unlock(tier_node).map_err(internal)?;
-                tier.stats.num_store_skipped_no_room += (k - a) as u64;
-                continue;
+            // A run longer than the tier can make room for stores its leading pages (the ones
+            // every longer prefix needs); the rest is skipped and counted.
+            let room = tier.free.len() + tier.tree.num_evictable_pages();
+            let k = if k - a > room {
+                tier.stats.num_store_skipped_no_room += (k - a - room) as u64;
+                a + room
+            } else {
+                k
             };
+            let slots = match tier.take_slots(k - a, now, &mut emptied) {
+                Some(slots) if k > a => slots,
+                _ => {
+                    tier.tree.unlock(tier_node).map_err(internal)?;
+                    tier.stats.num_store_skipped_no_room += (k - a) as u64;
+                    continue;
+                }
+            };
+            let run = &keys[a..k];
             tier.storing.extend(run.iter().copied());
             let hbm_node = st.tree.cut_path(node, k).map_err(internal)?;
             st.tree.lock(hbm_node).map_err(internal)?;

@@ -161,10 +161,18 @@ def test_complete_transfers_refuses_bad_ids_and_changes_nothing() -> None:
 
 def test_a_store_without_room_is_skipped_and_counted() -> None:
     m = tiered(host=2, disk=2)
-    m.add_sequence(1, PROMPT)  # 3 pages, 2 slots per tier, nothing evictable there
-    assert len(m.take_transfers().store_ops) == 0
+    m.add_sequence(1, PROMPT)  # 3 pages, 2 slots per tier: the leading 2 are stored, 1 skipped
+    b = m.take_transfers()
+    assert sorted(b.store_pages[b.store_tiers == 0].tolist()) == sorted(m.seq_pages(1)[:2].tolist())
     s = m.tier_stats()
-    assert s["host"]["num_store_skipped_no_room"] == 3 and s["disk"]["num_store_skipped_no_room"] == 3
+    assert s["host"]["num_store_skipped_no_room"] == 1 and s["disk"]["num_store_skipped_no_room"] == 1
+    # Every slot in flight (not evictable): another prompt finds no room at all, and never waits.
+    m.add_sequence(2, [7] * 9)
+    assert not m.take_transfers()
+    s = m.tier_stats()
+    assert s["host"]["num_store_skipped_no_room"] == 3 and s["host"]["num_slots_in_flight"] == 2
+    m.complete_transfers(np.unique(b.store_ops), True)
+    m._check_invariants()
 
 
 def test_tier_eviction_is_leaf_first_and_lru() -> None:

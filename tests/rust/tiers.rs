@@ -93,14 +93,17 @@ fn timing() {
     // Matching alone, no side effects: HBM-only `peek_prefix_len` against `peek_hit_tokens`
     // with the prefix in the host tier only.
     let hbm = mk(false);
-    hbm.add_sequence(-1, prompt.as_slice(), None, 0, true, 0).unwrap();
+    hbm.add_sequence(-1, prompt.as_slice(), None, 0, true, 0)
+        .unwrap();
     hbm.free_sequence(-1).unwrap();
     let host = mk(true);
-    host.add_sequence(-1, prompt.as_slice(), None, 0, true, 0).unwrap();
+    host.add_sequence(-1, prompt.as_slice(), None, 0, true, 0)
+        .unwrap();
     let b = host.take_transfers(true, true);
     let mut ops: Vec<u64> = b.stores.iter().map(|r| r.op).collect();
     ops.dedup();
-    host.complete_transfers(&ops, &vec![true; ops.len()], 0).unwrap();
+    host.complete_transfers(&ops, &vec![true; ops.len()], 0)
+        .unwrap();
     host.free_sequence(-1).unwrap();
     host.evict(1 << 20, 0).unwrap();
     let time = |f: &dyn Fn() -> usize| {
