@@ -14,3 +14,9 @@ echo "== pytest-benchmark: page keys (Python calls)"; .venv/bin/python -m pytest
 echo "== pytest-benchmark: replay (Python)"; .venv/bin/python -m pytest -q benches/python/bench_replay.py $cols
 echo "== pytest-benchmark: NumPy kernel references"
 OPENBLAS_NUM_THREADS=1 .venv/bin/python -m pytest -q benches/python/bench_kernels_cpu.py $cols
+echo "== lower tiers: admissions and matching across tiers (Python calls; Rust timing)"
+.venv/bin/python -m pytest -q benches/python/bench_tiers.py $cols
+cargo test -q --release --test tiers -- --ignored --nocapture 2>&1 | grep -vE "^(running|test result|$)"
+echo "== lower tiers: storage against memcpy and plain file I/O"; .venv/bin/python benches/tiers_storage.py --repeats 5
+echo "== lower tiers: quantize-on-demote error on the tiny decoder"; .venv/bin/python benches/tiers_quant_error.py
+echo "== lower tiers: Mooncake conversation replay grid"; .venv/bin/python benches/replay_tiers.py

@@ -291,7 +291,33 @@ def offload_bandwidth() -> None:
     res["d2h_copy_gbs"] = nbytes / timed(lambda: staging.get(out=pinned), 5) / 1e9
     res["scatter_zero_copy_gbs"] = nbytes / timed(lambda: K.scatter_pages(pool, ids, pinned), 5) / 1e9
     res["h2d_copy_gbs"] = nbytes / timed(lambda: staging.set(pinned), 5) / 1e9
+    try:  # kvcore.tiers.HostTier (pinned slots) through its store/load, against the copies above
+        from kvcore.tiers import HostTier
+
+        host = HostTier(pool, 512)
+        slots = np.arange(512, dtype=np.int32)
+        keys = np.zeros((512, 16), dtype=np.uint8)
+        toks = np.zeros((512, pool.page_size), dtype=np.uint32)
+        names: list[str | None] = [None] * 512
+
+        def store() -> None:
+            assert host.store(pool, ids, slots, keys, keys, toks, names).all()
+            cp.cuda.Device().synchronize()
+
+        def load() -> None:
+            assert host.load(pool, slots, ids, keys).all()
+            cp.cuda.Device().synchronize()
+
+        res["host_tier_store_gbs"] = nbytes / timed(store, 5) / 1e9
+        res["host_tier_load_gbs"] = nbytes / timed(load, 5) / 1e9
+        res["host_tier_store_vs_d2h"] = res["host_tier_store_gbs"] / res["d2h_copy_gbs"]
+        res["host_tier_load_vs_h2d"] = res["host_tier_load_gbs"] / res["h2d_copy_gbs"]
+    except Exception as e:  # one failure does not hide the other figures
+        print(f"host tier: FAILED {type(e).__name__}: {e}")
+        res["host_tier_error"] = f"{type(e).__name__}: {e}"
     for k, v in res.items():
+        if isinstance(v, str):
+            continue
         size = f"{nbytes / 2**20:.0f} MiB, 512 pages of {pool.page_bytes / 2**10:.0f} KiB"
         print(f"{k:>24}: {v:8.1f} GB/s   ({size})")
     RESULTS["offload"] = res

@@ -111,6 +111,16 @@ impl PyKVCacheManager {
     }
 }
 
+/// `{"hbm": hit[0], tier name: hit[1 + t], ...}`.
+fn hit_dict<'py>(py: Python<'py>, names: &[String], hit: &[usize]) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("hbm", hit[0])?;
+    for (name, n) in names.iter().zip(&hit[1..]) {
+        d.set_item(name, n)?;
+    }
+    Ok(d)
+}
+
 fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
     // Beyond 2**63 microseconds (292,000 years) is not a time either.
     if !seconds.is_finite() || !(0.0..9.2e12).contains(&seconds) {
@@ -744,13 +754,7 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyDict>> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let hit = self.run(py, false, |m| m.hit_tokens(id))?;
-        let names = &self.tier_names;
-        let d = PyDict::new(py);
-        d.set_item("hbm", hit[0])?;
-        for (name, n) in names.iter().zip(&hit[1..]) {
-            d.set_item(name, n)?;
-        }
-        Ok(d)
+        hit_dict(py, &self.tier_names, &hit)
     }
 
     /// `{"hbm": tokens, tier name: tokens, ...}`: the longest prefix of `tokens` an admission would
@@ -767,13 +771,7 @@ impl PyKVCacheManager {
         let hit = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
             m.peek_hit_tokens(ids.as_slice(), namespace.as_deref())
         });
-        let names = &self.tier_names;
-        let d = PyDict::new(py);
-        d.set_item("hbm", hit[0])?;
-        for (name, n) in names.iter().zip(&hit[1..]) {
-            d.set_item(name, n)?;
-        }
-        Ok(d)
+        hit_dict(py, &self.tier_names, &hit)
     }
 
     /// `{tier name: {counter: value}}`: occupancy and counters of each lower tier.
