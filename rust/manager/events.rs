@@ -28,12 +28,16 @@ pub enum KvEvent {
         keys: Vec<PageKey>,
         parent: Option<PageKey>,
         namespace: Option<String>,
+        /// HBM page ids, or slots for a lower tier.
         pages: Vec<PageId>,
+        /// [`MEDIUM_HBM`] or a lower tier's name.
+        medium: String,
     },
-    /// Pages left the cache (evicted, or dropped by a reset).
+    /// Pages left the cache (evicted, or dropped by a reset), or a lower tier.
     Removed {
         keys: Vec<PageKey>,
         pages: Vec<PageId>,
+        medium: String,
     },
     /// Nothing is cached any more (a reset that left no page).
     AllCleared,
@@ -42,7 +46,7 @@ pub enum KvEvent {
 /// The event log and the key of every cached page (only while events are on).
 #[derive(Debug, Default)]
 pub(super) struct Events {
-    log: Vec<KvEvent>,
+    pub(super) log: Vec<KvEvent>,
     key_of: HashMap<PageId, PageKey>,
 }
 
@@ -116,6 +120,7 @@ impl KVCacheManager {
             parent,
             namespace: name,
             pages,
+            medium: MEDIUM_HBM.to_owned(),
         });
         Ok(())
     }
@@ -135,6 +140,7 @@ impl KVCacheManager {
         events.log.push(KvEvent::Removed {
             keys,
             pages: pages.to_vec(),
+            medium: MEDIUM_HBM.to_owned(),
         });
     }
 

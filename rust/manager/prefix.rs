@@ -136,8 +136,10 @@ impl KVCacheManager {
         // The lower tiers' copies go too (weights changed, or a cache declared stale), except
         // those a transfer in flight still holds.
         let mut emptied = Vec::new();
-        for tier in &mut st.tiers {
-            tier.clear(now, &mut emptied);
+        for t in 0..st.tiers.len() {
+            let mut evicted = Vec::new();
+            st.tiers[t].clear(now, &mut emptied, &mut evicted);
+            super::tiers::record_tier_removed(st, t, &evicted);
         }
         for ns in emptied {
             st.forget_if_unused(ns);

@@ -239,7 +239,13 @@ impl Tier {
 
     /// Take `n` free slots, evicting the tier's evictable slots if short; None (nothing taken or
     /// evicted) if even that is not enough.
-    fn take_slots(&mut self, n: usize, now: u64, emptied: &mut Vec<Namespace>) -> Option<Vec<u32>> {
+    fn take_slots(
+        &mut self,
+        n: usize,
+        now: u64,
+        emptied: &mut Vec<Namespace>,
+        evicted_out: &mut Vec<(u32, PageKey)>,
+    ) -> Option<Vec<u32>> {
         if self.free.len() < n {
             let short = n - self.free.len();
             if short > self.tree.num_evictable_pages() {
@@ -249,6 +255,7 @@ impl Tier {
             self.tree.evict(short, now, &mut evicted);
             self.stats.num_evicted_slots += evicted.len() as u64;
             for id in evicted {
+                evicted_out.push((id - 1, self.keys[(id - 1) as usize]));
                 self.release_slot(id - 1);
             }
             self.tree.take_emptied_namespaces(emptied);
@@ -279,11 +286,17 @@ impl Tier {
     }
 
     /// Drop every evictable slot (`reset_prefix_cache`); returns how many.
-    pub(super) fn clear(&mut self, now: u64, emptied: &mut Vec<Namespace>) -> usize {
+    pub(super) fn clear(
+        &mut self,
+        now: u64,
+        emptied: &mut Vec<Namespace>,
+        evicted_out: &mut Vec<(u32, PageKey)>,
+    ) -> usize {
         self.tree.clear_pins();
         let mut evicted = Vec::new();
         let n = self.tree.evict(usize::MAX, now, &mut evicted);
         for id in evicted {
+            evicted_out.push((id - 1, self.keys[(id - 1) as usize]));
             self.release_slot(id - 1);
         }
         self.tree.take_emptied_namespaces(emptied);
@@ -626,6 +639,8 @@ impl KVCacheManager {
         }
         let n = s.slots.len() as u64;
         let mut leftover = s.slots.clone();
+        // The op's pages from this index on were adopted (the tier kept its own copies before).
+        let mut stored_from = None;
         if good {
             // The parent copies are locked: the tier still holds the first `first` pages.
             let mut path: Vec<PageId> = Vec::with_capacity(s.first + s.slots.len());
@@ -637,14 +652,17 @@ impl KVCacheManager {
                     .tree
                     .insert(s.ns, &s.tokens, &path, 0, now)
                     .map_err(internal)?;
-                let adopted = ins.adopted();
-                let taken: HashSet<u32> = path[adopted].iter().map(|&id| id - 1).collect();
-                for &slot in &taken {
-                    let i = s.slots.iter().position(|&x| x == slot).unwrap_or(0);
-                    tier.keys[slot as usize] = s.keys[i];
+                let taken: HashSet<u32> = path[ins.adopted()].iter().map(|&id| id - 1).collect();
+                for (i, &slot) in s.slots.iter().enumerate() {
+                    if taken.contains(&slot) {
+                        tier.keys[slot as usize] = s.keys[i];
+                    }
                 }
                 leftover.retain(|slot| !taken.contains(slot));
                 tier.stats.num_stored_pages += taken.len() as u64;
+                if !taken.is_empty() {
+                    stored_from = Some(s.slots.len() - taken.len());
+                }
             } else {
                 tier.stats.num_store_failed_pages += n;
             }
@@ -656,6 +674,24 @@ impl KVCacheManager {
         }
         tier.tree.unlock(s.tier_node).map_err(internal)?;
         st.tree.unlock(s.hbm_node).map_err(internal)?;
+        if let (Some(from), true) = (stored_from, st.events.is_some()) {
+            let parent = match (s.first + from, from) {
+                (0, _) => None,
+                (_, 0) => Some(s.parent),
+                _ => Some(s.keys[from - 1]),
+            };
+            let namespace = st.namespace_label(s.ns);
+            let medium = st.tiers[s.tier].config.name.clone();
+            if let Some(events) = st.events.as_mut() {
+                events.log.push(super::KvEvent::Stored {
+                    keys: s.keys[from..].to_vec(),
+                    parent,
+                    namespace,
+                    pages: s.slots[from..].to_vec(),
+                    medium,
+                });
+            }
+        }
         st.remove_live(s.ns);
         Ok(())
     }
@@ -963,7 +999,11 @@ impl KVCacheManager {
             } else {
                 k
             };
-            let slots = match tier.take_slots(k - a, now, &mut emptied) {
+            let mut evicted = Vec::new();
+            let taken = tier.take_slots(k - a, now, &mut emptied, &mut evicted);
+            record_tier_removed(st, t, &evicted);
+            let tier = &mut st.tiers[t];
+            let slots = match taken {
                 Some(slots) if k > a => slots,
                 _ => {
                     tier.tree.unlock(tier_node).map_err(internal)?;
@@ -1154,6 +1194,17 @@ impl KVCacheManager {
                 tier.keys[p.slot as usize] = p.key;
                 tier.stats.num_restored_pages += 1;
                 accepted[i] = true;
+                let medium = tier.config.name.clone();
+                let namespace = st.namespace_label(ns);
+                if let Some(events) = st.events.as_mut() {
+                    events.log.push(super::KvEvent::Stored {
+                        keys: vec![p.key],
+                        parent: (depth > 0).then_some(p.parent_key),
+                        namespace,
+                        pages: vec![p.slot],
+                        medium,
+                    });
+                }
             }
             if let Some(kids) = children.get(&p.key) {
                 stack.extend(kids.iter().map(|&c| (c, depth + 1)));
@@ -1186,5 +1237,20 @@ fn namespace_name(names: &HashMap<Namespace, String>, ns: Namespace) -> Option<S
         crate::radix::DEFAULT_NAMESPACE => None,
         crate::radix::PUBLIC_NAMESPACE => Some(super::PUBLIC_NAMESPACE_NAME.to_owned()),
         ns => names.get(&ns).cloned(),
+    }
+}
+
+/// Record that `evicted` slots (with their keys) left tier `t`.
+pub(super) fn record_tier_removed(st: &mut State, t: usize, evicted: &[(u32, PageKey)]) {
+    if evicted.is_empty() {
+        return;
+    }
+    let medium = st.tiers[t].config.name.clone();
+    if let Some(events) = st.events.as_mut() {
+        events.log.push(super::KvEvent::Removed {
+            keys: evicted.iter().map(|&(_, k)| k).collect(),
+            pages: evicted.iter().map(|&(s, _)| s).collect(),
+            medium,
+        });
     }
 }

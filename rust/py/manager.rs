@@ -17,7 +17,7 @@ use super::convert::{
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
-use crate::manager::{CacheStats, KVCacheManager, KvEvent, ManagerConfig, SeqId, MEDIUM_HBM};
+use crate::manager::{CacheStats, KVCacheManager, KvEvent, ManagerConfig, SeqId};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_MATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -282,20 +282,23 @@ impl PyKVCacheManager {
                     parent,
                     namespace,
                     pages,
+                    medium,
                 } => python_attr(py, &PAGE_STORED, "kvcore.events", "PageStored")?.call1((
                     key_list(&keys),
                     parent.map(|k| PyBytes::new(py, &k)),
                     namespace,
-                    MEDIUM_HBM,
+                    medium,
                     page_array(&pages),
                 )),
-                KvEvent::Removed { keys, pages } => {
-                    python_attr(py, &PAGE_REMOVED, "kvcore.events", "PageRemoved")?.call1((
-                        key_list(&keys),
-                        MEDIUM_HBM,
-                        page_array(&pages),
-                    ))
-                }
+                KvEvent::Removed {
+                    keys,
+                    pages,
+                    medium,
+                } => python_attr(py, &PAGE_REMOVED, "kvcore.events", "PageRemoved")?.call1((
+                    key_list(&keys),
+                    medium,
+                    page_array(&pages),
+                )),
                 KvEvent::AllCleared => {
                     python_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared")?.call0()
                 }

@@ -25,6 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import kvcore
 from kvcore import InvalidArgumentError, KVCacheManager
+from kvcore.events import AllCleared, PageRemoved, PageStored
 from kvcore.manager import TransferBatch
 from kvcore.tiers.mover import Mover
 
@@ -105,7 +106,10 @@ class TiersMachine(RuleBasedStateMachine):
             lower_tiers=[(t.name, t.num_slots) for t in self.tiers],
             store_policy=policy,
             store_options=options,
+            events=True,
         )
+        # A router's index per medium, built from the KV events alone.
+        self.index: dict[str, dict[bytes, int]] = {"hbm": {}, "host": {}, "disk": {}}
         self.pool = FakePool(num_pages)
         self.mover = Mover(self.cache, self.pool, self.tiers)
         self.seqs: dict[int, Seq] = {}
@@ -238,6 +242,30 @@ class TiersMachine(RuleBasedStateMachine):
             assert t["num_slots_cached"] + t["num_slots_in_flight"] + t["num_slots_free"] == t["num_slots"], (
                 name
             )
+
+    @invariant()
+    def events_index_every_tier(self) -> None:
+        for ev in self.cache.take_events():
+            if isinstance(ev, AllCleared):
+                self.index["hbm"].clear()
+                continue
+            idx = self.index[ev.medium]
+            if isinstance(ev, PageStored):
+                if ev.parent_key is not None:
+                    assert ev.parent_key in idx, "a stored page's parent is not indexed"
+                for k, p in zip(ev.keys, ev.pages.tolist(), strict=True):
+                    assert k not in idx, "a key stored twice in one medium"
+                    idx[k] = p
+            else:
+                assert isinstance(ev, PageRemoved)
+                for k, p in zip(ev.keys, ev.pages.tolist(), strict=True):
+                    assert idx.pop(k, None) == p, "a removed key was not indexed there"
+        stats = self.cache.tier_stats()
+        for tier in self.tiers:
+            idx = self.index[tier.name]
+            assert len(idx) == stats[tier.name]["num_slots_cached"], tier.name
+            for key, slot in idx.items():
+                assert tier.slot_key.get(slot) == key, (tier.name, slot)
 
     @invariant()
     def slots_hold_their_keys(self) -> None:

@@ -172,7 +172,7 @@ fn route(
                     assert!(index.insert(k, p).is_none(), "a key stored twice");
                 }
             }
-            KvEvent::Removed { keys, pages } => {
+            KvEvent::Removed { keys, pages, .. } => {
                 assert_eq!(keys.len(), pages.len());
                 for (k, p) in keys.into_iter().zip(pages) {
                     assert_eq!(index.remove(&k), Some(p), "a removed key was not indexed");
