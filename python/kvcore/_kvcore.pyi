@@ -246,8 +246,9 @@ def page_keys(
 ) -> npt.NDArray[np.uint8]:
     """``[len(tokens) // page_size, 16]`` page keys, as a cache with this fingerprint computes them."""
 
-def payload_checksum(data: npt.NDArray[np.uint8]) -> bytes:
-    """XXH3-128 of a contiguous 1-D uint8 array: 16 bytes, little-endian (integrity, not identity).
+def payload_checksum(data: npt.NDArray[np.uint8] | Sequence[npt.NDArray[np.uint8]]) -> bytes:
+    """XXH3-128 of a contiguous 1-D uint8 array, or of the concatenation of a list of them: 16 bytes,
+    little-endian (integrity, not identity).
 
     Lower tiers store it beside each value and check it on every load: a flipped byte, a torn or
     truncated write reads as a miss, never as K/V. Runs at memory speed (about 24 GB/s here).

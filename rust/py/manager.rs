@@ -1044,26 +1044,40 @@ pub(crate) fn py_page_keys<'py>(
     keys_array(py, &keys)
 }
 
-/// `payload_checksum(data)`: XXH3-128 of a contiguous uint8 array, 16 bytes little-endian.
+/// `payload_checksum(data)`: XXH3-128 of a contiguous 1-D uint8 array, or of the concatenation
+/// of a list or tuple of them (a page read straight into its pool pieces), 16 bytes
+/// little-endian.
 #[pyfunction]
 #[pyo3(name = "payload_checksum")]
 pub(crate) fn py_payload_checksum<'py>(
     py: Python<'py>,
     data: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, pyo3::types::PyBytes>> {
-    let arr = data.cast::<numpy::PyArray1<u8>>().map_err(|_| {
-        KvError::InvalidArgument("payload_checksum: expected a 1-D uint8 NumPy array".into())
-    })?;
-    // A read-only borrow: rust-numpy refuses it while a writable borrow exists. The hash runs
-    // attached, on a contiguous view, and reads nothing past its length.
-    let view = arr
-        .try_readonly()
-        .map_err(|e| KvError::InvalidArgument(format!("payload_checksum: {e}")))?;
-    let bytes = view.as_slice().map_err(|_| {
-        KvError::InvalidArgument("payload_checksum: the array must be contiguous".into())
-    })?;
+    let pieces: Vec<Bound<'py, PyAny>> =
+        if data.is_instance_of::<pyo3::types::PyList>() || data.is_instance_of::<PyTuple>() {
+            data.try_iter()?.collect::<PyResult<_>>()?
+        } else {
+            vec![data.clone()]
+        };
+    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+    for piece in &pieces {
+        let arr = piece.cast::<numpy::PyArray1<u8>>().map_err(|_| {
+            KvError::InvalidArgument(
+                "payload_checksum: expected a 1-D uint8 NumPy array or a list of them".into(),
+            )
+        })?;
+        // A read-only borrow: rust-numpy refuses it while a writable borrow exists. The hash
+        // runs attached, on a contiguous view, and reads nothing past its length.
+        let view = arr
+            .try_readonly()
+            .map_err(|e| KvError::InvalidArgument(format!("payload_checksum: {e}")))?;
+        let bytes = view.as_slice().map_err(|_| {
+            KvError::InvalidArgument("payload_checksum: every array must be contiguous".into())
+        })?;
+        hasher.update(bytes);
+    }
     Ok(pyo3::types::PyBytes::new(
         py,
-        &crate::keys::payload_checksum(bytes),
+        &hasher.digest128().to_le_bytes(),
     ))
 }
