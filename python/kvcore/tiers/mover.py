@@ -46,6 +46,8 @@ class Tier(Protocol):
         keys: npt.NDArray[np.uint8],
     ) -> npt.NDArray[np.bool_]: ...
 
+    def stats(self) -> dict[str, int]: ...
+
 
 @dataclass(frozen=True)
 class MoveResult:
@@ -98,6 +100,17 @@ class Mover:
         self.cache = cache
         self.pool = pool
         self.tiers: list[Tier] = [by_name[n] for n in names]
+
+    def storage_stats(self) -> dict[str, dict[str, int]]:
+        """``{tier name: tier.stats()}``: each storage tier's own counters (bytes held and moved,
+        checksum mismatches, I/O failures by reason), beside the cache's ``tier_stats()``."""
+        return {t.name: t.stats() for t in self.tiers}
+
+    def metrics_text(self, prefix: str = "kvcore") -> str:
+        """The cache's Prometheus text with the lower tiers' series, the storage counters included."""
+        from kvcore.metrics import metrics_text
+
+        return metrics_text(self.cache.stats(), prefix, self.cache.tier_stats(), self.storage_stats())
 
     def run(self, *, stores: bool = True, loads: bool = True) -> MoveResult:
         """Take the cache's queued transfers (stores, loads or both), copy them, and complete every op.
