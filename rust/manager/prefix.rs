@@ -120,6 +120,17 @@ impl KVCacheManager {
         for p in &pages[ins.adopted()] {
             st.caller_held.remove(p);
         }
+        // Pages computed elsewhere are cached pages like any: offered to the lower tiers.
+        let trigger = super::tiers::Trigger::Cached(0);
+        if ins.num_adopted_pages > 0
+            && st.store_policy.may_store(trigger)
+            && self.tiers_lack(st, ns, tokens, pages.len())
+        {
+            let mut keys = Vec::with_capacity(pages.len());
+            self.seed_keys_from_tiers(st, ns, tokens, pages.len(), &mut keys);
+            self.extend_keys(st, ns, tokens, pages.len(), &mut keys)?;
+            self.offer_stores(st, ns, ins.node, tokens, &keys, pages.len(), trigger, now)?;
+        }
         st.forget_if_unused(ns);
         Ok(ins.num_adopted_pages)
     }

@@ -387,3 +387,15 @@ def test_loads_can_be_taken_before_the_step_and_stores_after_it() -> None:
     assert not m.take_transfers()
     with pytest.raises(InvalidDTypeError):
         m.take_transfers(stores="yes")  # type: ignore[arg-type]
+
+
+def test_pages_inserted_from_elsewhere_are_offered_to_the_tiers() -> None:
+    m = tiered()
+    pages = m.allocate_pages(3)
+    assert m.insert(PROMPT[:12], pages, "t") == 3
+    b = complete_all(m)
+    assert sorted(b.store_pages[b.store_tiers == 0].tolist()) == sorted(pages.tolist())
+    keys = kvcore.page_keys(np.asarray(PROMPT[:12], dtype=np.int32), PS, namespace="t")
+    assert (b.store_keys[b.store_tiers == 0] == keys).all()
+    m.evict(1 << 20)
+    assert m.peek_hit_tokens(PROMPT, "t") == {"hbm": 0, "host": 12, "disk": 0}
