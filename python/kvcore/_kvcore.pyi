@@ -154,6 +154,15 @@ class KVCacheManager:
     def peek_hit_tokens(self, tokens: _Tokens, namespace: str | None = None) -> dict[str, int]:
         """``{"hbm": n, tier name: n, ...}``: the prefix an admission would find now, per medium
         (no side effects)."""
+    def prompt_keys(self, tokens: _Tokens, namespace: str | None = None) -> npt.NDArray[np.uint8]:
+        """``[n, 16]`` page keys of the full pages of ``tokens``, with this cache's fingerprint."""
+    def tier_prefix_len(self, tier: str, tokens: _Tokens, namespace: str | None = None) -> int:
+        """Leading full pages of ``tokens`` that lower tier ``tier`` indexes (no side effects)."""
+    def mark_tier_pages(
+        self, tier: str, tokens: _Tokens, num_pages: int, namespace: str | None = None
+    ) -> int:
+        """Index the first ``num_pages`` pages of ``tokens`` in ``tier`` because the tier holds them
+        (a shared tier); returns the pages newly indexed."""
     def tier_stats(self) -> dict[str, dict[str, int]]:
         """``{tier name: {counter: value}}``: occupancy and counters of each lower tier."""
     def restore_tier(

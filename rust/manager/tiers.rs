@@ -184,6 +184,9 @@ pub struct TierStats {
     pub num_evicted_slots: u64,
     /// Pages restored from a previous run (`restore_tier`).
     pub num_restored_pages: u64,
+    /// Pages indexed because the tier said it holds them (`mark_tier_pages`: a shared tier
+    /// another instance filled).
+    pub num_marked_pages: u64,
 }
 
 /// One lower tier: its slot pool and index.
@@ -1103,6 +1106,131 @@ impl KVCacheManager {
         Ok(())
     }
 
+    fn tier_index(st: &State, tier_name: &str, op: &str) -> KvResult<usize> {
+        st.tiers
+            .iter()
+            .position(|x| x.config.name == tier_name)
+            .ok_or_else(|| {
+                KvError::InvalidArgument(format!("{op}: no lower tier named {tier_name:?}"))
+            })
+    }
+
+    /// The page keys of the full pages of `tokens` in `namespace`, as this cache names them (its
+    /// fingerprint): what a shared tier is asked for. No side effects.
+    pub fn prompt_keys(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<PageKey> {
+        let ns = match namespace {
+            None => crate::keys::KeyNamespace::Default,
+            Some(super::PUBLIC_NAMESPACE_NAME) => crate::keys::KeyNamespace::Public,
+            Some(name) => crate::keys::KeyNamespace::Named(name),
+        };
+        let mut keys = Vec::with_capacity(tokens.len() / self.page_size);
+        crate::keys::page_keys(&self.root_key, ns, tokens, self.page_size, &mut keys);
+        keys
+    }
+
+    /// Leading full pages of `tokens` (in `namespace`) that tier `tier_name` indexes (usable ones:
+    /// a bad slot ends it). No side effects.
+    pub fn tier_prefix_len(
+        &self,
+        tier_name: &str,
+        tokens: &[u32],
+        namespace: Option<&str>,
+    ) -> KvResult<usize> {
+        let st = self.state.lock();
+        let t = Self::tier_index(&st, tier_name, "tier_prefix_len")?;
+        let ns = st
+            .known_namespace(namespace)
+            .unwrap_or(super::namespace::UNSEEN_NAMESPACE);
+        Ok(st.tiers[t].usable_prefix(ns, tokens))
+    }
+
+    /// Index the first `num_pages` full pages of `tokens` (in `namespace`) in tier `tier_name`
+    /// without a transfer: the tier said it holds them (a shared tier that another instance
+    /// filled; `kvcore.tiers.Mover.lookup` asks it). An admission can then load them from there;
+    /// a page the tier does not hold after all fails its load (its key is checked), which cuts
+    /// the hit before it: nothing wrong is read. Pages already indexed are kept; new index
+    /// entries take free slots (evicting the tier's evictable ones). Returns how many pages were
+    /// indexed; `InvalidArgument` (nothing changed) for an unknown tier or more pages than
+    /// `tokens` holds.
+    pub fn mark_tier_pages(
+        &self,
+        tier_name: &str,
+        tokens: &[u32],
+        num_pages: usize,
+        namespace: Option<&str>,
+        now: u64,
+    ) -> KvResult<usize> {
+        let ps = self.page_size;
+        if num_pages > tokens.len() / ps {
+            return Err(KvError::InvalidArgument(format!(
+                "mark_tier_pages: {num_pages} pages asked, the tokens hold {} full pages",
+                tokens.len() / ps
+            )));
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let t = Self::tier_index(st, tier_name, "mark_tier_pages")?;
+        let known = st.known_namespace(namespace);
+        let ns = st.resolve_namespace(known, namespace);
+        let tokens = &tokens[..num_pages * ps];
+        let visible = st.tiers[t].usable_prefix(ns, tokens);
+        // A bad slot in the way: the tier's path there is not usable, nothing to add.
+        if visible >= num_pages || st.tiers[t].tree.peek_prefix_len(ns, tokens) > visible {
+            st.forget_if_unused(ns);
+            return Ok(0);
+        }
+        let mut keys = Vec::with_capacity(num_pages);
+        self.seed_keys_from_tiers(st, ns, tokens, num_pages, &mut keys);
+        self.extend_keys(st, ns, tokens, num_pages, &mut keys)?;
+        let mut emptied = Vec::new();
+        let mut evicted = Vec::new();
+        let tier = &mut st.tiers[t];
+        let mut ids = Vec::with_capacity(num_pages);
+        let m = tier
+            .tree
+            .match_prefix(ns, &tokens[..visible * ps], 0, now, &mut ids);
+        tier.tree.lock(m.node).map_err(internal)?;
+        let room = tier.free.len() + tier.tree.num_evictable_pages();
+        let end = num_pages.min(visible + room);
+        let slots = tier.take_slots(end - visible, now, &mut emptied, &mut evicted);
+        tier.tree.unlock(m.node).map_err(internal)?;
+        record_tier_removed(st, t, &evicted);
+        let Some(slots) = slots.filter(|_| end > visible) else {
+            for ns in emptied {
+                st.forget_if_unused(ns);
+            }
+            st.forget_if_unused(ns);
+            return Ok(0);
+        };
+        let tier = &mut st.tiers[t];
+        ids.truncate(visible);
+        ids.extend(slots.iter().map(|&s| s + 1));
+        let ins = tier
+            .tree
+            .insert(ns, &tokens[..end * ps], &ids, 0, now)
+            .map_err(internal)?;
+        debug_assert_eq!(ins.num_adopted_pages, end - visible);
+        for (i, &slot) in slots.iter().enumerate() {
+            tier.keys[slot as usize] = keys[visible + i];
+        }
+        tier.stats.num_marked_pages += slots.len() as u64;
+        let medium = tier.config.name.clone();
+        let namespace = st.namespace_label(ns);
+        if let Some(events) = st.events.as_mut() {
+            events.log.push(super::KvEvent::Stored {
+                keys: keys[visible..end].to_vec(),
+                parent: (visible > 0).then(|| keys[visible - 1]),
+                namespace,
+                pages: slots.clone(),
+                medium,
+            });
+        }
+        for ns in emptied {
+            st.forget_if_unused(ns);
+        }
+        Ok(slots.len())
+    }
+
     /// Rebuild tier `tier_name`'s index from pages a previous run stored (a reopened disk
     /// directory): each page is accepted only if its key is what this manager computes from its
     /// parent's key (this manager's root key for a first page: same fingerprint only), its
@@ -1117,13 +1245,7 @@ impl KVCacheManager {
     ) -> KvResult<Vec<bool>> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let t = st
-            .tiers
-            .iter()
-            .position(|x| x.config.name == tier_name)
-            .ok_or_else(|| {
-                KvError::InvalidArgument(format!("restore_tier: no lower tier named {tier_name:?}"))
-            })?;
+        let t = Self::tier_index(st, tier_name, "restore_tier")?;
         let ps = self.page_size;
         let n = st.tiers[t].config.num_slots;
         for (i, p) in pages.iter().enumerate() {

@@ -777,6 +777,60 @@ impl PyKVCacheManager {
         hit_dict(py, &self.tier_names, &hit)
     }
 
+    /// `[n, 16]` uint8: the page keys of the full pages of `tokens` in `namespace`, as this cache
+    /// names them (its fingerprint): what a shared tier is asked for. No side effects.
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn prompt_keys<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        namespace: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<u8>>> {
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
+        let keys = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.prompt_keys(ids.as_slice(), namespace.as_deref())
+        });
+        keys_array(py, &keys)
+    }
+
+    /// Leading full pages of `tokens` (in `namespace`) that lower tier `tier` indexes. No side
+    /// effects.
+    #[pyo3(signature = (tier, tokens, namespace = None))]
+    fn tier_prefix_len(
+        &self,
+        py: Python<'_>,
+        tier: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let tier = str_arg(tier, "tier")?;
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
+        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            m.tier_prefix_len(&tier, ids.as_slice(), namespace.as_deref())
+        })?)
+    }
+
+    /// Index the first `num_pages` full pages of `tokens` in lower tier `tier` without a transfer,
+    /// because the tier says it holds them (a shared tier another instance filled). Returns the
+    /// pages newly indexed. A page the tier does not hold after all fails its load.
+    #[pyo3(signature = (tier, tokens, num_pages, namespace = None))]
+    fn mark_tier_pages(
+        &self,
+        py: Python<'_>,
+        tier: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        num_pages: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let tier = str_arg(tier, "tier")?;
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
+        let n = count_arg(num_pages, "num_pages")?;
+        let now = self.now(py)?;
+        Ok(self.run(py, n >= LONG_PAGES, |m| {
+            m.mark_tier_pages(&tier, ids.as_slice(), n, namespace.as_deref(), now)
+        })?)
+    }
+
     /// `{tier name: {counter: value}}`: occupancy and counters of each lower tier.
     fn tier_stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let stats = self.run(py, false, |m| m.tier_stats());
@@ -798,6 +852,7 @@ impl PyKVCacheManager {
             d.set_item("hit_tokens", t.hit_tokens)?;
             d.set_item("num_evicted_slots", t.num_evicted_slots)?;
             d.set_item("num_restored_pages", t.num_restored_pages)?;
+            d.set_item("num_marked_pages", t.num_marked_pages)?;
             out.set_item(t.name, d)?;
         }
         Ok(out)

@@ -399,3 +399,90 @@ def test_pages_inserted_from_elsewhere_are_offered_to_the_tiers() -> None:
     assert (b.store_keys[b.store_tiers == 0] == keys).all()
     m.evict(1 << 20)
     assert m.peek_hit_tokens(PROMPT, "t") == {"hbm": 0, "host": 12, "disk": 0}
+
+
+class SharedStore:
+    """A shared tier in miniature: pages by key, visible to every cache using it (two instances)."""
+
+    def __init__(self) -> None:
+        self.values: dict[bytes, bytes] = {}
+
+
+class FakeRemote:
+    """The Tier protocol over a SharedStore, with `exists` (leading keys held)."""
+
+    def __init__(self, store: SharedStore, pool: FakePool, num_slots: int = 64) -> None:
+        self.name, self.num_slots, self.store_, self.pool = "remote", num_slots, store, pool
+
+    def store(self, pool, pages, slots, keys, parent_keys, tokens, namespaces):  # type: ignore[no-untyped-def]
+        for p, k in zip(pages, keys, strict=True):
+            self.store_.values.setdefault(bytes(k), bytes(pool.content[p]))
+        return np.ones(len(pages), dtype=bool)
+
+    def load(self, pool, slots, pages, keys):  # type: ignore[no-untyped-def]
+        ok = np.zeros(len(pages), dtype=bool)
+        for i, (p, k) in enumerate(zip(pages, keys, strict=True)):
+            v = self.store_.values.get(bytes(k))
+            if v is not None:
+                pool.content[p] = np.frombuffer(v, dtype=np.uint8)
+                ok[i] = True
+        return ok
+
+    def exists(self, keys: np.ndarray) -> int:
+        n = 0
+        for k in keys:
+            if bytes(k) not in self.store_.values:
+                break
+            n += 1
+        return n
+
+    def stats(self) -> dict[str, int]:
+        return {"keys": len(self.store_.values)}
+
+
+class FakePool:
+    def __init__(self, num_pages: int) -> None:
+        self.num_pages, self.page_size = num_pages, PS
+        self.content = np.zeros((num_pages, 16), dtype=np.uint8)
+
+
+def test_two_instances_share_a_remote_tier_through_lookup() -> None:
+    from kvcore.tiers import Mover
+
+    shared = SharedStore()
+    instances = []
+    for _ in range(2):
+        pool = FakePool(32)
+        cache = KVCacheManager(32, PS, fingerprint=b"m", lower_tiers=[("remote", 64)], store_policy="all")
+        instances.append((cache, pool, Mover(cache, pool, [FakeRemote(shared, pool)])))
+    (a, pool_a, mover_a), (b, pool_b, mover_b) = instances
+    # A computes the prompt (its pages hold their keys) and stores it to the shared tier.
+    a.add_sequence(1, PROMPT, "t")
+    keys = a.prompt_keys(PROMPT, "t")
+    for i, page in enumerate(a.seq_pages(1)[:3]):
+        pool_a.content[page] = keys[i]
+    mover_a.run()
+    assert len(shared.values) == 3
+    # B has never seen it: a lookup finds it remote; the admission loads it, bytes equal A's.
+    assert b.peek_hit_tokens(PROMPT, "t") == {"hbm": 0, "remote": 0}  # before the lookup
+    assert mover_b.lookup(PROMPT, "u") == 0  # another tenant: nothing
+    assert mover_b.lookup(PROMPT, "t") == 3
+    assert mover_b.lookup(PROMPT, "t") == 0  # already indexed: no new round trip result
+    assert b.add_sequence(2, PROMPT, "t") == 12 and b.hit_tokens(2) == {"hbm": 0, "remote": 12}
+    mover_b.run(stores=False)
+    assert b.is_ready(2)
+    for i, page in enumerate(b.seq_pages(2)[:3]):
+        assert bytes(pool_b.content[page]) == bytes(keys[i])
+    assert b.tier_stats()["remote"]["num_marked_pages"] == 3
+    # A page the tier lost since the lookup fails its load: the hit is cut, nothing wrong read.
+    shared.values.pop(bytes(keys[1]))
+    b.free_sequence(2)
+    b.evict(1 << 20)
+    b.add_sequence(3, PROMPT, "t")
+    mover_b.run(stores=False)
+    assert b.hit_tokens(3) == {"hbm": 0, "remote": 4}
+    with pytest.raises(InvalidArgumentError, match="no lower tier"):
+        b.mark_tier_pages("ssd", PROMPT, 1)
+    with pytest.raises(InvalidArgumentError, match="full pages"):
+        b.mark_tier_pages("remote", PROMPT, 4)
+    b._check_invariants()

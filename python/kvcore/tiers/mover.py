@@ -112,6 +112,29 @@ class Mover:
 
         return metrics_text(self.cache.stats(), prefix, self.cache.tier_stats(), self.storage_stats())
 
+    def lookup(self, tokens: Any, namespace: str | None = None) -> int:
+        """Ask each shared tier (one with ``exists(keys) -> int``, e.g. ``RedisTier``) which pages of
+        ``tokens`` it holds beyond those the cache already indexes there, and index them
+        (``KVCacheManager.mark_tier_pages``), so that the next ``add_sequence`` of this prompt loads
+        them instead of recomputing them. One bounded existence round trip per shared tier; no
+        bytes move. Returns the pages newly indexed.
+        """
+        added = 0
+        keys = None
+        for tier in self.tiers:
+            exists = getattr(tier, "exists", None)
+            if exists is None:
+                continue
+            if keys is None:
+                keys = self.cache.prompt_keys(tokens, namespace)
+            known = self.cache.tier_prefix_len(tier.name, tokens, namespace)
+            if known >= len(keys):
+                continue
+            found = int(exists(keys[known:]))
+            if found:
+                added += self.cache.mark_tier_pages(tier.name, tokens, known + found, namespace)
+        return added
+
     def run(self, *, stores: bool = True, loads: bool = True) -> MoveResult:
         """Take the cache's queued transfers (stores, loads or both), copy them, and complete every op.
 
