@@ -16,6 +16,7 @@ pub mod eviction;
 pub mod keys;
 pub mod manager;
 pub mod radix;
+pub mod remote;
 pub(crate) mod sync;
 
 #[cfg(feature = "python")]

@@ -9,7 +9,15 @@ import numpy.typing as npt
 from kvcore.events import KVEvent
 from kvcore.manager import PageTable, PrefixMatch, TransferBatch
 
-__all__ = ["CacheStats", "KVCacheManager", "PageAllocator", "__version__", "page_keys", "payload_checksum"]
+__all__ = [
+    "CacheStats",
+    "KVCacheManager",
+    "PageAllocator",
+    "RespClient",
+    "__version__",
+    "page_keys",
+    "payload_checksum",
+]
 
 __version__: str
 
@@ -265,3 +273,29 @@ def payload_checksum(data: npt.NDArray[np.uint8] | Sequence[npt.NDArray[np.uint8
     Raises:
         InvalidArgumentError: ``data`` is not a contiguous 1-D uint8 NumPy array, or is being written.
     """
+
+@final
+class RespClient:
+    """A pipelined RESP client of one Redis server or a Redis Cluster (``kvcore.tiers``' Rust transport).
+
+    Every connect, read and write is bounded by ``timeout_s``. Each call returns ``(status, errors)``
+    per key: 1 done, 0 absent (``SET NX`` found the key; ``GET`` missing; ``EXISTS`` false), 2 a value
+    of another length than the caller's row, -1 refused by the server (``errors[i]`` is its line:
+    ``OOM ...``, ``MOVED ...``), -2 connection failed or timed out (``"timeout"``, ``"connection: ..."``).
+    The network runs with the interpreter released; values are sent from and read into the caller's
+    arrays under a NumPy borrow held for the call.
+    """
+
+    def __new__(cls, nodes: Sequence[str], cluster: bool = False, timeout_s: float = 0.5) -> RespClient: ...
+    def set_many(
+        self, keys: Sequence[bytes], values: npt.NDArray[np.uint8], nx: bool = True, px_ms: int | None = None
+    ) -> tuple[npt.NDArray[np.int8], list[str | None]]:
+        """``SET key value [NX] [PX px_ms]`` per row of ``values`` (``[n, value_len]`` uint8)."""
+    def get_into(
+        self, keys: Sequence[bytes], out: npt.NDArray[np.uint8]
+    ) -> tuple[npt.NDArray[np.int8], list[str | None]]:
+        """``GET`` each key into its row of ``out`` (``[n, value_len]`` uint8, writable)."""
+    def exists_many(self, keys: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[str | None]]:
+        """``EXISTS`` each key (one pipelined round trip per node)."""
+    def del_many(self, keys: Sequence[bytes]) -> tuple[npt.NDArray[np.int8], list[str | None]]:
+        """``DEL`` each key."""

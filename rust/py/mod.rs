@@ -8,6 +8,7 @@ mod allocator;
 mod convert;
 mod error;
 mod manager;
+mod remote;
 mod tiers;
 
 use pyo3::prelude::*;
@@ -20,6 +21,7 @@ fn _kvcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<crate::manager::CacheStats>()?;
     m.add_class::<allocator::PyPageAllocator>()?;
     m.add_class::<manager::PyKVCacheManager>()?;
+    m.add_class::<remote::PyRespClient>()?;
     m.add_function(wrap_pyfunction!(manager::py_page_keys, m)?)?;
     m.add_function(wrap_pyfunction!(manager::py_payload_checksum, m)?)?;
     Ok(())
