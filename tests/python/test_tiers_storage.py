@@ -22,6 +22,7 @@ from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeErr
 from kvcore.pool import KVPool, dtypes
 from kvcore.pool._cupy import gpu_available
 from kvcore.tiers import DiskTier, HostTier, codec
+from kvcore.tiers import disk as disk_module
 from kvcore.tiers.disk import slot_filename
 
 L, H, P, D = 2, 2, 4, 8  # small geometry: a page is 2*2*2*4*8 = 256 elements
@@ -430,6 +431,52 @@ def test_header_pack_parse_round_trip() -> None:
     assert e.value.reason == "namespace"
 
 
+@pytest.mark.parametrize("namespace", NAMESPACES)
+def test_header_check_agrees_with_parse_header(namespace: str | None) -> None:
+    """HeaderCheck (the loads' fast path) answers exactly what parse_header plus field compares
+    answer, for the header as written and for every one-byte change to it, with the header checksum
+    left stale (always refused) or recomputed (refused only where a field is wrong)."""
+    g = codec.Geometry.of_pool(make_pool("bf16", "NHD"))
+    hlen, end, key, digest = codec.header_len(g), codec.header_len(g) - 16, b"k" * 16, b"d" * 16
+    check = codec.HeaderCheck(g, g.payload_bytes)
+
+    def reference(buf: bytearray, key: bytes, digest: bytes) -> bytes | None:
+        try:
+            h = codec.parse_header(bytes(buf))
+        except codec.HeaderError:
+            return None
+        same = (h.geometry, h.header_len, h.payload_len, h.key, h.scale_digest)
+        return h.payload_checksum if same == (g, hlen, g.payload_bytes, key, digest) else None
+
+    good = bytearray(hlen)
+    codec.pack_header(
+        good,
+        geometry=g,
+        key=key,
+        parent_key=b"p" * 16,
+        namespace=namespace,
+        tokens=np.arange(P, dtype=np.uint32),
+        payload_len=g.payload_bytes,
+        payload_checksum=b"c" * 16,
+        scale_digest=digest,
+    )
+    assert check.payload_checksum(good, key, digest) == b"c" * 16
+    assert check.payload_checksum(good, b"K" * 16, digest) is None
+    assert check.payload_checksum(good, key, bytes(16)) is None
+    fields_end = codec.FIXED_LEN + 4 * P + len((namespace or "").encode()) + 8
+    accepted = 0
+    for off in [*range(fields_end), end - 1, end, hlen - 1]:
+        for value in (good[off] ^ 0x01, 0xFF):
+            bad = bytearray(good)
+            bad[off] = value
+            assert check.payload_checksum(bad, key, digest) is None  # stale header checksum
+            bad[end:] = codec.checksum(np.frombuffer(bytes(bad[:end]), dtype=np.uint8))
+            got = check.payload_checksum(bad, key, digest)
+            assert got == reference(bad, key, digest), (off, value)
+            accepted += got is not None
+    assert accepted > 0  # changes to the parent key, tokens, payload checksum are still valid headers
+
+
 def test_flipped_payload_byte_is_a_counted_miss_and_the_file_is_removed(tmp_path: Path) -> None:
     pool = make_pool()
     tier = open_disk(tmp_path, pool)
@@ -503,6 +550,73 @@ def test_file_truncated_after_open_is_a_counted_miss(tmp_path: Path) -> None:
     os.truncate(slot_path(tier, 0), tier.file_bytes - 3)
     assert tier.load(pool, i32(0), i32(5), m["keys"]).tolist() == [False]
     assert tier.stats()["load_failed_corrupt"] == 1 and not slot_path(tier, 0).exists()
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+@pytest.mark.parametrize("readers", [1, 4])
+def test_a_load_on_reader_threads_matches_one_page_loads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, readers: int, quantize: str | None
+) -> None:
+    """A load of many files runs on ``disk.READERS`` threads: its results, counters and pages are
+    those of loading each page alone, good files and bad ones mixed."""
+    monkeypatch.setattr(disk_module, "READERS", readers)
+    n, cut = 40, 100
+    pool = make_pool("bf16", num_pages=2 * n + 2)
+    if quantize:
+        fill_values(pool)
+    tier = open_disk(tmp_path, pool, n, quantize=quantize)
+    m = meta(n)
+    slots = np.arange(n, dtype=np.int32)
+    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    want = {i: page_bytes(pool, i + 1) for i in range(n)}
+    for slot, offset in ((3, tier.header_len + 5), (17, 50)):  # a payload byte, a header byte
+        raw = bytearray(slot_path(tier, slot).read_bytes())
+        raw[offset] ^= 0x01
+        slot_path(tier, slot).write_bytes(bytes(raw))
+    os.truncate(slot_path(tier, 22), tier.file_bytes - cut)
+    os.unlink(slot_path(tier, 30))
+    bad = {3, 17, 22, 30}
+    dst = np.arange(n + 1, 2 * n + 1, dtype=np.int32)
+    ok = tier.load(pool, slots, dst, m["keys"])
+    assert ok.tolist() == [i not in bad for i in range(n)]
+    s = tier.stats()
+    assert (s["loads"], s["load_failed"], s["load_failed_checksum"], s["load_failed_corrupt"]) == (
+        36,
+        4,
+        1,
+        2,
+    )
+    assert (s["load_failed_io"], s["checksum_mismatches"], s["slots_used"]) == (1, 2, 36)
+    assert s["bytes_read"] == 39 * tier.file_bytes - cut
+    assert not any(slot_path(tier, i).exists() for i in bad)
+    alone = 2 * n + 1  # a scratch page: each good slot loaded by itself (one thread, no prefetch)
+    for i in sorted(set(range(n)) - bad):
+        assert tier.load(pool, i32(i), i32(alone), m["keys"][i : i + 1]).tolist() == [True]
+        assert np.array_equal(
+            page_bytes(pool, int(dst[i])).view(np.uint8), page_bytes(pool, alone).view(np.uint8)
+        )
+        if quantize is None:
+            assert np.array_equal(page_bytes(pool, alone).view(np.uint8), want[i].view(np.uint8))
+
+
+def test_a_bug_on_a_reader_thread_is_raised(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exception other than an OSError on a reader thread is not swallowed: the load raises it."""
+    n = 32
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = open_disk(tmp_path, pool, n)
+    m = meta(n)
+    slots = np.arange(n, dtype=np.int32)
+    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    real = DiskTier._fetch
+
+    def fetch(self: DiskTier, path: str, *a: Any) -> Any:
+        if path.endswith(slot_filename(n - 3)):
+            raise RuntimeError("a bug")
+        return real(self, path, *a)
+
+    monkeypatch.setattr(DiskTier, "_fetch", fetch)
+    with pytest.raises(RuntimeError, match="a bug"):
+        tier.load(pool, slots, np.arange(n + 1, 2 * n + 1, dtype=np.int32), m["keys"])
 
 
 def test_leftover_temp_files_are_removed_at_open(tmp_path: Path) -> None:

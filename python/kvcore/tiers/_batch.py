@@ -2,7 +2,8 @@
 
 A *row* is one stored page in host memory: uint8 ``[row_bytes]``, the page-major bytes of the page (or
 its quantized payload, :mod:`kvcore.tiers.codec`). The host tier's slots are rows; the disk tier stages
-rows before writing them and after reading them.
+rows for a quantized tier or a GPU pool, and otherwise writes and reads a page's row in place, as the
+pool pieces :meth:`RowCodec.host_planes` lists.
 
 Why copies go row by row (or run by run) rather than through ``gather_pages``: with NumPy, a fancy-indexed
 gather into a staging buffer and a second copy into the slot rows would move every byte twice; one
@@ -206,6 +207,20 @@ class RowCodec:
         self.chunk_pages = max(1, STAGING_BYTES // per_page)  # pages per staging step
         self._dev_pages: Any = None  # cupy [chunk_pages, L, 2, *page_shape] storage dtype
         self._dev_rows: Any = None  # cupy uint8 [chunk_pages, row_bytes] (quantized loads)
+
+    def host_planes(self, pool: KVPool) -> np.ndarray | None:
+        """uint8 ``[num_layers * 2, num_pages, piece_bytes]``, a view of a NumPy pool's data (no copy),
+        where a page's row is the concatenation of ``planes[:, page]`` (``piece_bytes`` = one layer's
+        K or V page); None for a quantized geometry or a device pool (their rows are staged).
+
+        Why: a page's row is already in the pool, in ``2 * num_layers`` contiguous pieces, so the disk
+        tier writes it from there and reads it back there (``writev``/``readv``), copying nothing.
+        """
+        data = pool.data
+        if self.geometry.quantize is not None or pool.backend.is_device or not data.flags.c_contiguous:
+            return None
+        planes: np.ndarray = data.view(np.uint8).reshape(data.shape[0] * 2, data.shape[2], -1)
+        return planes
 
     # --------------------------------------------------------------------------- pool -> rows
 

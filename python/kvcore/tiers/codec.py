@@ -71,6 +71,7 @@ __all__ = [
     "HEADER_ALIGN",
     "MAGIC",
     "Geometry",
+    "HeaderCheck",
     "HeaderError",
     "PageHeader",
     "QuantMode",
@@ -131,8 +132,9 @@ class HeaderError(KVCoreError, ValueError):
         self.reason = reason
 
 
-def checksum(data: np.ndarray) -> bytes:
-    """XXH3-128 of a contiguous 1-D uint8 host array (16 bytes): the native ``payload_checksum``."""
+def checksum(data: np.ndarray | list[np.ndarray]) -> bytes:
+    """XXH3-128 of a contiguous 1-D uint8 host array, or of the concatenation of a list of them (the
+    same digest: a page in its pool pieces), 16 bytes: the native ``payload_checksum``."""
     return payload_checksum(data)
 
 
@@ -518,3 +520,61 @@ def parse_header(buf: bytes | bytearray | memoryview) -> PageHeader:
         payload_checksum=bytes(pcs),
         scale_digest=bytes(digest),
     )
+
+
+class HeaderCheck:
+    """:func:`parse_header`'s verdict on one question, by byte compares against a template: is this
+    a valid header of ``geometry`` and ``payload_len``, of page ``key`` under ``scale_digest``?
+
+    Why: a load expects exactly one header per file and only needs its payload checksum; parsing it
+    (a struct unpack, a token copy, two dataclasses) costs several times the compares. It accepts
+    exactly the headers that parse_header accepts with these fields; for any other the caller learns
+    why from parse_header itself.
+    """
+
+    def __init__(self, geometry: Geometry, payload_len: int) -> None:
+        hlen = header_len(geometry)
+        t = bytearray(hlen)
+        pack_header(
+            t,
+            geometry=geometry,
+            key=bytes(16),
+            parent_key=bytes(16),
+            namespace=None,
+            tokens=np.zeros(geometry.page_size, dtype=np.uint32),
+            payload_len=payload_len,
+            payload_checksum=bytes(16),
+            scale_digest=bytes(16),
+        )
+        self.header_len = hlen  # bytes of every header checked
+        self._end = hlen - _CHECKSUM_LEN  # where the header checksum starts
+        self._ns_at = FIXED_LEN + 4 * geometry.page_size  # where the namespace starts
+        self._ns_room = self._end - self._ns_at
+        self._prefix = bytes(t[:16])  # magic, version, flags, header_len
+        self._geometry = bytes(t[48:67])  # num_layers .. quantization
+        self._payload_len = bytes(t[72:80])
+
+    def payload_checksum(self, buf: bytearray, key: bytes, scale_digest: bytes) -> bytes | None:
+        """The payload checksum ``buf`` (at least :attr:`header_len` bytes) records if it is such a
+        header; None otherwise."""
+        if (
+            buf[:16] != self._prefix
+            or buf[48:67] != self._geometry
+            or buf[72:80] != self._payload_len
+            or buf[16:32] != key
+            or buf[96:112] != scale_digest
+        ):
+            return None
+        kind = buf[67]
+        ns_len = int.from_bytes(buf[68:72], "little")
+        if kind > NS_PUBLIC or ns_len > self._ns_room or (kind != NS_NAMED and ns_len):
+            return None
+        end = self._end
+        if checksum(np.frombuffer(buf, dtype=np.uint8, count=end)) != buf[end : self.header_len]:
+            return None
+        if kind == NS_NAMED:
+            try:
+                bytes(buf[self._ns_at : self._ns_at + ns_len]).decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        return bytes(buf[80:96])

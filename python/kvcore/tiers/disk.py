@@ -11,7 +11,9 @@ Every file carries its key, parent key, namespace, tokens and geometry (:mod:`kv
 byte layout) plus XXH3-128 checksums of the header and of the payload, so the directory alone is a
 restart index (:meth:`DiskTier.entries`) and a flipped bit reads as a miss, never as K/V. Headers are
 verified at open (fast: one small read per file); payload checksums at load, where the payload is read
-anyway.
+anyway. An unquantized page of a NumPy pool is written from, and read straight back into, its pool
+page (``writev``/``readv`` of its ``2 * num_layers`` contiguous pieces, no staging copy); a load
+reads its files on a few threads, so that one file's checksum overlaps another's read.
 
 Failure policy: an I/O error (ENOSPC, EACCES, EIO, ...) never raises out of ``store``/``load``; the row
 is False and counted by reason in :meth:`DiskTier.stats`. Caller mistakes (shapes, ranges, a pool of
@@ -23,9 +25,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import itertools
 import os
 import re
 import threading
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -43,9 +47,28 @@ _TEMP_RE = re.compile(r"slot-(\d{8,})\.kv\.tmp")
 _LOCK_NAME = "tier.lock"
 PREFETCH_BYTES = 32 << 20  # read-ahead requested beyond the file being loaded (page cache, not ours)
 _PREFETCH_MIN_FILES = 4  # ... but at least this many files
+READERS = 4  # threads reading the files of one load at once (see DiskTier._read_files)
+_PAGES_PER_READER = 8  # ... but at most one thread per this many files (a thread start costs ~50 us)
+
+# buffers one readv/writev takes (a page is 2 * num_layers pieces and a header); POSIX promises 16
+_IOV_MAX = max(16, os.sysconf("SC_IOV_MAX") if "SC_IOV_MAX" in os.sysconf_names else 1024)
 
 _NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG})
 _PERMISSION = frozenset({errno.EACCES, errno.EPERM, errno.EROFS})
+
+# A load's verdict on one file -> (counters added, what becomes of its slot: "" it stays as it is,
+# "empty" it is marked empty, "drop" its file is removed and it is marked empty)
+_LOAD_VERDICTS: dict[str, tuple[tuple[str, ...], str]] = {
+    "ok": ((), ""),
+    "io": (("load_failed_io",), ""),
+    "missing": (("load_failed_io",), "empty"),  # ENOENT: removed behind our back
+    "geometry": (("load_failed_geometry",), "empty"),  # not a file of this geometry: left alone
+    "corrupt": (("load_failed_corrupt",), "drop"),
+    "header_checksum": (("load_failed_corrupt", "checksum_mismatches"), "drop"),
+    "key": (("load_failed_key",), ""),
+    "scales": (("load_failed_scales",), ""),
+    "checksum": (("load_failed_checksum", "checksum_mismatches"), "drop"),
+}
 
 _STAT_NAMES = (
     "num_slots",
@@ -110,7 +133,7 @@ def _reason(e: OSError) -> str:
     return "store_failed_other"
 
 
-def _trim(views: list[memoryview], n: int) -> None:
+def _trim(views: list[Any], n: int) -> None:
     """Drop the first ``n`` bytes of a list of buffers (after a partial readv/writev)."""
     while views and n >= len(views[0]):
         n -= len(views.pop(0))
@@ -118,23 +141,28 @@ def _trim(views: list[memoryview], n: int) -> None:
         views[0] = views[0][n:]
 
 
-def _write_all(fd: int, bufs: list[memoryview]) -> None:
-    """Write every buffer, in order, with as few ``writev`` calls as the kernel allows (one, normally)."""
+def _write_all(fd: int, bufs: list[Any]) -> None:
+    """Write every buffer (1-D uint8 arrays or memoryviews), in order, with as few ``writev`` calls as
+    the kernel allows (one, normally)."""
     views = [b for b in bufs if len(b)]
     while views:
-        n = os.writev(fd, views)
+        n = os.writev(fd, views if len(views) <= _IOV_MAX else views[:_IOV_MAX])
         if n <= 0:
             raise OSError(errno.EIO, "writev wrote nothing")
         _trim(views, n)
 
 
-def _read_all(fd: int, bufs: list[memoryview]) -> int:
-    """Fill the buffers in order from ``fd`` (``readv`` straight into them); returns the bytes read
-    (less than their total only at end of file)."""
+def _read_all(fd: int, bufs: list[Any], total: int) -> int:
+    """Fill the buffers (1-D uint8 arrays or memoryviews, ``total`` bytes in all) in order from ``fd``,
+    ``readv`` straight into them; returns the bytes read (less than ``total`` only at end of file)."""
+    n = os.readv(fd, bufs if len(bufs) <= _IOV_MAX else bufs[:_IOV_MAX])
+    if n == total or n == 0:
+        return n  # one call, normally
     views = [b for b in bufs if len(b)]
-    done = 0
+    _trim(views, n)
+    done = n
     while views:
-        n = os.readv(fd, views)
+        n = os.readv(fd, views if len(views) <= _IOV_MAX else views[:_IOV_MAX])
         if n == 0:
             break
         done += n
@@ -147,14 +175,16 @@ class _Prefetch:
     a load, at most :data:`PREFETCH_BYTES` ahead of the file being read.
 
     Why a thread: WILLNEED submits the reads synchronously (about 0.2 ms per 0.5 MiB file here), so
-    from the loading thread it would only move the wait; from a helper thread it keeps the device
-    busy while the loading thread reads, checks and copies. One file after another at queue depth 1
-    read about half as fast, cold, as one big file with the kernel's read-ahead.
+    from a loading thread it would only move the wait; from a helper thread it keeps the device
+    busy while the loading threads read and check. One file after another at queue depth 1 read
+    about half as fast, cold, as one big file with the kernel's read-ahead; the reader threads
+    alone (:data:`READERS`) did not make up for it.
     """
 
     def __init__(self, paths: list[str], file_bytes: int) -> None:
         self._paths = paths
-        self._read = 0  # files the loader has consumed (the helper skips those)
+        self._read = 0  # files the loaders have consumed, about (a hint: the helper skips those)
+        self._consumed = itertools.count(1)  # next() is atomic: several loading threads count here
         self._stop = False
         self._room = threading.Semaphore(max(_PREFETCH_MIN_FILES, PREFETCH_BYTES // file_bytes))
         self._thread = threading.Thread(target=self._run, name="kvcore-disk-prefetch", daemon=True)
@@ -179,8 +209,8 @@ class _Prefetch:
                 os.close(fd)
 
     def consumed(self) -> None:
-        """The loader has read one more file: the helper may request one more."""
-        self._read += 1
+        """A loading thread has read one more file: the helper may request one more."""
+        self._read = next(self._consumed)
         self._room.release()
 
     def close(self) -> None:
@@ -204,8 +234,10 @@ class DiskTier:
             header checks at open and the payload checksum at load turn into misses.
 
     Side effects: creates the directory and the lock file; scans the directory (see :meth:`entries`),
-    removing temp files, corrupt or truncated files and files at slots beyond ``num_slots``; allocates
-    a staging buffer of up to 64 MiB (pinned on the GPU backend).
+    removing temp files, corrupt or truncated files and files at slots beyond ``num_slots``. Pages of
+    an unquantized NumPy pool go straight between the pool and the files (``writev``/``readv`` of
+    their pieces); a quantized tier or a GPU pool stages them in a buffer of up to 64 MiB (pinned on
+    the GPU backend), allocated at the first such call.
 
     Raises:
         ConfigError: a capacity below one file, a path that is not a usable directory or is in use by
@@ -260,13 +292,11 @@ class DiskTier:
         self._lock = threading.Lock()
         self._used = np.zeros(self.num_slots, dtype=bool)  # [num_slots] bool: a valid file of ours
         self._keys = np.zeros((self.num_slots, 16), dtype=np.uint8)  # [num_slots, 16] its page key
-        # [chunk_pages, payload_len] uint8: payloads between the pool and the files (pinned on the GPU)
-        self._stage: np.ndarray = pool.backend.empty_host(
-            (self._codec.chunk_pages, self.payload_len), np.uint8
-        )
-        self._stage.fill(0)
+        # [chunk_pages, payload_len] uint8: staged payloads (quantized, or a GPU pool; see _staging)
+        self._stage: np.ndarray | None = None
         self._whdr = bytearray(self.header_len)  # the header being written
-        self._rhdr = bytearray(self.header_len)  # the header being read
+        self._whdr_view = memoryview(self._whdr)
+        self._header_check = codec.HeaderCheck(self.geometry, self.payload_len)
         self._entries = self._scan()
 
     # ------------------------------------------------------------------------------------ paths
@@ -283,6 +313,13 @@ class DiskTier:
             self._stats.add("remove_failed")
             return False
         return True
+
+    def _staging(self, pool: KVPool) -> np.ndarray:
+        """The staging rows, allocated at first use (pinned when ``pool`` is on the GPU)."""
+        if self._stage is None:
+            self._stage = pool.backend.empty_host((self._codec.chunk_pages, self.payload_len), np.uint8)
+            self._stage.fill(0)
+        return self._stage
 
     def _drop(self, slot: int) -> None:
         """The slot no longer holds a valid page of ours: remove its file (if ours) and mark it empty."""
@@ -425,11 +462,17 @@ class DiskTier:
         ok = np.zeros(n, dtype=bool)
         chunk = self._codec.chunk_pages
         with self._lock:
-            for c in range(0, n, chunk):
-                ids = a.pages[c : c + chunk]
-                self._codec.pages_to_rows(pool, ids, self._stage, np.arange(ids.shape[0]))
-                for j in range(ids.shape[0]):
-                    ok[c + j] = self._write_one(a, c + j, self._stage[j], digest)
+            planes = self._codec.host_planes(pool)
+            if planes is not None:  # straight from the pool's pieces of each page
+                for i, page in enumerate(a.pages.tolist()):
+                    ok[i] = self._write_one(a, i, list(planes[:, page]), digest)
+            else:
+                stage = self._staging(pool)
+                for c in range(0, n, chunk):
+                    ids = a.pages[c : c + chunk]
+                    self._codec.pages_to_rows(pool, ids, stage, np.arange(ids.shape[0]))
+                    for j in range(ids.shape[0]):
+                        ok[c + j] = self._write_one(a, c + j, [stage[j]], digest)
             if self.fsync and ok.any():
                 self._fsync_dir()
             num_ok = int(ok.sum())
@@ -437,7 +480,8 @@ class DiskTier:
             self._stats.add("store_failed", n - num_ok)
         return ok
 
-    def _write_one(self, a: _batch.StoreArgs, i: int, row: np.ndarray, digest: bytes) -> bool:
+    def _write_one(self, a: _batch.StoreArgs, i: int, payload: list[np.ndarray], digest: bytes) -> bool:
+        """Write row ``i`` of a store, its payload the concatenation of ``payload`` (1-D uint8)."""
         slot = int(a.slots[i])
         try:
             codec.pack_header(
@@ -448,7 +492,7 @@ class DiskTier:
                 namespace=a.namespaces[i],
                 tokens=a.tokens[i],
                 payload_len=self.payload_len,
-                payload_checksum=codec.checksum(row),
+                payload_checksum=codec.checksum(payload),
                 scale_digest=digest,
             )
         except HeaderError:
@@ -475,7 +519,7 @@ class DiskTier:
             if not recycled:
                 flags |= os.O_CREAT | os.O_TRUNC
             fd = os.open(tmp, flags, 0o644)
-            _write_all(fd, [memoryview(self._whdr), row.data])
+            _write_all(fd, [self._whdr_view, *payload])
             if recycled:
                 os.ftruncate(fd, self.file_bytes)  # a no-op for our own files, which all have this size
             if self.fsync:
@@ -522,7 +566,8 @@ class DiskTier:
         Returns:
             bool ``[n]``: False (counted as ``load_failed_*``) for an empty slot, another key, another
             geometry/dtype/quantization or pool scales, a checksum mismatch or a corrupt file (both
-            removed), or an OSError. A False row leaves its pool page untouched.
+            removed), or an OSError. A False row leaves its pool page's bytes unspecified (the file
+            is read straight into the page before it is checked; the engine recomputes the page).
 
         Raises:
             InvalidDTypeError, InvalidPageError, InvalidArgumentError: caller mistakes (shapes, page ids,
@@ -539,20 +584,34 @@ class DiskTier:
             self._stats.add("load_failed_empty", int((~used).sum()))
             self._stats.add("load_failed_key", int((used & ~key_ok).sum()))
             todo = np.flatnonzero(used & key_ok)
-            paths = [self._file(slot) for slot in s[todo].tolist()]
+            todo_slots = s[todo].tolist()
+            todo_keys = [bytes(key) for key in k[todo]]
+            paths = [self._file(slot) for slot in todo_slots]
+            planes = self._codec.host_planes(pool)
             prefetch = _Prefetch(paths, self.file_bytes) if len(paths) > 1 else None
             try:
-                for c in range(0, todo.shape[0], chunk):
-                    idx = todo[c : c + chunk]
-                    good = []
-                    for j, i in enumerate(idx.tolist()):
-                        if self._read_one(paths[c + j], int(s[i]), k[i], self._stage[j], digest):
-                            good.append(j)
-                        if prefetch is not None:
-                            prefetch.consumed()
-                    rows = np.asarray(good, dtype=np.int64)
-                    self._codec.rows_to_pages(pool, self._stage, rows, p[idx[rows]])
-                    ok[idx[rows]] = True
+                if planes is not None:  # straight into the pool's pieces of each page
+                    todo_pages = p[todo].tolist()
+                    verdicts = self._read_files(
+                        paths, todo_keys, lambda j: list(planes[:, todo_pages[j]]), digest, prefetch
+                    )
+                    for j, verdict in enumerate(verdicts):
+                        ok[todo[j]] = self._account(todo_slots[j], verdict)
+                else:
+                    stage = self._staging(pool)
+                    for c in range(0, todo.shape[0], chunk):
+                        idx = todo[c : c + chunk]
+                        verdicts = self._read_files(
+                            paths[c : c + chunk],
+                            todo_keys[c : c + chunk],
+                            lambda j: [stage[j]],
+                            digest,
+                            prefetch,
+                        )
+                        good = [j for j, v in enumerate(verdicts) if self._account(todo_slots[c + j], v)]
+                        rows = np.asarray(good, dtype=np.int64)
+                        self._codec.rows_to_pages(pool, stage, rows, p[idx[rows]])
+                        ok[idx[rows]] = True
             finally:
                 if prefetch is not None:
                     prefetch.close()
@@ -561,52 +620,115 @@ class DiskTier:
             self._stats.add("load_failed", n - num_ok)
         return ok
 
-    def _read_one(self, path: str, slot: int, key: np.ndarray, row: np.ndarray, digest: bytes) -> bool:
+    def _read_files(
+        self,
+        paths: list[str],
+        keys: list[bytes],
+        payload_of: Callable[[int], list[np.ndarray]],
+        digest: bytes,
+        prefetch: _Prefetch | None,
+    ) -> list[tuple[str, int]]:
+        """Read file ``paths[j]`` into its header and ``payload_of(j)`` for every j; returns each
+        file's ``(verdict, bytes read)``, the tier's state untouched (see :meth:`_account`).
+
+        Why threads: ``readv`` (the copy out of the page cache, or the wait for the device) runs with
+        the interpreter released but the checksum does not, so one thread reading while another checks
+        hides most of the checksum, and several files in flight keep a cold device busy. Files are
+        handed out in order, one at a time; each thread has its own header buffer.
+        """
+        m = len(paths)
+        verdicts = [("", 0)] * m
+        jobs = itertools.count()  # next() is atomic: each j goes to one thread
+        errors: list[BaseException] = []
+
+        def work() -> None:
+            hdr = bytearray(self.header_len)
+            view = memoryview(hdr)
+            try:
+                for j in jobs:
+                    if j >= m or errors:
+                        return
+                    verdicts[j] = self._fetch(paths[j], keys[j], payload_of(j), hdr, view, digest)
+                    if prefetch is not None:
+                        prefetch.consumed()
+            except BaseException as e:  # a bug: re-raised by the calling thread below
+                errors.append(e)
+
+        helpers = [
+            threading.Thread(target=work, name="kvcore-disk-read", daemon=True)
+            for _ in range(min(READERS, -(-m // _PAGES_PER_READER)) - 1)
+        ]
+        for t in helpers:
+            t.start()
+        work()
+        for t in helpers:
+            t.join()
+        if errors:
+            raise errors[0]
+        return verdicts
+
+    def _account(self, slot: int, verdict: tuple[str, int]) -> bool:
+        """Count a file's ``(verdict, bytes read)`` and apply it to its slot; True for "ok"."""
+        self._stats.add("bytes_read", verdict[1])
+        counters, fate = _LOAD_VERDICTS[verdict[0]]
+        for name in counters:
+            self._stats.add(name)
+        if fate == "drop":
+            self._drop(slot)
+        elif fate == "empty":
+            self._used[slot] = False
+        return verdict[0] == "ok"
+
+    def _fetch(
+        self,
+        path: str,
+        key: bytes,
+        payload: list[np.ndarray],
+        hdr: bytearray,
+        view: memoryview,
+        digest: bytes,
+    ) -> tuple[str, int]:
+        """Read ``path`` into ``hdr`` (through ``view``) and ``payload`` (1-D uint8 pieces, in order);
+        ``(verdict, bytes read)``, the verdict a key of ``_LOAD_VERDICTS``: "ok" where the file holds
+        page ``key`` of this geometry under ``digest``, its checksum verified.
+
+        Reads no mutable state of the tier and changes none: it runs on several threads at once.
+        """
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                got = _read_all(fd, [memoryview(self._rhdr), row.data])
+                got = _read_all(fd, [view, *payload], self.file_bytes)
             finally:
                 os.close(fd)
         except OSError as e:
-            self._stats.add("load_failed_io")
-            if e.errno == errno.ENOENT:
-                self._used[slot] = False
-            return False
-        self._stats.add("bytes_read", got)
+            return ("missing" if e.errno == errno.ENOENT else "io"), 0
+        if got == self.file_bytes:  # the common case: byte compares instead of a parse
+            want = self._header_check.payload_checksum(hdr, key, digest)
+            if want is not None:
+                return ("ok" if codec.checksum(payload) == want else "checksum"), got
+        return self._classify(hdr, key, payload, got, digest), got
+
+    def _classify(
+        self, hdr: bytearray, key: bytes, payload: list[np.ndarray], got: int, digest: bytes
+    ) -> str:
+        """:meth:`_fetch`'s verdict by the full checks (parse_header), where the fast ones failed."""
         try:
-            hlen = codec.parse_header_prefix(self._rhdr)
-            if hlen != self.header_len:
-                self._stats.add("load_failed_geometry")  # not a file of this geometry: leave it
-                self._used[slot] = False
-                return False
-            header = codec.parse_header(self._rhdr)
+            if codec.parse_header_prefix(hdr) != self.header_len:
+                return "geometry"
+            header = codec.parse_header(hdr)
         except HeaderError as e:
-            if e.reason == "checksum":
-                self._stats.add("checksum_mismatches")
-            self._stats.add("load_failed_corrupt")
-            self._drop(slot)
-            return False
+            return "header_checksum" if e.reason == "checksum" else "corrupt"
         if header.geometry != self.geometry or header.payload_len != self.payload_len:
-            self._stats.add("load_failed_geometry")
-            self._used[slot] = False
-            return False
+            return "geometry"
         if got != self.file_bytes:
-            self._stats.add("load_failed_corrupt")  # truncated since open
-            self._drop(slot)
-            return False
-        if header.key != key.tobytes():
-            self._stats.add("load_failed_key")
-            return False
+            return "corrupt"  # truncated since open
+        if header.key != key:
+            return "key"
         if header.scale_digest != digest:
-            self._stats.add("load_failed_scales")
-            return False
-        if codec.checksum(row) != header.payload_checksum:
-            self._stats.add("load_failed_checksum")
-            self._stats.add("checksum_mismatches")
-            self._drop(slot)
-            return False
-        return True
+            return "scales"
+        if codec.checksum(payload) != header.payload_checksum:
+            return "checksum"
+        return "ok"
 
     # ------------------------------------------------------------------------------------ rest
 
