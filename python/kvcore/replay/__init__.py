@@ -14,6 +14,9 @@ and measures it:
   host-DRAM and disk tiers below HBM (:class:`TierResult`: their hits, bytes moved, skipped stores);
 - :func:`run_replay`: several policies and a capacity sweep, as a :class:`ReplayReport`
   (:func:`format_report`, ``to_json``, :func:`plot_sweep`, :func:`plot_timeline`);
+- :func:`replay_instances`: the trace split over several instances (:func:`split_requests`: round-robin
+  or by session) that share a remote tier (a :class:`MemoryStore` or a :class:`RedisStore` of page
+  keys), replayed with and without it, as an :class:`InstancesReport` (:func:`format_instances`);
 - :func:`resolve_capacity`: pages from a count, tokens, bytes, or a model on a GPU via ``kvcore.sizing``.
 
 Example::
@@ -30,6 +33,7 @@ from __future__ import annotations
 from kvcore.replay.capacity import DEFAULT_GPU, DEFAULT_MODEL, Capacity, resolve_capacity
 from kvcore.replay.engine import (
     DEFAULT_BANDWIDTH_GBPS,
+    DEFAULT_REMOTE_LOOKUP_KEYS,
     DEFAULT_TOKEN_BYTES,
     MODES,
     POLICIES,
@@ -41,17 +45,22 @@ from kvcore.replay.engine import (
     run_replay,
 )
 from kvcore.replay.generator import WorkloadConfig, generate_workload
+from kvcore.replay.instances import SPLITS, replay_instances, session_keys, split_requests
 from kvcore.replay.plot import matplotlib_available, plot_sweep, plot_timeline
 from kvcore.replay.progress import Progress
 from kvcore.replay.report import (
+    InstanceResult,
+    InstancesReport,
     PolicyResult,
     ReplayReport,
     TierResult,
     Timeline,
     UsageSplit,
     WorkloadSummary,
+    format_instances,
     format_report,
 )
+from kvcore.replay.shared import MemoryStore, RedisStore, SharedStore, open_store
 from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import MAX_REQUEST_TOKENS, MOONCAKE_BLOCK_SIZE, Trace, read_trace, write_trace
 
@@ -59,18 +68,25 @@ __all__ = [
     "DEFAULT_BANDWIDTH_GBPS",
     "DEFAULT_GPU",
     "DEFAULT_MODEL",
+    "DEFAULT_REMOTE_LOOKUP_KEYS",
     "DEFAULT_TOKEN_BYTES",
     "MAX_REQUEST_TOKENS",
     "MODES",
     "MOONCAKE_BLOCK_SIZE",
     "POLICIES",
+    "SPLITS",
     "STORE_POLICIES",
     "Capacity",
+    "InstanceResult",
+    "InstancesReport",
+    "MemoryStore",
     "Observer",
     "PolicyResult",
     "Progress",
+    "RedisStore",
     "ReplayConfig",
     "ReplayReport",
+    "SharedStore",
     "TierResult",
     "Timeline",
     "TokenSource",
@@ -79,14 +95,19 @@ __all__ = [
     "WorkloadConfig",
     "WorkloadSummary",
     "default_sweep_pages",
+    "format_instances",
     "format_report",
     "generate_workload",
     "matplotlib_available",
+    "open_store",
     "plot_sweep",
     "plot_timeline",
     "read_trace",
     "replay",
+    "replay_instances",
     "resolve_capacity",
     "run_replay",
+    "session_keys",
+    "split_requests",
     "write_trace",
 ]

@@ -2,6 +2,8 @@
 
 Runs a Mooncake-format trace (or the built-in workload) through the real manager, once per policy,
 optionally over a capacity sweep, and prints a report; the plot (and ``report.json``) go to ``--out``.
+With ``--instances N`` / ``--remote STORE`` it splits the trace over N instances sharing a remote tier
+(:mod:`kvcore.replay.instances`), with and without that tier, for one policy; no plot.
 Every error a user can cause (malformed trace line, unknown preset, contradictory capacity, missing
 file, a cache too large for memory) prints one line on stderr and exits with code 2, without a
 traceback: the jobs raise ``ConfigError`` / ``TraceFormatError`` (naming the flag, or the file and line),
@@ -13,13 +15,19 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvcore.cli import float_arg, int_arg
+
+if TYPE_CHECKING:
+    from kvcore.replay.capacity import Capacity
+    from kvcore.replay.engine import ReplayConfig
+    from kvcore.replay.trace import Trace
 
 __all__ = ["register"]
 
 _DEFAULT_OUT = "kvcore-replay"
+_REMOTE_INDEX_PAGES = 1 << 22  # the remote index of each instance: 64 M tokens of 16-token pages
 
 
 def register(subparsers: Any) -> None:
@@ -108,9 +116,46 @@ def register(subparsers: Any) -> None:
         help="disk tier GB/s (default 5)",
     )
     tiers.add_argument(
+        "--remote-bandwidth-gbps",
+        type=float_arg(0, strict=True),
+        metavar="GB_S",
+        help="shared remote tier GB/s (default 1)",
+    )
+    tiers.add_argument(
         "--page-bytes",
         metavar="B",
         help="K/V bytes of a page, for bytes moved, e.g. 2MiB (default: from --model, else 128 KiB a token)",
+    )
+    shared = p.add_argument_group(
+        "instances sharing a remote tier: the trace split over N instances, each its own HBM and tiers, "
+        "all reading and writing one remote store; replayed with it and without it"
+    )
+    shared.add_argument(
+        "--instances", type=int_arg(1), metavar="N", help="simulated engine instances (default 1)"
+    )
+    shared.add_argument(
+        "--remote",
+        metavar="STORE",
+        help="the shared store: memory (in this process; default with --instances) or "
+        "redis://HOST:PORT[/DB] (keys under a per-run prefix, deleted at the end)",
+    )
+    shared.add_argument(
+        "--split",
+        choices=("round-robin", "session"),
+        help="round-robin: request i to instance i mod N; session: a conversation stays on one instance "
+        "(key: its first hash id past the prefix all requests share) (default round-robin)",
+    )
+    shared.add_argument(
+        "--remote-index-pages",
+        type=int_arg(1),
+        metavar="N",
+        help=f"remote pages each instance's index may know (default {_REMOTE_INDEX_PAGES:,})",
+    )
+    shared.add_argument(
+        "--remote-lookup-keys",
+        type=int_arg(1),
+        metavar="N",
+        help="most pages one lookup asks the store about (default 256)",
     )
     run = p.add_argument_group("replay")
     run.add_argument(
@@ -121,8 +166,7 @@ def register(subparsers: Any) -> None:
     )
     run.add_argument(
         "--policy",
-        default="lru,lfu,priority",
-        help="eviction policies, comma-separated (default lru,lfu,priority)",
+        help="eviction policies, comma-separated (default lru,lfu,priority; with --instances one, lru)",
     )
     run.add_argument(
         "--sweep",
@@ -205,6 +249,8 @@ def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: in
         if slots < 1:
             raise ConfigError(f"{flag}: {text!r} is less than one page of {page_size} tokens")
         out[f"{name}_tier_slots"] = slots
+    if _shared(args):
+        out["remote_index_slots"] = args.remote_index_pages or _REMOTE_INDEX_PAGES
     given = [
         flag
         for flag, value in (
@@ -217,7 +263,9 @@ def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: in
     ]
     if not out:
         if given:
-            raise ConfigError(f"{given[0]} needs a lower tier: --host-tier-tokens or --disk-tier-tokens")
+            raise ConfigError(
+                f"{given[0]} needs a lower tier: --host-tier-tokens, --disk-tier-tokens or --remote"
+            )
         return out
     if args.page_bytes is not None and args.model is not None:
         raise ConfigError("--page-bytes and --model both give the bytes of a page: give one")
@@ -226,13 +274,36 @@ def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: in
     )
     if page_bytes is not None and page_bytes < 1:
         raise ConfigError(f"--page-bytes: expected at least 1 byte, got {args.page_bytes!r}")
-    for name in ("host", "disk"):
+    for name in ("host", "disk", "remote"):
         bw = getattr(args, f"{name}_bandwidth_gbps")
         out[f"{name}_bandwidth_gbps"] = DEFAULT_BANDWIDTH_GBPS[name] if bw is None else bw
+    if args.remote_lookup_keys is not None:
+        out["remote_lookup_keys"] = args.remote_lookup_keys
     if args.store_policy is not None:  # else ReplayConfig's default, the manager's
         out["store_policy"] = args.store_policy
     out["page_bytes"] = page_bytes
     return out
+
+
+def _shared(args: argparse.Namespace) -> bool:
+    """Whether the run is a multi-instance one (``--instances`` or ``--remote``).
+
+    Raises:
+        ConfigError: a shared-tier flag without ``--instances`` or ``--remote``.
+    """
+    from kvcore.exceptions import ConfigError
+
+    if args.instances is not None or args.remote is not None:
+        return True
+    for flag, value in (
+        ("--split", args.split),
+        ("--remote-index-pages", args.remote_index_pages),
+        ("--remote-lookup-keys", args.remote_lookup_keys),
+        ("--remote-bandwidth-gbps", args.remote_bandwidth_gbps),
+    ):
+        if value is not None:
+            raise ConfigError(f"{flag} needs a shared remote tier: --instances N or --remote STORE")
+    return False
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -245,10 +316,20 @@ def _run(args: argparse.Namespace) -> int:
     from kvcore.replay.trace import read_trace, write_trace
     from kvcore.sizing import parse_bytes
 
-    policies = [p.strip().lower() for p in args.policy.split(",") if p.strip()]
+    shared = _shared(args)
+    text = args.policy if args.policy is not None else ("lru" if shared else ",".join(POLICIES))
+    policies = [p.strip().lower() for p in text.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
     if bad or not policies:
-        raise ConfigError(f"--policy: expected some of {', '.join(POLICIES)}, got {args.policy!r}")
+        raise ConfigError(f"--policy: expected some of {', '.join(POLICIES)}, got {text!r}")
+    if shared and len(policies) > 1:
+        raise ConfigError(f"--instances replays one policy: give one of {', '.join(POLICIES)} to --policy")
+    if shared and (args.sweep or args.sweep_tokens):
+        raise ConfigError("--instances and --sweep cannot be combined: sweep one instance")
+    if args.remote is not None:  # before the trace is read: a bad scheme costs nothing
+        from kvcore.replay.shared import check_store
+
+        check_store(args.remote)
     if args.trace is not None:
         if args.requests is not None:
             raise ConfigError("--requests sizes the built-in workload; with a TRACE use --limit")
@@ -281,6 +362,10 @@ def _run(args: argparse.Namespace) -> int:
         max_queue_wait_s=args.max_queue_wait,
         **_tier_options(args, capacity.page_size, capacity.page_bytes),
     )
+    if shared:
+        if args.save_trace:
+            write_trace(trace, args.save_trace)
+        return _run_instances(args, trace, config, capacity)
     sweep_pages: list[int] = []
     if args.sweep_tokens:
         for item in args.sweep_tokens.split(","):
@@ -314,4 +399,34 @@ def _run(args: argparse.Namespace) -> int:
         print(f"report written: {out_dir / 'report.json'}")
     for note in notes:
         print(note, file=sys.stderr)
+    return 0
+
+
+def _run_instances(args: argparse.Namespace, trace: Trace, config: ReplayConfig, capacity: Capacity) -> int:
+    """``--instances`` / ``--remote``: the split replay, its report and report.json (no plot)."""
+    from kvcore.replay.instances import replay_instances
+    from kvcore.replay.report import format_instances
+    from kvcore.replay.shared import open_store
+
+    out_dir = Path(args.out)
+    store = open_store(args.remote if args.remote is not None else "memory")
+    try:
+        report = replay_instances(
+            trace,
+            config,
+            num_instances=args.instances or 1,
+            split=args.split or "round-robin",
+            store=store,
+            capacity=capacity,
+            progress=args.progress,
+        )
+    finally:
+        store.close()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "report.json").write_text(report.to_json() + "\n", encoding="utf-8")
+    if args.json:
+        print(report.to_json())
+    else:
+        print(format_instances(report))
+        print(f"report written: {out_dir / 'report.json'}")
     return 0

@@ -38,6 +38,14 @@ requests, as prefill has none either), and then computes only the tokens found n
 write-backs off the request's path and cost it nothing. Per tier, the result counts hits, pages stored
 and loaded (bytes = pages x ``page_bytes``), and the stores the manager skipped and why.
 
+**Remote tier** (``remote_index_slots``): a lower tier below the others whose content lives in a shared
+store of page keys (:mod:`kvcore.replay.shared`), which several instances may write
+(:mod:`kvcore.replay.instances`). Before each admission the engine asks the store which pages of the
+prompt it holds beyond those the instance's remote index knows (at most ``remote_lookup_keys`` of them,
+as :meth:`kvcore.tiers.Mover.lookup` does) and indexes them; a remote store adds its keys to the store;
+a remote load succeeds only if the store holds its key (otherwise the manager cuts the hit there, and
+the engine counts the shorter hit). ``replay`` alone gives the remote tier a private store.
+
 Hit accounting (see :mod:`kvcore.replay.report`): ``hit_tokens`` are uncapped. ``add_sequence`` caps
 its answer at ``prompt_len - 1``; the two differ only for a page-aligned prompt, so the engine asks
 ``peek_prefix_len`` (no side effects) first for those prompts only, about one in ``page_size`` of
@@ -73,11 +81,13 @@ from kvcore.replay.report import (
     UsageSplit,
     WorkloadSummary,
 )
+from kvcore.replay.shared import MemoryStore, SharedStore
 from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import Trace
 
 __all__ = [
     "DEFAULT_BANDWIDTH_GBPS",
+    "DEFAULT_REMOTE_LOOKUP_KEYS",
     "DEFAULT_TOKEN_BYTES",
     "MODES",
     "POLICIES",
@@ -95,7 +105,9 @@ MODES = ("sequential", "timed")
 STORE_POLICIES = ("selective", "all", "value")
 #: GB/s (10^9 B/s) of each tier: the manager's own defaults (rust/py/tiers.rs). The engine always passes
 #: a bandwidth to the manager, so the value policy and the timed mode's load times use the same figure.
-DEFAULT_BANDWIDTH_GBPS = {"host": 25.0, "disk": 5.0}
+DEFAULT_BANDWIDTH_GBPS = {"host": 25.0, "disk": 5.0, "remote": 1.0}
+#: Most pages one lookup asks the shared store about (kvcore.tiers.RedisTier's max_lookup_keys).
+DEFAULT_REMOTE_LOOKUP_KEYS = 256
 #: K/V bytes of one token over all layers when no model is given: Llama-3.1-8B in bf16 (32 layers x 8 KV
 #: heads x 128 x 2 (K, V) x 2 B), the value policy's default of 2 MiB per 16-token page.
 DEFAULT_TOKEN_BYTES = 128 * 1024
@@ -122,15 +134,18 @@ class ReplayConfig:
     disk_tier_slots: int = 0  # pages of the disk tier below host, >= 0 (0: no disk tier)
     host_bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS["host"]  # GB/s of a host load or store, > 0, finite
     disk_bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS["disk"]  # GB/s of a disk load or store, > 0, finite
+    remote_index_slots: int = 0  # remote-tier pages this instance's index may know, >= 0 (0: no remote)
+    remote_bandwidth_gbps: float = DEFAULT_BANDWIDTH_GBPS["remote"]  # GB/s of a remote load or store, > 0
+    remote_lookup_keys: int = DEFAULT_REMOTE_LOOKUP_KEYS  # most pages one lookup asks the store about, >= 1
     store_policy: str = STORE_POLICIES[0]  # one of STORE_POLICIES (unused without a tier)
     page_bytes: int | None = None  # K/V bytes of one page, >= 1; None: DEFAULT_TOKEN_BYTES * page_size
 
     def __post_init__(self) -> None:
-        for name in ("capacity_pages", "page_size", "decode_chunk"):
+        for name in ("capacity_pages", "page_size", "decode_chunk", "remote_lookup_keys"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"{name} must be an integer >= 1, got {show(value)}")
-        for name in ("host_tier_slots", "disk_tier_slots"):
+        for name in ("host_tier_slots", "disk_tier_slots", "remote_index_slots"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"{name} must be an integer >= 0, got {show(value)}")
@@ -141,14 +156,14 @@ class ReplayConfig:
             raise ConfigError(
                 f"store_policy must be one of {', '.join(STORE_POLICIES)}, got {show(self.store_policy)}"
             )
-        bandwidths = (self.host_bandwidth_gbps, self.disk_bandwidth_gbps)
+        bandwidths = (self.host_bandwidth_gbps, self.disk_bandwidth_gbps, self.remote_bandwidth_gbps)
         if not all(
             isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
             for x in bandwidths
         ):
             raise ConfigError(
-                "host_bandwidth_gbps and disk_bandwidth_gbps must be finite and > 0, "
-                f"got {show(self.host_bandwidth_gbps)} and {show(self.disk_bandwidth_gbps)}"
+                "host_bandwidth_gbps, disk_bandwidth_gbps and remote_bandwidth_gbps must be finite and > 0, "
+                f"got {', '.join(show(x) for x in bandwidths)}"
             )
         if self.policy not in POLICIES:
             raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {show(self.policy)}")
@@ -169,6 +184,7 @@ class ReplayConfig:
         tiers = [
             ("host", self.host_tier_slots, float(self.host_bandwidth_gbps)),
             ("disk", self.disk_tier_slots, float(self.disk_bandwidth_gbps)),
+            ("remote", self.remote_index_slots, float(self.remote_bandwidth_gbps)),
         ]
         return [t for t in tiers if t[1] > 0]
 
@@ -208,28 +224,83 @@ class _Transfers:
 
     ``settle`` after each manager call that may queue stores or loads: a store not completed is invisible
     to lookups, and a sequence with a load in flight is not ready (its tables cannot be used).
+
+    With a remote tier, its stores add their keys to the shared ``store`` (as instance ``instance``),
+    and each of its loads succeeds only if the store holds the key (a failed load cuts the hit: the
+    manager counts it); every other transfer succeeds.
     """
 
-    def __init__(self, m: KVCacheManager, cfg: ReplayConfig) -> None:
+    def __init__(
+        self, m: KVCacheManager, cfg: ReplayConfig, store: SharedStore | None = None, instance: int = 0
+    ) -> None:
         self.take, self.complete = m.take_transfers, m.complete_transfers
         tiers = cfg.lower_tiers
         # Simulated seconds to load one page from each tier, indexed like TransferBatch.load_tiers.
         self.page_s = np.array([cfg.page_nbytes / (bw * 1e9) for _, _, bw in tiers])  # [num_tiers] float64
         self.load_s = [0.0] * len(tiers)  # simulated seconds of loads, per tier
+        names = [name for name, _, _ in tiers]
+        self.remote = names.index("remote") if "remote" in names else -1  # its index in tier rows; -1: none
+        if self.remote >= 0 and store is None:
+            raise ConfigError("a remote tier needs a shared store")
+        self.store = store
+        self.instance = instance  # this instance's number in the store's origins, >= 0
+        self.num_pages_from_others = 0  # remote pages loaded that another instance stored
+        self.num_load_failures = 0  # loads the store could not serve (their hits were cut)
 
     def settle(self) -> float:
         """Complete what is queued; the simulated seconds its loads take (one after the other)."""
         b = self.take()
         if not b:
             return 0.0
-        ops: list[int] = np.unique(b.store_ops).tolist() + b.load_ops.tolist()
-        self.complete(ops, True)
+        store_ops = np.unique(b.store_ops)
+        ok: bool | npt.NDArray[np.bool_] = True
+        load_ok = None  # [num_loads] bool where some loads may fail; None: all succeed
+        if self.remote >= 0 and self.store is not None:
+            rows = np.flatnonzero(b.store_tiers == self.remote)
+            if len(rows):
+                self.store.add(b.store_keys[rows], self.instance)
+            rows = np.flatnonzero(b.load_tiers == self.remote)
+            if len(rows):
+                origin = self.store.origins(b.load_keys[rows])  # [len(rows)] int32, -1: absent
+                found = origin >= 0
+                self.num_pages_from_others += int((found & (origin != self.instance)).sum())
+                if not found.all():
+                    load_ok = np.ones(len(b.load_ops), dtype=bool)
+                    load_ok[rows] = found
+                    self.num_load_failures += int((~found).sum())
+                    ok = np.concatenate([np.ones(len(store_ops), dtype=bool), load_ok])
+        self.complete(store_ops.tolist() + b.load_ops.tolist(), ok)
         if not len(b.load_tiers):
             return 0.0
-        per_tier = np.bincount(b.load_tiers, minlength=len(self.page_s)) * self.page_s
+        moved = b.load_tiers if load_ok is None else b.load_tiers[load_ok]  # a missing page moves nothing
+        per_tier = np.bincount(moved, minlength=len(self.page_s)) * self.page_s
         for t, s in enumerate(per_tier.tolist()):
             self.load_s[t] += s
         return float(per_tier.sum())
+
+
+class _Lookup:
+    """Before an admission, asks the shared store which pages of the prompt it holds beyond those this
+    instance's remote index knows, and indexes them, so that ``add_sequence`` loads them. The few lines
+    of :meth:`kvcore.tiers.Mover.lookup`, with the replay's store; one bounded question per prompt."""
+
+    def __init__(self, m: KVCacheManager, store: SharedStore, max_keys: int) -> None:
+        self.keys, self.known, self.mark = m.prompt_keys, m.tier_prefix_len, m.mark_tier_pages
+        self.page_size = m.page_size
+        self.store = store
+        self.max_keys = max_keys  # most keys asked per lookup, >= 1
+        self.num_lookups = 0  # questions asked of the store (prompts whose pages the index did not all know)
+        self.num_marked_pages = 0  # pages the store held that the index did not know, newly indexed
+
+    def __call__(self, tokens: npt.NDArray[np.uint32]) -> None:
+        known = self.known("remote", tokens)
+        if known >= len(tokens) // self.page_size:  # the index knows every full page: nothing to ask
+            return
+        keys = self.keys(tokens)  # [full pages, 16] uint8
+        self.num_lookups += 1
+        found = self.store.leading(keys[known : known + self.max_keys])
+        if found:
+            self.num_marked_pages += self.mark("remote", tokens, known + found)
 
 
 def _tier_results(
@@ -387,112 +458,181 @@ def _by_priority(trace: Trace, got: list[int], looked_up: npt.NDArray[np.bool_])
     return out
 
 
-def _sequential(
-    trace: Trace, cfg: ReplayConfig, src: TokenSource, progress: Progress | None, observer: Observer | None
-) -> PolicyResult:
-    start = time.perf_counter()
-    ps = cfg.page_size
-    m = _manager(cfg)
-    moves = _Transfers(m, cfg)
-    tier_names = [name for name, _, _ in cfg.lower_tiers]
-    tier_hits = dict.fromkeys(tier_names, 0)  # hit tokens from each lower tier (capped: all saved)
-    n = trace.num_requests
-    lens: list[int] = trace.input_lens.tolist()
-    prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
-    served = np.zeros(n, dtype=bool)
-    full_hit = np.zeros(n, dtype=bool)  # page-aligned prompt entirely cached: one more page in use
-    got = [0] * n  # uncapped hit tokens per request
-    every = 1 if observer is not None else max(1, n // _TIMELINE_POINTS)
-    usage = _Usage(m, 0.0, float(n), observer, "requests")
-    add, free, peek, build = m.add_sequence, m.free_sequence, m.peek_prefix_len, src.prompt
-    cache_tokens = cfg.capacity_pages * ps
-    hits = saved = 0
-    queried = 0
-    for i in range(n):
-        length = lens[i]
-        if length > cache_tokens:  # longer than the whole cache: add_sequence would refuse it
-            continue
-        tokens = build(i)
-        whole = peek(tokens) if length % ps == 0 else -1
-        hit = add(i, tokens, None, prios[i])
+class _Sequential:
+    """State of one sequential replay, fed one request at a time (``request``), so that several instances
+    can take turns over one trace in its order, each with its own manager, sharing one remote ``store``
+    (``num_requests``: how many requests this instance gets; None: all of the trace)."""
+
+    def __init__(
+        self,
+        trace: Trace,
+        cfg: ReplayConfig,
+        src: TokenSource,
+        observer: Observer | None,
+        *,
+        num_requests: int | None = None,
+        store: SharedStore | None = None,
+        instance: int = 0,
+    ) -> None:
+        self.start = time.perf_counter()
+        self.trace, self.cfg = trace, cfg
+        self.ps = ps = cfg.page_size
+        m = self.m = _manager(cfg)
+        self.tier_names = [name for name, _, _ in cfg.lower_tiers]
+        if "remote" in self.tier_names and store is None:
+            store = MemoryStore()  # one instance alone: the remote tier holds only its own stores
+        self.moves = _Transfers(m, cfg, store, instance)
+        self.lookup = _Lookup(m, store, cfg.remote_lookup_keys) if store is not None else None
+        # Hit tokens from each lower tier (capped: all saved).
+        self.tier_hits = dict.fromkeys(self.tier_names, 0)
+        n = trace.num_requests
+        self.num_requests = n if num_requests is None else num_requests  # requests this instance gets
+        self.lens: list[int] = trace.input_lens.tolist()
+        self.prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
+        self.served = np.zeros(n, dtype=bool)  # [num_requests of the trace] admitted here
+        self.full_hit = np.zeros(n, dtype=bool)  # page-aligned prompt entirely cached: one more page in use
+        self.got = [0] * n  # uncapped hit tokens per request
+        self.every = 1 if observer is not None else max(1, self.num_requests // _TIMELINE_POINTS)
+        self.usage = _Usage(m, 0.0, float(n), observer, "requests")
+        self.add, self.free, self.peek = m.add_sequence, m.free_sequence, m.peek_prefix_len
+        self.build = src.prompt
+        self.cache_tokens = cfg.capacity_pages * ps
+        self.hits = self.saved = self.queried = 0
+        self.seen = 0  # requests given to this instance so far
+
+    def request(self, i: int, progress: Progress | None) -> None:
+        """Admit request ``i`` (its longest cached prefix; its prompt's full pages cached), then free it."""
+        self.seen += 1
+        length = self.lens[i]
+        if length > self.cache_tokens:  # longer than the whole cache: add_sequence would refuse it
+            return
+        ps, m, moves = self.ps, self.m, self.moves
+        tokens = self.build(i)
+        if self.lookup is not None:
+            self.lookup(tokens)
+        whole = self.peek(tokens) if length % ps == 0 else -1
+        hit = self.add(i, tokens, None, self.prios[i])
         if hit is None:
-            continue
-        if tier_names:
+            return
+        if self.tier_names:
+            failed = moves.num_load_failures
             moves.settle()
             if hit:
                 split = m.hit_tokens(i)
-                for name in tier_names:
-                    tier_hits[name] += split[name]
-        served[i] = True
-        saved += hit
-        queried += length
+                if moves.num_load_failures != failed:  # a page the store lost: the hit was cut there
+                    hit = sum(split.values())
+                for name in self.tier_names:
+                    self.tier_hits[name] += split[name]
+        self.served[i] = True
+        self.saved += hit
+        self.queried += length
         # HBM holds the whole page-aligned prompt: count it uncapped. Short of that, peek (HBM only) is
         # the capped hit itself without tiers, and with them the hit's lower-tier part is missing from it.
         if whole == length:
-            full_hit[i] = True
+            self.full_hit[i] = True
             hit = whole
-        hits += hit
-        got[i] = hit
-        if i % every == 0:
-            usage.sample(float(i), hits / max(queried, 1))
+        self.hits += hit
+        self.got[i] = hit
+        if (self.seen - 1) % self.every == 0:
+            self.usage.sample(float(i), self.hits / max(self.queried, 1))
             if progress is not None:
                 progress.update(i)
-        free(i)
-        if tier_names:
+        self.free(i)
+        if self.tier_names:
             moves.settle()
-    stats = m.stats()
-    pages = -(-trace.input_lens // ps)
-    in_use = pages + full_hit  # the live request's pages, plus the cached copy of a recomputed last page
-    extremes = usage.extremes()
-    # Exact, not sampled: the one live request holds all in-use pages.
-    peak = replace(extremes, in_use=float(in_use[served].max()) if served.any() else 0.0)
-    num_served = int(served.sum())
-    out = _counters(n)
-    out.update(
-        num_served=num_served,
-        num_refused=n - num_served,
-        num_refused_too_large=n - num_served,
-        num_admission_failures=n - num_served,
-        prompt_tokens=int(trace.input_lens[served].sum()),
-        hit_tokens=hits,
-        prefill_tokens_saved=saved,
-        prompt_pages=int(pages[served].sum()),
-        hit_pages=hits // ps,
-        peak_running=1 if num_served else 0,
-    )
-    return PolicyResult(
-        priority_hit_rates=_by_priority(trace, got, served),
-        policy=cfg.policy,
-        mode=cfg.mode,
-        capacity_pages=cfg.capacity_pages,
-        page_size=ps,
-        num_evicted_pages=stats.num_evicted_pages,
-        peak=peak,
-        mean=usage.sample_mean(),
-        elapsed_s=time.perf_counter() - start,
-        timeline=usage.timeline,
-        **_tier_fields(m, cfg, tier_hits, moves.load_s),
-        **out,  # type: ignore[arg-type]
-    )
+
+    def result(self) -> PolicyResult:
+        trace, cfg, ps, m = self.trace, self.cfg, self.ps, self.m
+        served, n = self.served, self.num_requests
+        stats = m.stats()
+        pages = -(-trace.input_lens // ps)
+        # The live request's pages, plus the cached copy of a recomputed last page.
+        in_use = pages + self.full_hit
+        extremes = self.usage.extremes()
+        # Exact, not sampled: the one live request holds all in-use pages.
+        peak = replace(extremes, in_use=float(in_use[served].max()) if served.any() else 0.0)
+        num_served = int(served.sum())
+        out = _counters(n)
+        out.update(
+            num_served=num_served,
+            num_refused=n - num_served,
+            num_refused_too_large=n - num_served,
+            num_admission_failures=n - num_served,
+            prompt_tokens=int(trace.input_lens[served].sum()),
+            hit_tokens=self.hits,
+            prefill_tokens_saved=self.saved,
+            prompt_pages=int(pages[served].sum()),
+            hit_pages=self.hits // ps,
+            peak_running=1 if num_served else 0,
+        )
+        return PolicyResult(
+            priority_hit_rates=_by_priority(trace, self.got, served),
+            policy=cfg.policy,
+            mode=cfg.mode,
+            capacity_pages=cfg.capacity_pages,
+            page_size=ps,
+            num_evicted_pages=stats.num_evicted_pages,
+            peak=peak,
+            mean=self.usage.sample_mean(),
+            elapsed_s=time.perf_counter() - self.start,
+            timeline=self.usage.timeline,
+            **_tier_fields(m, cfg, self.tier_hits, self.moves.load_s),
+            **out,  # type: ignore[arg-type]
+        )
+
+
+def _sequential(
+    trace: Trace, cfg: ReplayConfig, src: TokenSource, progress: Progress | None, observer: Observer | None
+) -> PolicyResult:
+    sim = _Sequential(trace, cfg, src, observer)
+    step = sim.request
+    for i in range(trace.num_requests):
+        step(i, progress)
+    return sim.result()
 
 
 class _Timed:
-    """State of one timed replay (a class so the hot paths read attributes, not closures' cells)."""
+    """State of one timed replay (a class so the hot paths read attributes, not closures' cells).
 
-    def __init__(self, trace: Trace, cfg: ReplayConfig, src: TokenSource, observer: Observer | None) -> None:
+    ``requests``: the indices of the requests this instance gets ([k] int64; None: all). Several
+    instances over one trace, each its own manager, share a remote ``store`` and take turns in global
+    time order (``next_time`` / ``advance``); one alone runs to the end with ``run``.
+    """
+
+    def __init__(
+        self,
+        trace: Trace,
+        cfg: ReplayConfig,
+        src: TokenSource,
+        observer: Observer | None,
+        *,
+        requests: npt.NDArray[np.int64] | None = None,
+        store: SharedStore | None = None,
+        instance: int = 0,
+    ) -> None:
         if trace.timestamps_ms is None:
             raise ConfigError("timed mode needs a trace with timestamps")
+        self.start = time.perf_counter()
         self.cfg = cfg
         self.src = src
         self.ps = cfg.page_size
         self.m = _manager(cfg)
-        self.moves = _Transfers(self.m, cfg)
         self.tiered = bool(cfg.lower_tiers)
         self.tier_names = [name for name, _, _ in cfg.lower_tiers]
+        if "remote" in self.tier_names and store is None:
+            store = MemoryStore()  # one instance alone: the remote tier holds only its own stores
+        self.moves = _Transfers(self.m, cfg, store, instance)
+        self.lookup = _Lookup(self.m, store, cfg.remote_lookup_keys) if store is not None else None
         self.tier_hits = dict.fromkeys(self.tier_names, 0)  # hit tokens from each tier at first admission
-        n = self.n = trace.num_requests
+        n = trace.num_requests
         self.arrival: list[float] = (trace.timestamps_ms / 1000.0).tolist()
-        self.order: list[int] = np.argsort(trace.timestamps_ms, kind="stable").tolist()
+        if requests is None:
+            self.order: list[int] = np.argsort(trace.timestamps_ms, kind="stable").tolist()
+        else:
+            self.order = requests[np.argsort(trace.timestamps_ms[requests], kind="stable")].tolist()
+        self.n = len(self.order)  # requests this instance gets
+        self.ai = 0  # arrivals processed (an index into order)
+        self.t = self.arrival[self.order[0]] if self.order else 0.0  # time of the last event
         self.in_lens: list[int] = trace.input_lens.tolist()
         self.out_lens: list[int] = trace.output_lens.tolist()
         self.prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
@@ -509,9 +649,9 @@ class _Timed:
         self.waits: list[float] = []  # arrival to first admission, per admitted request
         self.got = [0] * n  # uncapped hit tokens at first admission, per request
         self.looked_up = np.zeros(n, dtype=bool)  # admitted at least once
-        self.c = _counters(n)
-        t0 = self.arrival[self.order[0]] if n else 0.0
-        span = (max(self.arrival) - t0) if n else 0.0
+        self.c = _counters(self.n)
+        t0 = self.t
+        span = (max(self.arrival[i] for i in self.order) - t0) if self.order else 0.0
         self.usage = _Usage(self.m, t0, span, observer, "simulated seconds")
         self.done = 0
 
@@ -528,6 +668,8 @@ class _Timed:
             c["num_admission_failures"] += 1
             return False
         tokens = src.prompt(idx) if g == 0 else src.prompt_and_answer(idx, g)
+        if self.lookup is not None:
+            self.lookup(tokens)
         whole = self.m.peek_prefix_len(tokens) if first and length % ps == 0 else -1
         hit = self.m.add_sequence(idx, tokens, None, self.prios[idx])
         if hit is None:
@@ -535,7 +677,10 @@ class _Timed:
             return False
         load_s = 0.0
         if self.tiered:
+            failed = self.moves.num_load_failures
             load_s = self.moves.settle()
+            if self.moves.num_load_failures != failed:  # a page the store lost: the hit was cut there
+                hit = sum(self.m.hit_tokens(idx).values())
             if first and hit:
                 split = self.m.hit_tokens(idx)
                 for name in self.tier_names:
@@ -635,72 +780,91 @@ class _Timed:
         if -(-(length + size) // self.ps) != -(-length // self.ps):  # new pages: usage changed
             self.usage.sample(t, self.hit_rate())
 
+    def next_time(self) -> float:
+        """Simulated time of the next event (infinite: none is left)."""
+        t_arrive = self.arrival[self.order[self.ai]] if self.ai < self.n else math.inf
+        heap = self.heap
+        return heap[0][0] if heap and heap[0][0] <= t_arrive else t_arrive
+
+    def advance(self) -> bool:
+        """Process the next event (a request's step before an arrival at the same time); False when
+        none is left."""
+        heap, ai = self.heap, self.ai
+        t_arrive = self.arrival[self.order[ai]] if ai < self.n else math.inf
+        if heap and heap[0][0] <= t_arrive:
+            t, _, idx, ep = heapq.heappop(heap)
+            self.t = t
+            if ep == self.epoch[idx]:
+                self.step(t, idx)
+        elif ai < self.n:
+            self.t = t = t_arrive
+            idx = self.order[ai]
+            self.ai = ai + 1
+            self.waiting.append(idx)
+            if not self.preempted:  # a preempted request comes back when a request finishes
+                self.try_admit(t)
+        else:
+            return False
+        return True
+
+    def finish(self) -> float:
+        """Check that every request ended; returns the simulated end time."""
+        if self.waiting or self.preempted or self.running:
+            raise AssertionError("timed replay ended with requests still queued or running")
+        return self.t
+
     def run(self, progress: Progress | None) -> float:
         """Process every event; returns the simulated end time."""
-        heap, order, arrival, n = self.heap, self.order, self.arrival, self.n
-        ai = 0
-        t = arrival[order[0]] if n else 0.0
+        advance = self.advance
         events = 0
-        inf = float("inf")
-        while True:
-            t_arrive = arrival[order[ai]] if ai < n else inf
-            if heap and heap[0][0] <= t_arrive:
-                t, _, idx, ep = heapq.heappop(heap)
-                if ep == self.epoch[idx]:
-                    self.step(t, idx)
-            elif ai < n:
-                t = t_arrive
-                idx = order[ai]
-                ai += 1
-                self.waiting.append(idx)
-                if not self.preempted:  # a preempted request comes back when a request finishes
-                    self.try_admit(t)
-            else:
-                break
+        while advance():
             events += 1
             if progress is not None and events & 63 == 0:
                 progress.update(self.done)
-        if self.waiting or self.preempted or self.running:
-            raise AssertionError("timed replay ended with requests still queued or running")
-        return t
+        return self.finish()
+
+    def result(self, trace: Trace) -> PolicyResult:
+        """The figures of a finished replay (after ``run``, or ``advance`` until it is False)."""
+        t_end = self.finish()
+        usage = self.usage
+        usage.close(t_end)
+        t0 = self.arrival[self.order[0]] if self.n else 0.0
+        span = t_end - t0
+        c = self.c
+        if self.waits:
+            waits = np.asarray(self.waits)
+            c.update(
+                queue_wait_mean_s=float(waits.mean()),
+                queue_wait_p50_s=float(np.percentile(waits, 50)),
+                queue_wait_p99_s=float(np.percentile(waits, 99)),
+                queue_wait_max_s=float(waits.max()),
+            )
+        c["simulated_s"] = span
+        if c["num_served"] + c["num_refused"] != self.n:
+            raise AssertionError("timed replay lost requests")
+        cfg = self.cfg
+        return PolicyResult(
+            priority_hit_rates=_by_priority(trace, self.got, self.looked_up),
+            policy=cfg.policy,
+            mode=cfg.mode,
+            capacity_pages=cfg.capacity_pages,
+            page_size=cfg.page_size,
+            num_evicted_pages=self.m.stats().num_evicted_pages,
+            peak=usage.extremes(),
+            mean=usage.time_mean(span),
+            elapsed_s=time.perf_counter() - self.start,
+            timeline=usage.timeline,
+            **_tier_fields(self.m, cfg, self.tier_hits, self.moves.load_s),
+            **c,  # type: ignore[arg-type]
+        )
 
 
 def _timed(
     trace: Trace, cfg: ReplayConfig, src: TokenSource, progress: Progress | None, observer: Observer | None
 ) -> PolicyResult:
-    start = time.perf_counter()
     sim = _Timed(trace, cfg, src, observer)
-    t_end = sim.run(progress)
-    usage = sim.usage
-    usage.close(t_end)
-    t0 = sim.arrival[sim.order[0]] if sim.n else 0.0
-    span = t_end - t0
-    c = sim.c
-    if sim.waits:
-        waits = np.asarray(sim.waits)
-        c.update(
-            queue_wait_mean_s=float(waits.mean()),
-            queue_wait_p50_s=float(np.percentile(waits, 50)),
-            queue_wait_p99_s=float(np.percentile(waits, 99)),
-            queue_wait_max_s=float(waits.max()),
-        )
-    c["simulated_s"] = span
-    if c["num_served"] + c["num_refused"] != sim.n:
-        raise AssertionError("timed replay lost requests")
-    return PolicyResult(
-        priority_hit_rates=_by_priority(trace, sim.got, sim.looked_up),
-        policy=cfg.policy,
-        mode=cfg.mode,
-        capacity_pages=cfg.capacity_pages,
-        page_size=cfg.page_size,
-        num_evicted_pages=sim.m.stats().num_evicted_pages,
-        peak=usage.extremes(),
-        mean=usage.time_mean(span),
-        elapsed_s=time.perf_counter() - start,
-        timeline=usage.timeline,
-        **_tier_fields(sim.m, cfg, sim.tier_hits, sim.moves.load_s),
-        **c,  # type: ignore[arg-type]
-    )
+    sim.run(progress)
+    return sim.result(trace)
 
 
 def replay(

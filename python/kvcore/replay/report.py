@@ -12,9 +12,16 @@ place so the CLI, the tests and the benchmark all read the same definitions:
 - ``hit_rate_pages``: pages found cached / ``ceil(prompt_len / page_size)`` pages per prompt (a partial
   last page never hits: the manager caches whole pages only).
 
-With lower tiers (host DRAM, disk) a hit is found in HBM or loaded from a tier: ``hit_tokens`` is their
-sum, :class:`TierResult` holds each tier's part (a lower-tier hit is always capped, so it is all
-prefill saved) and the bytes the tier would move. Without tiers none of this appears in the result.
+With lower tiers (host DRAM, disk, a shared remote tier) a hit is found in HBM or loaded from a tier:
+``hit_tokens`` is their sum, :class:`TierResult` holds each tier's part (a lower-tier hit is always
+capped, so it is all prefill saved) and the bytes the tier would move. Without tiers none of this
+appears in the result.
+
+Several instances sharing a remote tier (:mod:`kvcore.replay.instances`) give an
+:class:`InstancesReport`: per instance, its :class:`PolicyResult` with and without the remote tier
+(:class:`InstanceResult`); in total, the sums over the instances (rates are of the sums), and what the
+shared tier saves: its hit tokens, and the prefill tokens and hit rate the run with it gains over the
+run without.
 """
 
 from __future__ import annotations
@@ -26,12 +33,15 @@ from typing import Any
 from kvcore.replay.capacity import Capacity
 
 __all__ = [
+    "InstanceResult",
+    "InstancesReport",
     "PolicyResult",
     "ReplayReport",
     "TierResult",
     "Timeline",
     "UsageSplit",
     "WorkloadSummary",
+    "format_instances",
     "format_report",
 ]
 
@@ -66,8 +76,8 @@ class TierResult:
     pages are the bytes it would move, ``page_bytes`` each (counted by the manager, ``tier_stats``); a
     store the manager itself fails is counted apart and moves no page."""
 
-    name: str  # "host" or "disk"
-    num_slots: int  # pages it holds, >= 1
+    name: str  # "host", "disk" or "remote"
+    num_slots: int  # pages it holds (remote: pages this instance's index may know), >= 1
     bandwidth_gbps: float  # GB/s (10^9 B/s) of a load or store, > 0
     page_bytes: int  # K/V bytes of one page over all layers, >= 1
     hit_tokens: int  # prompt tokens of served requests loaded from it at first admission (all prefill saved)
@@ -424,4 +434,226 @@ def format_report(report: ReplayReport) -> str:
     if report.plots:
         lines.append("")
         lines += [f"plot written: {p}" for p in report.plots]
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class InstanceResult:
+    """One instance of a multi-instance replay: its requests with the shared remote tier and without."""
+
+    instance: int  # its number, in [0, num_instances)
+    num_requests: int  # requests the split gave it
+    with_remote: PolicyResult  # its replay with the remote tier (``tiers`` ends with "remote")
+    without_remote: PolicyResult  # the same requests, the same HBM and other tiers, no remote tier
+    num_remote_lookups: int  # prompts it asked the shared store about (its index did not know every page)
+    num_remote_marked_pages: int  # pages the store held that its index did not know, indexed (loaded if used)
+    num_remote_pages_from_others: int  # remote pages it loaded that another instance stored: sharing alone
+    num_remote_load_failures: int  # remote loads the store could not serve (the hit was cut before them)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "instance": self.instance,
+            "num_requests": self.num_requests,
+            "num_remote_lookups": self.num_remote_lookups,
+            "num_remote_marked_pages": self.num_remote_marked_pages,
+            "num_remote_pages_from_others": self.num_remote_pages_from_others,
+            "num_remote_load_failures": self.num_remote_load_failures,
+            "with_remote": self.with_remote.to_dict(),
+            "without_remote": self.without_remote.to_dict(),
+        }
+
+
+def _sum_results(results: list[PolicyResult]) -> dict[str, Any]:
+    """The instances' figures summed (rates are of the sums); per tier in HBM, host, disk, remote order."""
+    prompt = sum(r.prompt_tokens for r in results)
+    hits = sum(r.hit_tokens for r in results)
+    saved = sum(r.prefill_tokens_saved for r in results)
+    names = ["hbm", *dict.fromkeys(t.name for r in results for t in r.tiers)]
+    by_tier = {name: sum(r.hit_tokens_by_tier.get(name, 0) for r in results) for name in names}
+
+    def per_tier(get: Any) -> dict[str, Any]:
+        return {name: sum(get(t) for r in results for t in r.tiers if t.name == name) for name in names[1:]}
+
+    return {
+        "hit_rate_tokens": hits / prompt if prompt else 0.0,
+        "prefill_saved_fraction": saved / prompt if prompt else 0.0,
+        "prompt_tokens": prompt,
+        "hit_tokens": hits,
+        "prefill_tokens_saved": saved,
+        "hit_tokens_by_tier": by_tier,
+        "hit_rate_by_tier": {name: n / prompt if prompt else 0.0 for name, n in by_tier.items()},
+        "num_requests": sum(r.num_requests for r in results),
+        "num_served": sum(r.num_served for r in results),
+        "num_refused": sum(r.num_refused for r in results),
+        "num_preemptions": sum(r.num_preemptions for r in results),
+        "num_evicted_pages": sum(r.num_evicted_pages for r in results),
+        "stored_bytes_by_tier": per_tier(lambda t: t.stored_bytes),
+        "loaded_bytes_by_tier": per_tier(lambda t: t.loaded_bytes),
+        "load_s_by_tier": per_tier(lambda t: t.load_s),
+        # The instances run interleaved, each from the start to the end of the run: the longest is the run.
+        "elapsed_s": max((r.elapsed_s for r in results), default=0.0),
+    }
+
+
+@dataclass
+class InstancesReport:
+    """A trace split over instances that share a remote tier, replayed with it and without it."""
+
+    workload: WorkloadSummary  # the whole trace
+    capacity: Capacity  # HBM of each instance
+    mode: str  # "sequential" or "timed"
+    settings: dict[str, Any]  # instances, split, store, tiers (per instance), policy; timed: the rates
+    instances: list[InstanceResult]  # one per instance, in instance order
+    num_store_keys: int  # keys in the shared store at the end (Redis: keys this run added)
+
+    @property
+    def with_remote(self) -> dict[str, Any]:
+        """The instances' figures with the shared tier, summed (see :func:`_sum_results`)."""
+        return _sum_results([i.with_remote for i in self.instances])
+
+    @property
+    def without_remote(self) -> dict[str, Any]:
+        """The same without it: the baseline."""
+        return _sum_results([i.without_remote for i in self.instances])
+
+    @property
+    def remote_hit_tokens(self) -> int:
+        """Prompt tokens loaded from the shared tier (at first admission; all prefill saved)."""
+        return int(self.with_remote["hit_tokens_by_tier"].get("remote", 0))
+
+    @property
+    def remote_tokens_from_others(self) -> int:
+        """Tokens of the remote pages loaded that another instance had stored (pages x page size)."""
+        return sum(i.num_remote_pages_from_others for i in self.instances) * self.capacity.page_size
+
+    @property
+    def prefill_tokens_saved_by_remote(self) -> int:
+        """Prompt tokens not recomputed thanks to the shared tier: prefill saved with it minus without."""
+        return int(self.with_remote["prefill_tokens_saved"] - self.without_remote["prefill_tokens_saved"])
+
+    @property
+    def hit_rate_gain(self) -> float:
+        """Total hit rate (tokens) with the shared tier minus without it."""
+        return float(self.with_remote["hit_rate_tokens"] - self.without_remote["hit_rate_tokens"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``--json`` document: the totals with and without the shared tier, what it saves, and every
+        instance's own results."""
+        with_r = self.with_remote
+        return {
+            "workload": asdict(self.workload),
+            "capacity": self.capacity.to_dict(),
+            "mode": self.mode,
+            "settings": self.settings,
+            "num_instances": len(self.instances),
+            "with_remote": with_r,
+            "without_remote": self.without_remote,
+            "shared_tier": {
+                "remote_hit_tokens": self.remote_hit_tokens,
+                "remote_hit_rate": with_r["hit_rate_by_tier"].get("remote", 0.0),
+                "remote_tokens_from_others": self.remote_tokens_from_others,
+                "prefill_tokens_saved": self.prefill_tokens_saved_by_remote,
+                "hit_rate_gain": self.hit_rate_gain,
+                "num_lookups": sum(i.num_remote_lookups for i in self.instances),
+                "num_marked_pages": sum(i.num_remote_marked_pages for i in self.instances),
+                "num_pages_from_others": sum(i.num_remote_pages_from_others for i in self.instances),
+                "num_load_failures": sum(i.num_remote_load_failures for i in self.instances),
+                "num_store_keys": self.num_store_keys,
+            },
+            "instances": [i.to_dict() for i in self.instances],
+        }
+
+    def to_json(self) -> str:
+        """The ``--json`` document as text (strict JSON, as :meth:`ReplayReport.to_json`)."""
+        return json.dumps(self.to_dict(), indent=2, allow_nan=False)
+
+
+def format_instances(report: InstancesReport) -> str:
+    """The human-readable report of a multi-instance replay: totals without and with the shared tier,
+    what it saves, and one row per instance."""
+    w, cap, s = report.workload, report.capacity, report.settings
+    ps = cap.page_size
+    tiers = ", ".join(
+        f"{t['name']} {t['num_slots']:,} pages ({_tokens(t['num_slots'] * ps)} tokens,"
+        f" {t['bandwidth_gbps']:g} GB/s)"
+        for t in s["lower_tiers"]
+    )
+    lines = [
+        f"kvcore replay: {w.name}, {report.mode} mode, {len(report.instances)}"
+        f" instance{'' if len(report.instances) == 1 else 's'}"
+        f" ({s['split']} split), shared remote tier: {s['remote']}",
+        f"  workload   {w.num_requests:,} requests, {_tokens(w.prompt_tokens)} prompt tokens"
+        f" ({_tokens(w.output_tokens)} output), {w.unique_blocks:,} distinct blocks of {w.block_size}",
+        f"  best case  {_pct(w.ideal_token_hit_rate).strip()} of prompt tokens repeat earlier prompts:"
+        " one infinite cache hits",
+        f"  per instance  HBM {cap.pages:,} pages x {ps} tokens = {_tokens(cap.tokens)} tokens"
+        f"  [{cap.source}]",
+        f"                {tiers}",
+        f"                store policy {s['store_policy']}, {_bytes(s['page_bytes'])} per page,"
+        f" {s['remote_lookup_keys']} pages a lookup, {s['policy']} eviction",
+        "",
+    ]
+    without, with_r = report.without_remote, report.with_remote
+    cols = [without, with_r]
+    rows: list[list[str]] = []
+
+    def share(t: dict[str, Any], n: float) -> str:
+        return f"{_tokens(n)} ({_pct(n / t['prompt_tokens'] if t['prompt_tokens'] else 0.0).strip()})"
+
+    rows.append(["hit rate (tokens)", *[_pct(t["hit_rate_tokens"]) for t in cols]])
+    for name in with_r["hit_tokens_by_tier"]:
+        rows.append(
+            [
+                f"  hits in {name}",
+                *[
+                    share(t, t["hit_tokens_by_tier"][name]) if name in t["hit_tokens_by_tier"] else "-"
+                    for t in cols
+                ],
+            ]
+        )
+    rows.append(["prefill tokens saved", *[share(t, t["prefill_tokens_saved"]) for t in cols]])
+    for name in with_r["stored_bytes_by_tier"]:
+        rows.append(
+            [
+                f"{name} stored/loaded",
+                *[
+                    f"{_bytes(t['stored_bytes_by_tier'][name])} / {_bytes(t['loaded_bytes_by_tier'][name])}"
+                    if name in t["stored_bytes_by_tier"]
+                    else "-"
+                    for t in cols
+                ],
+            ]
+        )
+    rows.append(["requests served", *[f"{t['num_served']:,}" for t in cols]])
+    rows.append(["refused", *[f"{t['num_refused']:,}" for t in cols]])
+    if report.mode == "timed":
+        rows.append(["preemptions", *[f"{t['num_preemptions']:,}" for t in cols]])
+    rows.append(["evicted pages", *[f"{t['num_evicted_pages']:,}" for t in cols]])
+    rows.append(["replay time", *[f"{t['elapsed_s']:.2f} s" for t in cols]])
+    lines += _table(rows, ["all instances", "without remote", "with remote"])
+    d = report.to_dict()["shared_tier"]
+    lines += [
+        "",
+        f"  the shared tier saves {_tokens(report.prefill_tokens_saved_by_remote)} prefill tokens"
+        f" ({100 * report.hit_rate_gain:+.2f} points of hit rate)",
+        f"  remote hits {_tokens(report.remote_hit_tokens)} tokens; loaded from pages other instances"
+        f" stored: {_tokens(report.remote_tokens_from_others)} tokens",
+        f"  shared store: {report.num_store_keys:,} keys; {d['num_lookups']:,} lookups taught the indexes"
+        f" {d['num_marked_pages']:,} pages; {d['num_load_failures']:,} loads failed",
+        "",
+    ]
+    inst_rows = []
+    for i in report.instances:
+        a, b = i.without_remote, i.with_remote
+        inst_rows.append(
+            [
+                str(i.instance),
+                f"{i.num_requests:,}",
+                _pct(a.hit_rate_tokens),
+                _pct(b.hit_rate_tokens),
+                _tokens(b.hit_tokens_by_tier.get("remote", 0)),
+                _tokens(i.num_remote_pages_from_others * ps),
+            ]
+        )
+    lines += _table(inst_rows, ["instance", "requests", "hit w/o", "hit with", "remote hits", "from others"])
     return "\n".join(lines)
