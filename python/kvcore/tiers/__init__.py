@@ -6,6 +6,8 @@ slot still holds the page asked for (key, geometry, checksum), so a failure is a
 
 - :class:`HostTier`: one contiguous buffer of page-major slots in host memory (pinned on the GPU).
 - :class:`DiskTier`: one self-describing, checksummed file per slot, replaced atomically.
+- :class:`RedisTier`: one self-describing, checksummed value per page in Redis or a Redis Cluster,
+  shared by every instance that reaches it (``exists`` answers a prefix lookup in one round trip).
 - :class:`Mover`: executes a cache's ``take_transfers()`` batches through the tiers and completes
   every op (``KVCacheManager.complete_transfers``).
 - :mod:`kvcore.tiers.codec`: the byte formats (page quantization, the disk header).
@@ -20,6 +22,7 @@ from __future__ import annotations
 from kvcore.tiers.disk import DiskEntry, DiskTier
 from kvcore.tiers.host import HostTier
 from kvcore.tiers.mover import Mover, MoveResult, Tier
+from kvcore.tiers.remote import RedisTier
 
 __all__ = [
     "DiskEntry",
@@ -27,5 +30,6 @@ __all__ = [
     "HostTier",
     "MoveResult",
     "Mover",
+    "RedisTier",
     "Tier",
 ]

@@ -1,0 +1,1341 @@
+"""The remote tier: pages in Redis (or Valkey, or a Redis Cluster), one self-describing value per page.
+
+Why a remote tier at all: it outlives the process and is shared by every instance that can reach it,
+so a prompt one instance computed is a load, not a recompute, for the others (``Mover.lookup`` asks
+:meth:`RedisTier.exists` before an admission). What the projects before it got wrong, and what this
+module does instead (see ``research/tiers.md`` sections 2, 3 and 8):
+
+- **Identity.** The Redis key is ``{prefix}:{geometry tag}:{page key hex}``. The 16-byte page key
+  already chains the namespace and the cache fingerprint (so no tenant finds another's pages, unlike
+  sglang#26747); the tag (8 hex digits of XXH3-128 over the format version, geometry, dtype, layout
+  and quantization) keeps pools of another shape from ever meeting the same key.
+- **Integrity.** A value is the disk tier's header (magic, version, key echo, parent key, namespace,
+  tokens, geometry, payload length, XXH3-128 of the payload, the fp8/int8 scale digest and the
+  header's own checksum; :mod:`kvcore.tiers.codec`) followed by the payload; never pickle. A load
+  checks all of it; a value that fails its header or payload checksum is a miss, counted, and
+  deleted (LMCache#4991: corrupt values that stayed visible).
+- **Atomicity.** One ``SET key value NX [PX ttl]`` per page: Redis applies a command whole, so a
+  half-written value is never visible; with NX an existing value (another instance stored the same
+  page, whose key fixes its bytes) is left alone and counts as stored.
+- **Deadlines.** Every socket wait is bounded by ``timeout_s`` and a whole exchange with one server
+  by ``timeout_s`` times 2 plus one per 64 MiB; a timeout is a miss (False) and a counter, never a hang
+  (LMCache#4123, #1491). After ``down_after`` consecutive failed calls a server is *down* for
+  ``backoff_s``: its rows fail at once without touching the network, so a scheduler never waits on
+  a dead server; then the next call tries again and reconnects by itself.
+- **Cluster.** Keys are spread by page key (no hash tags: a prefix on one node would make it hot);
+  each call sends one pipeline per node; no multi-key command ever crosses slots. A ``MOVED`` reply
+  updates the slot map and the row is retried once; the full map is re-read on the next call.
+
+Why a small RESP client on plain sockets rather than redis-py (measured on loopback,
+``benches/tiers_remote.py``): redis-py pipelines are *slower* than one command at a time for big
+GETs (0.3x at 2 MiB: the server buffers every reply of the pipeline), barely faster for 64 KiB
+values, every value comes back as a fresh ``bytes`` to copy again, and its retries and socket
+timeouts are its own. Here a store sends each value with vectored ``sendmsg`` straight from the
+pool's pages (NumPy pools; staged rows otherwise) and its header, a load reads each value through a
+cache-hot 1 MiB read buffer into its staging row (a third of the client CPU of ``recv_into`` on the
+large row itself), checks it there and copies it into the pool; a byte window
+(:data:`WINDOW_BYTES`, at least one command) bounds what is in flight per server, so replies never
+pile up in the server's output buffer. Only RESP2 commands of every Redis >= 6.2 and Valkey are
+used (SET NX PX, GET / GETEX PX, EXISTS, DEL, CLUSTER SLOTS, AUTH, SELECT, CLIENT SETNAME), and no
+third-party package: ``import kvcore.tiers`` needs nothing more. No TLS yet: ``rediss://`` is
+refused.
+
+Failure policy: server problems (timeouts, refused or reset connections, ``-OOM`` under
+``maxmemory``, a cluster node down, any error reply) never raise out of ``store``/``load``/``exists``;
+the row is False and counted by reason in :meth:`RedisTier.stats`. Caller mistakes (shapes, ranges, a
+pool of another geometry) raise before anything is sent.
+"""
+
+from __future__ import annotations
+
+import binascii
+import contextlib
+import math
+import socket
+import struct
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import numpy as np
+
+from kvcore.exceptions import ConfigError, InvalidArgumentError
+from kvcore.pool import KVPool
+from kvcore.pool.checks import index_array
+from kvcore.tiers import _batch, codec
+from kvcore.tiers.codec import Geometry, HeaderError
+
+__all__ = ["RedisTier"]
+
+WINDOW_BYTES = 1 << 20  # value bytes in flight per server, at least one command (see the module doc)
+BUDGET_BYTES: Final[int] = 64 << 20  # an exchange with one server gets one more timeout_s per 64 MiB
+_READ_BUF: Final[int] = 1 << 20  # read buffer of a bulk connection (values pass through it)
+_LINE_BUF: Final[int] = 1 << 16  # read buffer of other connections (lookups, CLUSTER SLOTS)
+_MAX_IOV: Final[int] = 512  # buffers per sendmsg (IOV_MAX is 1024 on Linux)
+_MAX_CHUNK_PAGES: Final[int] = 1024  # pages staged at once (and as many 4 KiB headers), under 64 MiB
+_NUM_CLUSTER_SLOTS: Final[int] = 16384
+_DEFAULT_PORT: Final[int] = 6379
+
+# Outcome of one row (int8 codes in a status array).
+_PENDING, _OK, _EXISTS, _MISSING, _VALUE, _BADLEN, _OOM, _MOVED, _ERROR, _TIMEOUT, _CONN, _DOWN = range(12)
+_NAMESPACE = 12  # store: a namespace too long for a header (never sent)
+_TRANSPORT: Final = frozenset({_TIMEOUT, _CONN})
+
+_STAT_NAMES = (
+    "num_slots",
+    "nodes",  # servers known: 1, or a cluster's masters
+    "nodes_down",  # servers in back-off now
+    "stores",  # rows stored (a value already there counts: NX)
+    "store_exists",  # ... of which the key was already there (not rewritten)
+    "store_failed",  # rows not stored, every reason below
+    "store_failed_timeout",  # no reply within the deadline
+    "store_failed_connection",  # refused, reset or closed connections, a refused handshake
+    "store_failed_oom",  # -OOM: maxmemory reached under a noeviction policy
+    "store_failed_down",  # the server was in back-off: nothing sent
+    "store_failed_namespace",  # a namespace longer than a header holds (codec.namespace_room)
+    "store_failed_other",  # any other error reply (CLUSTERDOWN, READONLY, MOVED twice, ...)
+    "loads",  # rows loaded into the pool
+    "load_failed",  # rows not loaded, every reason below
+    "load_failed_missing",  # no such key (never stored, expired, evicted, deleted)
+    "load_failed_checksum",  # payload checksum mismatch (value deleted)
+    "load_failed_corrupt",  # header unreadable, wrong length or key echo (value deleted)
+    "load_failed_geometry",  # a value of another geometry, dtype or quantization (left alone)
+    "load_failed_scales",  # an fp8/int8 page stored under other pool scales (left alone)
+    "load_failed_timeout",
+    "load_failed_connection",
+    "load_failed_down",
+    "load_failed_other",
+    "checksum_mismatches",  # header or payload checksums that failed
+    "deleted",  # corrupt values deleted
+    "lookups",  # exists() calls
+    "lookup_keys",  # keys asked (at most max_lookup_keys per call)
+    "lookup_hit_keys",  # leading keys found
+    "lookup_failed",  # exists() calls that could not ask every key they needed
+    "bytes_written",  # value bytes sent in SETs that got a reply
+    "bytes_read",  # value bytes received
+    "timeouts",  # exchanges with one server that timed out
+    "connection_errors",  # exchanges with one server that lost or could not make the connection
+    "down_events",  # times a server went into back-off
+    "skipped_down",  # exchanges not attempted because the server was in back-off
+    "reconnects",  # connections made again after one was closed or lost
+    "moved",  # MOVED replies (a cluster resharded, or failed over)
+    "topology_refreshes",  # CLUSTER SLOTS reads
+)
+
+
+class _Refused(Exception):
+    """The server refused the handshake (AUTH, SELECT): a configuration problem, counted as a
+    connection failure so that the server goes into back-off instead of being hammered."""
+
+
+class _ProtocolError(Exception):
+    """A reply that is not what the command sent can produce: the stream cannot be trusted."""
+
+
+class _ReplyError(Exception):
+    """An error reply where a value was needed (CLUSTER SLOTS)."""
+
+
+class _Deadline:
+    """``wait()`` is the timeout for the next socket operation: ``step``, less near the end.
+
+    The end is ``step * (2 + nbytes // BUDGET_BYTES)`` away: a server that answers nothing fails
+    the first wait, after ``step``; one that dribbles is cut off there. (Not ``1 + ...``: then every
+    wait would be a little under ``step``, and the kernel timeouts re-armed before every call.)
+    """
+
+    __slots__ = ("end", "step")
+
+    def __init__(self, step: float, nbytes: int = 0) -> None:
+        self.step = step
+        self.end = time.monotonic() + step * (2 + nbytes // BUDGET_BYTES)
+
+    def wait(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("deadline")
+        return self.step if left >= self.step else left
+
+
+@dataclass(frozen=True)
+class _Auth:
+    username: str | None
+    password: str | None
+    db: int  # 0 on a cluster
+
+
+def _bulk(x: bytes) -> bytes:
+    return b"$%d\r\n%b\r\n" % (len(x), x)
+
+
+def _command(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(_bulk(a) for a in args)
+
+
+class _Conn:
+    """One RESP2 connection to one server, with a read-ahead buffer. Not thread-safe: each channel
+    (bulk store/load, lookups) has its own, used under its channel's lock.
+
+    The socket is blocking with kernel timeouts (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, re-armed only
+    when a deadline gets closer than ``timeout_s``): one syscall per send or receive (Python's own
+    socket timeouts cost a ``poll`` before every call).
+    """
+
+    def __init__(self, host: str, port: int, auth: _Auth, buf_bytes: int = _LINE_BUF) -> None:
+        self.host, self.port, self.auth = host, port, auth
+        self.sock: socket.socket | None = None
+        self.opened = 0  # connections made so far
+        self._armed = -1.0  # the kernel timeouts set on the socket, seconds
+        self._buf = bytearray(buf_bytes)
+        self._view = memoryview(self._buf)
+        self._lo = 0  # unread bytes are _buf[_lo:_hi]
+        self._hi = 0
+
+    def open(self, dl: _Deadline) -> bool:
+        """Connect and hand-shake if not connected; True if a connection was made again."""
+        if self.sock is not None:
+            return False
+        sock = socket.create_connection((self.host, self.port), timeout=dl.wait())
+        self.sock, self._lo, self._hi, self._armed = sock, 0, 0, -1.0
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.settimeout(None)  # blocking: the kernel timeouts bound every call (_arm)
+            cmds = []
+            if self.auth.password is not None:
+                user = [] if self.auth.username is None else [self.auth.username.encode()]
+                cmds.append(_command(b"AUTH", *user, self.auth.password.encode()))
+            if self.auth.db:
+                cmds.append(_command(b"SELECT", str(self.auth.db).encode()))
+            cmds.append(_command(b"CLIENT", b"SETNAME", b"kvcore"))
+            self.send(cmds, dl)
+            for _ in cmds:
+                line = self.line(dl)
+                if line[:1] == b"-":
+                    raise _Refused(line[1:].decode("utf-8", "replace"))
+        except BaseException:
+            self.close()
+            raise
+        self.opened += 1
+        return self.opened > 1
+
+    def close(self) -> None:
+        sock, self.sock = self.sock, None
+        self._lo = self._hi = 0
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.close()
+
+    def _arm(self, dl: _Deadline) -> socket.socket:
+        """The socket, its kernel send/receive timeouts set to ``dl.wait()`` (a syscall only when
+        that changed: near a deadline's end)."""
+        sock = self.sock
+        assert sock is not None
+        t = dl.wait()
+        if t != self._armed:
+            sec = int(t)
+            usec = max(int((t - sec) * 1e6), 0 if sec else 1)  # 0 s 0 µs would mean "no timeout"
+            tv = struct.pack("ll", sec, usec)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+            self._armed = t
+        return sock
+
+    def send(self, bufs: Sequence[Any], dl: _Deadline) -> None:
+        """Send every buffer in order (vectored ``sendmsg``, no copies)."""
+        views = list(bufs)  # bytes, bytearrays, 1-D uint8 arrays and memoryviews: len() is their size
+        i, num = 0, len(views)
+        while i < num:
+            group = views[i : i + _MAX_IOV]
+            sock = self._arm(dl)
+            try:
+                n = sock.sendmsg(group)
+            except BlockingIOError:  # SO_SNDTIMEO expired with nothing sent
+                raise TimeoutError("send timed out") from None
+            if n == sum(map(len, group)):  # all of it: the common case, no per-buffer walk
+                i += len(group)
+                continue
+            while n > 0:
+                size = len(views[i])
+                if n >= size:
+                    n -= size
+                    i += 1
+                else:
+                    views[i] = memoryview(views[i]).cast("B")[n:]
+                    n = 0
+
+    def _recv_into(self, mv: memoryview, dl: _Deadline) -> int:
+        sock = self._arm(dl)
+        try:
+            n = sock.recv_into(mv)
+        except BlockingIOError:  # SO_RCVTIMEO expired with nothing received
+            raise TimeoutError("receive timed out") from None
+        if n == 0:
+            raise ConnectionResetError("the server closed the connection")
+        return n
+
+    def _fill(self, dl: _Deadline) -> None:
+        if self._lo == self._hi:
+            self._lo = self._hi = 0
+        elif self._hi == len(self._buf):
+            k = self._hi - self._lo
+            if k == len(self._buf):
+                raise _ProtocolError("a reply line longer than the read buffer")
+            self._buf[:k] = self._buf[self._lo : self._hi]
+            self._lo, self._hi = 0, k
+        self._hi += self._recv_into(self._view[self._hi :], dl)
+
+    def line(self, dl: _Deadline) -> bytes:
+        """The next reply line, without its CRLF."""
+        while True:
+            i = self._buf.find(b"\r\n", self._lo, self._hi)
+            if i >= 0:
+                out = bytes(self._view[self._lo : i])
+                self._lo = i + 2
+                return out
+            self._fill(dl)
+
+    def flags(self, m: int, dl: _Deadline) -> np.ndarray | None:
+        """bool ``[m]``: the next ``m`` replies if every one is ``:0`` or ``:1`` (EXISTS), consumed;
+        None (nothing consumed) if any is not, or if they cannot all sit in the buffer.
+
+        Why: checking 4 bytes per key with NumPy is ten times cheaper than a line per key.
+        """
+        need = 4 * m
+        if need > len(self._buf):
+            return None
+        while self._hi - self._lo < need:  # every reply is at least 4 bytes: these will come
+            if self._hi == len(self._buf):
+                k = self._hi - self._lo
+                self._buf[:k] = self._buf[self._lo : self._hi]
+                self._lo, self._hi = 0, k
+            self._hi += self._recv_into(self._view[self._hi :], dl)
+        r = np.frombuffer(self._buf, dtype=np.uint8, count=need, offset=self._lo).reshape(m, 4)
+        digit = r[:, 1]
+        if not ((r[:, 0] == 58) & (r[:, 2] == 13) & (r[:, 3] == 10) & ((digit == 48) | (digit == 49))).all():
+            return None
+        self._lo += need
+        out: np.ndarray = digit == 49
+        return out
+
+    def read_into(self, mv: memoryview, dl: _Deadline) -> None:
+        """Fill ``mv`` with the next ``len(mv)`` bytes, through the read buffer.
+
+        Why not ``recv_into(mv)`` straight: the kernel's copy into a large, cache-cold destination
+        cost three times the client CPU of a copy into this small, cache-hot buffer followed by a
+        ``memcpy`` out of it (2 MiB values, loopback; ``benches/tiers_remote.py``).
+        """
+        n = len(mv)
+        got = 0
+        while got < n:
+            if self._lo == self._hi:
+                self._lo = 0
+                self._hi = self._recv_into(self._view, dl)
+            k = min(n - got, self._hi - self._lo)
+            mv[got : got + k] = self._view[self._lo : self._lo + k]
+            self._lo += k
+            got += k
+
+    def skip(self, n: int, dl: _Deadline) -> None:
+        """Drop the next ``n`` bytes."""
+        while n > 0:
+            if self._lo == self._hi:
+                self._fill(dl)
+            k = min(n, self._hi - self._lo)
+            self._lo += k
+            n -= k
+
+    def value(self, dl: _Deadline, depth: int = 0) -> Any:
+        """One whole reply, parsed (small control replies only: CLUSTER SLOTS)."""
+        if depth > 8:
+            raise _ProtocolError("reply nested too deep")
+        line = self.line(dl)
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest
+        if kind == b"-":
+            raise _ReplyError(rest.decode("utf-8", "replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            n = int(rest)
+            if n < 0:
+                return None
+            buf = bytearray(n)
+            self.read_into(memoryview(buf), dl)
+            self.skip(2, dl)
+            return bytes(buf)
+        if kind == b"*":
+            n = int(rest)
+            return None if n < 0 else [self.value(dl, depth + 1) for _ in range(n)]
+        raise _ProtocolError(f"unexpected reply {line[:40]!r}")
+
+
+@dataclass
+class _Node:
+    """One server: a connection per channel, and its health."""
+
+    host: str
+    port: int
+    bulk: _Conn  # store / load
+    lookup: _Conn  # exists
+    failures: int = 0  # consecutive failed calls
+    down_until: float = 0.0  # time.monotonic() before which it is not tried
+    down_reason: int = _CONN  # why it went down (rows skipped meanwhile count as _DOWN)
+
+    @property
+    def name(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def close(self) -> None:
+        self.bulk.close()
+        self.lookup.close()
+
+
+@dataclass
+class _Call:
+    """What one call did, merged into the counters at its end (one lock acquisition)."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+    failed: dict[int, int] = field(default_factory=dict)  # node index -> transport failure code
+    touched: set[int] = field(default_factory=set)  # node indices whose exchange succeeded
+
+    def add(self, name: str, n: int = 1) -> None:
+        if n:
+            self.counts[name] = self.counts.get(name, 0) + n
+
+
+def _parse_host_port(s: str, what: str) -> tuple[str, int]:
+    s = s.strip()
+    if s.startswith("["):  # [v6]:port
+        host, sep, port = s[1:].partition("]")
+        port = port[1:] if port.startswith(":") else port
+    else:
+        host, sep, port = s.rpartition(":")
+        if not sep:
+            host, port = s, ""
+    try:
+        p = int(port) if port else _DEFAULT_PORT
+    except ValueError:
+        raise ConfigError(f"{what}: bad port in {s!r}") from None
+    if not host or not 0 < p < 65536:
+        raise ConfigError(f"{what}: expected host:port, got {s!r}")
+    return host, p
+
+
+def _parse_url(url: Any) -> tuple[bool, list[tuple[str, int]], _Auth]:
+    """``(is_cluster, [(host, port)], auth)`` of the ``url`` argument."""
+    if isinstance(url, list | tuple):
+        if not url or not all(isinstance(u, str) for u in url):
+            raise ConfigError(f"url: expected a non-empty list of 'host:port' strings, got {url!r}")
+        return True, [_parse_host_port(u, "url") for u in url], _Auth(None, None, 0)
+    if not isinstance(url, str):
+        raise ConfigError(f"url: expected a redis:// URL or a list of 'host:port', got {url!r}")
+    scheme, sep, rest = url.partition("://")
+    scheme = scheme.lower()
+    if not sep or scheme not in ("redis", "redis+cluster"):
+        hint = " (TLS is not supported yet)" if scheme == "rediss" else ""
+        raise ConfigError(
+            f"url: expected redis://host:port[/db] or redis+cluster://h1:p1,h2:p2, got {url!r}{hint}"
+        )
+    netloc, _, path = rest.partition("/")
+    path, _, query = path.partition("?")
+    if query:
+        raise ConfigError(f"url: query parameters are not supported, got {url!r}")
+    userinfo, at, hosts = netloc.rpartition("@")
+    username = password = None
+    if at:
+        user, colon, pw = userinfo.partition(":")
+        username = urllib.parse.unquote(user) or None
+        password = urllib.parse.unquote(pw) if colon else urllib.parse.unquote(user)
+        if not colon:
+            username = None
+    try:
+        db = int(path) if path else 0
+    except ValueError:
+        raise ConfigError(f"url: bad database number {path!r} in {url!r}") from None
+    if db < 0:
+        raise ConfigError(f"url: bad database number {path!r} in {url!r}")
+    cluster = scheme == "redis+cluster"
+    if cluster and db:
+        raise ConfigError(f"url: a cluster has only database 0, got {url!r}")
+    parts = [h for h in hosts.split(",") if h.strip()]
+    if not parts or (not cluster and len(parts) > 1):
+        raise ConfigError(f"url: expected {'hosts' if cluster else 'one host'} in {url!r}")
+    return cluster, [_parse_host_port(h, "url") for h in parts], _Auth(username, password, db)
+
+
+def _key_slot(key: bytes) -> int:
+    """The cluster hash slot of a key without a hash tag: CRC16-XMODEM mod 16384 (the prefix may
+    hold no braces, so a kvcore key never has one)."""
+    return binascii.crc_hqx(key, 0) & (_NUM_CLUSTER_SLOTS - 1)
+
+
+class RedisTier:
+    """Pages of pools of one geometry in Redis or a Redis Cluster, one value per page.
+
+    Args:
+        url: ``redis://[[user]:password@]host:port[/db]``, ``redis+cluster://[[user]:password@]h1:p1,
+            h2:p2,...`` (any reachable nodes of the cluster), or a list of ``"host:port"`` (a cluster).
+        pool: a pool of the geometry stored.
+        num_slots: the size of the manager's index of remote pages (``lower_tiers``' slot count).
+            Redis is addressed by key, so slots are only checked for range and distinctness.
+        prefix: the first key segments (``"kvcore"``, ``"team:model"``; a trailing ``:`` is dropped): a
+            non-empty printable string without whitespace or braces (braces would make a cluster hash
+            tag and put every page on one node).
+        ttl_ms: None (keys live until the server evicts them: set a ``maxmemory-policy``) or a TTL in
+            milliseconds, set by every store and renewed by every load (``GETEX``, Redis >= 6.2).
+        timeout_s: the longest wait on any socket operation (connect, send, reply), > 0; an exchange
+            with one server takes at most ``timeout_s * (2 + value bytes // 64 MiB)``.
+        max_lookup_keys: the most keys one :meth:`exists` asks, >= 1 (2,048: a 32k-token prompt of
+            16-token pages in one round trip; a bound of 256 cost round-robin instances up to 15
+            points of hit rate in the replay, BENCHMARKS.md).
+        down_after: consecutive failed calls (timeouts, lost connections) after which a server is
+            skipped for ``backoff_s``, >= 1.
+        backoff_s: how long a down server is skipped, >= 0.
+        quantize: None, ``"int8"`` or ``"int4"`` (KIVI, fp16/bf16 pools; :mod:`kvcore.tiers.codec`).
+        name: the tier's name in the manager's ``lower_tiers``, stats and logs.
+        bandwidth_gbps: what the manager's ``value`` store policy assumes a load costs, GB/s, > 0.
+
+    Side effects: none at construction (no connection is made until the first call, so an engine
+    starts while the server is away); allocates a staging buffer of up to 1,024 pages and 64 MiB
+    (pinned on the GPU backend) plus one 4 KiB header per staged page.
+
+    Raises:
+        ConfigError: a bad URL, prefix or numeric setting, an unknown quantization or quantization of
+            an fp8/int8 pool.
+
+    Store/load calls are serialized by one lock, lookups by another (with their own connections),
+    so an :meth:`exists` from the scheduler never waits behind a bulk transfer of the Mover's.
+    """
+
+    def __init__(
+        self,
+        url: str | Sequence[str],
+        pool: KVPool,
+        *,
+        num_slots: int = 1 << 20,
+        prefix: str = "kvcore",
+        ttl_ms: int | None = None,
+        timeout_s: float = 0.5,
+        max_lookup_keys: int = 2048,
+        down_after: int = 3,
+        backoff_s: float = 5.0,
+        quantize: str | None = None,
+        name: str = "remote",
+        bandwidth_gbps: float = 1.0,
+    ) -> None:
+        self.geometry = Geometry.of_pool(pool, quantize)
+        self.cluster, endpoints, self._auth = _parse_url(url)
+        self.num_slots = _int_arg(num_slots, "num_slots", 1)
+        self.max_lookup_keys = _int_arg(max_lookup_keys, "max_lookup_keys", 1)
+        self.down_after = _int_arg(down_after, "down_after", 1)
+        self.ttl_ms = None if ttl_ms is None else _int_arg(ttl_ms, "ttl_ms", 1)
+        self.timeout_s = _float_arg(timeout_s, "timeout_s", positive=True)
+        self.backoff_s = _float_arg(backoff_s, "backoff_s", positive=False)
+        self.bandwidth_gbps = _float_arg(bandwidth_gbps, "bandwidth_gbps", positive=True)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"name: expected a non-empty string, got {name!r}")
+        if isinstance(prefix, str):
+            prefix = prefix.rstrip(":")
+        if (
+            not isinstance(prefix, str)
+            or not prefix
+            or any(c.isspace() or c in "{}" for c in prefix)
+            or not prefix.isprintable()
+        ):
+            raise ConfigError(
+                f"prefix: expected a non-empty printable string without whitespace or braces, got {prefix!r}"
+            )
+        self.name = name
+        self.prefix = prefix
+        self.quantize = quantize
+        self._codec = _batch.RowCodec(self.geometry)
+        self.header_len = codec.header_len(self.geometry)  # bytes before the payload in every value
+        self.payload_len = self._codec.row_bytes  # bytes of payload in every value
+        self.value_bytes = self.header_len + self.payload_len  # bytes of every value
+        self._check = codec.HeaderCheck(self.geometry, self.payload_len)
+        self.geometry_tag = self._tag()
+        self._key_prefix = f"{prefix}:{self.geometry_tag}:".encode()
+        self._key_len = len(self._key_prefix) + 32
+
+        # RESP pieces around each key (every key has the same length).
+        kl, vl = self._key_len, self.value_bytes
+        ttl = b"" if self.ttl_ms is None else b"%d" % self.ttl_ms
+        self._set_head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n" % (4 if self.ttl_ms is None else 6, kl)
+        self._set_mid = b"\r\n$%d\r\n" % vl
+        self._set_tail = b"\r\n$2\r\nNX\r\n" + (b"" if not ttl else b"$2\r\nPX\r\n" + _bulk(ttl))
+        self._getex = self.ttl_ms is not None  # renew the TTL on load (falls back to GET if refused)
+        self._get_plain = (b"*2\r\n$3\r\nGET\r\n$%d\r\n" % kl, b"\r\n")
+        self._get_ex = (b"*4\r\n$5\r\nGETEX\r\n$%d\r\n" % kl, b"\r\n$2\r\nPX\r\n" + _bulk(ttl))
+        self._exists_head = b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n" % kl
+        self._del_head = b"*2\r\n$3\r\nDEL\r\n$%d\r\n" % kl
+        self._value_line = b"$%d" % vl
+
+        # Staging: payload rows (pinned on the GPU backend) and one header per row, reused; a call
+        # moves its pages `chunk` at a time (one exchange per server per chunk).
+        chunk = self._chunk = max(1, min(self._codec.chunk_pages, _MAX_CHUNK_PAGES))
+        self._stage: np.ndarray = pool.backend.empty_host((chunk, self.payload_len), np.uint8)
+        self._stage.fill(0)
+        self._stage_mv = [memoryview(self._stage[j]) for j in range(chunk)]
+        self._hdr = [bytearray(self.header_len) for _ in range(chunk)]
+        self._hdr_mv = [memoryview(h) for h in self._hdr]
+        self._hdr_got = np.zeros(chunk, dtype=np.int64)  # [chunk] header bytes read (wrong lengths)
+
+        self._startup = endpoints
+        self._nodes: list[_Node] = []
+        self._node_index: dict[str, int] = {}
+        # [16384] int32 node index per cluster slot, -1 unknown (a cluster before its first read)
+        self._slots = np.full(_NUM_CLUSTER_SLOTS, -1, dtype=np.int32)
+        self._topology_stale = self.cluster
+        self._topology_failures = 0
+        self._topology_retry_at = 0.0
+        self._last_good: tuple[str, int] | None = None  # the node whose CLUSTER SLOTS was read last
+        if not self.cluster:
+            self._add_node(*endpoints[0])
+        self._stats = _batch.Counters(_STAT_NAMES)
+        self._io_lock = threading.Lock()  # store / load, the bulk connections and the staging buffers
+        self._lookup_lock = threading.Lock()  # exists, the lookup connections
+        self._topology_lock = threading.Lock()  # CLUSTER SLOTS reads
+        self._state_lock = threading.Lock()  # counters, node health, the slot map (short sections)
+        self.last_error = ""  # the last server problem seen, for logs ("" if none yet)
+
+    # ------------------------------------------------------------------------------------ keys
+
+    def _tag(self) -> str:
+        """8 hex digits naming the value format and geometry (format version, shape, layout, dtype,
+        quantization, payload length): the key segment that keeps geometries apart."""
+        t = bytearray(self.header_len)
+        codec.pack_header(
+            t,
+            geometry=self.geometry,
+            key=bytes(16),
+            parent_key=bytes(16),
+            namespace=None,
+            tokens=np.zeros(self.geometry.page_size, dtype=np.uint32),
+            payload_len=self.payload_len,
+            payload_checksum=bytes(16),
+            scale_digest=bytes(16),
+        )
+        fields = bytes(t[8:10]) + bytes(t[48:67]) + bytes(t[72:80])
+        return codec.checksum(np.frombuffer(fields, dtype=np.uint8))[:4].hex()
+
+    def _planes(self, pool: KVPool) -> np.ndarray | None:
+        """uint8 ``[num_layers * 2, num_pages, piece_bytes]``, a view of a NumPy pool's data (no copy),
+        where a page's payload is the concatenation of ``planes[:, page]``; None for a quantized
+        geometry or a device pool (their pages are staged).
+
+        Why: a store then sends each page from the pool itself (vectored ``sendmsg``), skipping
+        the copy into the staging buffer (a sixth of a store's client time for 2 MiB pages here).
+        """
+        data = pool.data
+        if self.geometry.quantize is not None or pool.backend.is_device or not data.flags.c_contiguous:
+            return None
+        planes: np.ndarray = data.view(np.uint8).reshape(data.shape[0] * 2, data.shape[2], -1)
+        return planes
+
+    def redis_key(self, key: bytes | np.ndarray) -> bytes:
+        """The Redis key of a 16-byte page key: ``{prefix}:{geometry_tag}:{key hex}``."""
+        k = bytes(key) if not isinstance(key, np.ndarray) else key.tobytes()
+        if len(k) != 16:
+            raise InvalidArgumentError(f"key: expected 16 bytes, got {len(k)}")
+        return self._key_prefix + k.hex().encode()
+
+    def _names(self, keys: np.ndarray) -> list[bytes]:
+        h = keys.tobytes().hex().encode()
+        pre = self._key_prefix
+        return [pre + h[32 * i : 32 * i + 32] for i in range(keys.shape[0])]
+
+    # ------------------------------------------------------------------------------------ nodes
+
+    def _add_node(self, host: str, port: int) -> int:
+        name = f"{host}:{port}"
+        i = self._node_index.get(name)
+        if i is None:
+            i = len(self._nodes)
+            bulk = _Conn(host, port, self._auth, _READ_BUF)
+            self._nodes.append(_Node(host, port, bulk, _Conn(host, port, self._auth)))
+            self._node_index[name] = i
+        return i
+
+    def _refresh_topology(self, call: _Call, *, blocking: bool) -> None:
+        """Read CLUSTER SLOTS from the first node that answers (known nodes, then the URL's) and
+        rebuild the slot map. On failure the old map stays; a cluster never read counts as down."""
+        if not self._topology_lock.acquire(blocking=blocking):
+            return
+        try:
+            now = time.monotonic()
+            if not self._topology_stale or now < self._topology_retry_at:
+                return
+            with self._state_lock:
+                live = sorted((n for n in self._nodes if n.down_until <= now), key=lambda n: n.failures)
+                candidates = [(n.host, n.port) for n in live]
+            candidates += [e for e in self._startup if e not in candidates]
+            if self._last_good in candidates:  # the node that answered last time first
+                candidates.remove(self._last_good)
+                candidates.insert(0, self._last_good)
+            dl = _Deadline(self.timeout_s)  # one deadline for the whole refresh, whoever answers
+            for host, port in candidates:
+                conn = _Conn(host, port, self._auth)
+                try:
+                    conn.open(dl)
+                    conn.send([_command(b"CLUSTER", b"SLOTS")], dl)
+                    reply = conn.value(dl)
+                    table = self._slot_table(reply, host)
+                except (
+                    OSError,
+                    _Refused,
+                    _ProtocolError,
+                    _ReplyError,
+                    ValueError,
+                    TypeError,
+                    IndexError,
+                ) as e:
+                    self.last_error = f"CLUSTER SLOTS from {host}:{port}: {e!r}"
+                    continue
+                finally:
+                    conn.close()
+                call.add("topology_refreshes")
+                self._last_good = (host, port)
+                with self._state_lock:
+                    self._slots[:] = -1
+                    for lo, hi, h, p in table:
+                        self._slots[lo : hi + 1] = self._add_node(h, p)
+                    self._topology_stale = False
+                    self._topology_failures = 0
+                return
+            call.add("connection_errors")
+            self._topology_failures += 1
+            if self._topology_failures >= self.down_after:
+                self._topology_retry_at = time.monotonic() + self.backoff_s
+                call.add("down_events")
+        finally:
+            self._topology_lock.release()
+
+    @staticmethod
+    def _slot_table(reply: Any, asked: str) -> list[tuple[int, int, str, int]]:
+        """``[(first slot, last slot, master host, master port)]`` of a CLUSTER SLOTS reply."""
+        if not isinstance(reply, list) or not reply:
+            raise _ProtocolError("CLUSTER SLOTS: no slots (not a cluster, or not one yet)")
+        out = []
+        for r in reply:
+            lo, hi, master = int(r[0]), int(r[1]), r[2]
+            host = master[0].decode() if master[0] else ""
+            if host in ("", "?"):
+                host = asked  # "the node you asked", Redis 7's unknown endpoint
+            if not 0 <= lo <= hi < _NUM_CLUSTER_SLOTS:
+                raise _ProtocolError(f"CLUSTER SLOTS: bad range {lo}-{hi}")
+            out.append((lo, hi, host, int(master[1])))
+        return out
+
+    def _route(self, names: list[bytes], call: _Call, *, blocking: bool) -> np.ndarray:
+        """int64 ``[n]`` node index of each key, -1 where no node is known (a cluster not read)."""
+        n = len(names)
+        if not self.cluster:
+            return np.zeros(n, dtype=np.int64)
+        if self._topology_stale:
+            self._refresh_topology(call, blocking=blocking)
+        slots = np.fromiter((_key_slot(k) for k in names), dtype=np.int64, count=n)
+        with self._state_lock:
+            return self._slots[slots].astype(np.int64)
+
+    def _moved(self, line: bytes, call: _Call) -> None:
+        """``-MOVED slot host:port``: point the slot at its new master now; re-read the map next call."""
+        call.add("moved")
+        parts = line.split()
+        try:
+            slot = int(parts[1])
+            host, port = _parse_host_port(parts[2].decode(), "MOVED")
+        except (IndexError, ValueError, ConfigError):
+            return
+        with self._state_lock:
+            if 0 <= slot < _NUM_CLUSTER_SLOTS:
+                self._slots[slot] = self._add_node(host, port)
+            self._topology_stale = True
+
+    # ------------------------------------------------------------------------------------ exchange
+
+    def _exchange(
+        self,
+        node: int,
+        rows: list[int],
+        pieces: Callable[[int], list[Any]],
+        cost: int,
+        handle: Callable[[_Conn, int, _Deadline], None],
+        call: _Call,
+    ) -> tuple[int, int]:
+        """Send the command ``pieces(r)`` of each row ``r`` of ``rows`` to one server, at most
+        :data:`WINDOW_BYTES` (``cost`` per command) in flight, and read each reply in order with
+        ``handle(conn, r, deadline)``.
+
+        Returns ``(replies handled, outcome)``: ``_OK``, ``_TIMEOUT``, ``_CONN`` or ``_ERROR`` (a
+        stream that cannot be trusted: closed). A failure on a connection kept from an earlier call,
+        before any reply, is retried once on a new one (the server restarted meanwhile).
+        """
+        nd = self._nodes[node]
+        conn = nd.bulk
+        n = len(rows)
+        dl = _Deadline(self.timeout_s, n * cost)
+        for attempt in (0, 1):
+            done = 0
+            kept = conn.sock is not None
+            try:
+                if conn.open(dl):
+                    call.add("reconnects")
+                sent = inflight = 0
+                while done < n:
+                    # refill to the window once half of it is answered: fewer, larger sendmsg calls
+                    if sent < n and (sent == done or 2 * inflight <= WINDOW_BYTES):
+                        bufs: list[Any] = []
+                        while sent < n and (sent == done or inflight < WINDOW_BYTES):
+                            bufs += pieces(rows[sent])
+                            inflight += cost
+                            sent += 1
+                        conn.send(bufs, dl)
+                    handle(conn, rows[done], dl)
+                    inflight -= cost
+                    done += 1
+                return done, _OK
+            except TimeoutError as e:
+                conn.close()
+                self.last_error = f"{nd.name}: timeout ({e})"
+                call.add("timeouts")
+                return done, _TIMEOUT
+            except (OSError, _Refused) as e:
+                conn.close()
+                self.last_error = f"{nd.name}: {e!r}"
+                if kept and done == 0 and attempt == 0 and not isinstance(e, _Refused):
+                    continue
+                call.add("connection_errors")
+                return done, _CONN
+            except (_ProtocolError, ValueError) as e:
+                conn.close()
+                self.last_error = f"{nd.name}: protocol error ({e})"
+                return done, _ERROR
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _usable(self, node: int, call: _Call) -> int:
+        """``_OK`` if the node may be tried in this call; else the code its rows fail with."""
+        if node in call.failed:
+            return call.failed[node]
+        if node < 0:  # a cluster whose slot map could not be read
+            code = _DOWN if time.monotonic() < self._topology_retry_at else _CONN
+            call.add("skipped_down", int(code == _DOWN))
+            call.failed[node] = code
+            return code
+        nd = self._nodes[node]
+        with self._state_lock:
+            down = nd.down_until > time.monotonic()
+        if down:
+            call.add("skipped_down")
+            call.failed[node] = _DOWN
+            return _DOWN
+        return _OK
+
+    def _finish(self, call: _Call) -> None:
+        """Merge the call's counters; update each touched server's health (consecutive failures)."""
+        now = time.monotonic()
+        with self._state_lock:
+            for name, v in call.counts.items():
+                self._stats.add(name, v)
+            for i, code in call.failed.items():
+                if code not in _TRANSPORT or i < 0:
+                    continue
+                nd = self._nodes[i]
+                nd.failures += 1
+                if nd.failures >= self.down_after:
+                    # failures are not reset: after the back-off one more failure (the probe)
+                    # puts the server straight back; a success resets them
+                    nd.down_until = now + self.backoff_s
+                    self._stats.add("down_events")
+                if self.cluster:
+                    self._topology_stale = True  # a failover may have moved its slots
+            for i in call.touched - call.failed.keys():
+                self._nodes[i].failures = 0
+
+    def _run(
+        self,
+        rows: np.ndarray,
+        route: np.ndarray,
+        status: np.ndarray,
+        pieces: Callable[[int], list[Any]],
+        cost: int,
+        handle: Callable[[_Conn, int, _Deadline], None],
+        names: list[bytes],
+        call: _Call,
+    ) -> None:
+        """Run ``rows`` (indices into ``status``, ``route`` and ``names``) on their servers, one bulk
+        exchange per server, then retry once the rows a MOVED reply sent elsewhere."""
+        for attempt in (0, 1):
+            for node in np.unique(route[rows]).tolist():
+                mine = rows[route[rows] == node]
+                code = self._usable(node, call)
+                if code != _OK:
+                    status[mine] = code
+                    continue
+                done, code = self._exchange(node, mine.tolist(), pieces, cost, handle, call)
+                if code == _OK:
+                    call.touched.add(node)
+                else:
+                    status[mine[done:]] = code
+                    if code in _TRANSPORT:
+                        call.failed[node] = code
+                    else:
+                        call.touched.add(node)
+            moved = rows[status[rows] == _MOVED]
+            if attempt or not moved.shape[0] or not self.cluster:
+                return
+            rows = moved
+            with self._state_lock:
+                for r in rows.tolist():
+                    route[r] = self._slots[_key_slot(names[r])]
+
+    # ------------------------------------------------------------------------------------ store
+
+    def store(
+        self,
+        pool: KVPool,
+        pages: Any,
+        slots: Any,
+        keys: Any,
+        parent_keys: Any,
+        tokens: Any,
+        namespaces: list[str | None],
+    ) -> np.ndarray:
+        """Write pool page ``pages[i]`` (every layer, K and V) as the value of key ``keys[i]``.
+
+        Args:
+            pool: a pool of this tier's geometry.
+            pages: int32 ``[n]`` distinct page ids in ``[1, num_pages)``.
+            slots: int32 ``[n]`` distinct slots in ``[0, num_slots)`` (the manager's index; not sent).
+            keys: uint8 ``[n, 16]``; parent_keys: uint8 ``[n, 16]``; tokens: uint32 ``[n, page_size]``;
+                namespaces: ``[n]`` str or None (``"*"`` is the public namespace). All go in the header.
+
+        Returns:
+            bool ``[n]``: True where the server holds the page's value now (stored, or already there);
+            False, counted by reason (``store_failed_*``), for a timeout, a lost connection, ``-OOM``,
+            a server in back-off, a namespace too long for a header, or another error reply.
+
+        Raises:
+            InvalidDTypeError, InvalidPageError, InvalidArgumentError: caller mistakes (shapes, page ids,
+                slots, a pool of another geometry), before anything is sent.
+        """
+        a = _batch.check_store(
+            self.geometry,
+            self.num_slots,
+            self.name,
+            pool,
+            pages,
+            slots,
+            keys,
+            parent_keys,
+            tokens,
+            namespaces,
+        )
+        n = a.pages.shape[0]
+        status = np.full(n, _PENDING, dtype=np.int8)
+        if n == 0:
+            return np.zeros(0, dtype=bool)
+        call = _Call()
+        digest = _batch.scale_digest(pool)
+        names = self._names(a.keys)
+        chunk = self._chunk
+        with self._io_lock:
+            route = self._route(names, call, blocking=True)
+            pos = np.zeros(n, dtype=np.int64)  # [n] staging row (and header) of each row in its chunk
+            oom: set[int] = set()  # nodes that answered -OOM in this call: the rest is not sent
+            planes = self._planes(pool)
+            body: dict[int, list[Any]] = {}  # row -> its payload buffers (views of the pool or stage)
+
+            def pieces(r: int) -> list[Any]:
+                return [
+                    self._set_head,
+                    names[r],
+                    self._set_mid,
+                    self._hdr[int(pos[r])],
+                    *body[r],
+                    self._set_tail,
+                ]
+
+            def handle(conn: _Conn, r: int, dl: _Deadline) -> None:
+                line = conn.line(dl)
+                if line == b"+OK":
+                    status[r] = _OK
+                elif line == b"$-1":
+                    status[r] = _EXISTS
+                elif line[:4] == b"-OOM":
+                    status[r] = _OOM
+                    oom.add(int(route[r]))
+                    self.last_error = line[1:].decode("utf-8", "replace")
+                elif line[:6] == b"-MOVED":
+                    status[r] = _MOVED
+                    self._moved(line, call)
+                elif line[:1] == b"-":
+                    status[r] = _ERROR
+                    self.last_error = line[1:].decode("utf-8", "replace")
+                else:
+                    raise _ProtocolError(f"SET: unexpected reply {line[:40]!r}")
+
+            for c in range(0, n, chunk):
+                rows = np.arange(c, min(n, c + chunk))
+                for node in np.unique(route[rows]).tolist():  # rows of unusable nodes: not staged
+                    code = _OOM if node in oom else self._usable(node, call)
+                    if code != _OK:
+                        status[rows[route[rows] == node]] = code
+                rows = rows[status[rows] == _PENDING]
+                if not rows.shape[0]:
+                    continue
+                pos[rows] = np.arange(rows.shape[0])
+                body.clear()
+                if planes is None:
+                    self._codec.pages_to_rows(pool, a.pages[rows], self._stage, pos[rows])
+                for r in rows.tolist():
+                    j = int(pos[r])
+                    # the page's 2 * num_layers pieces where they lie, or its staged row
+                    body[r] = list(planes[:, a.pages[r]]) if planes is not None else [self._stage[j]]
+                    try:
+                        codec.pack_header(
+                            self._hdr[j],
+                            geometry=self.geometry,
+                            key=a.keys[r].tobytes(),
+                            parent_key=a.parent_keys[r].tobytes(),
+                            namespace=a.namespaces[r],
+                            tokens=a.tokens[r],
+                            payload_len=self.payload_len,
+                            payload_checksum=codec.checksum(body[r]),
+                            scale_digest=digest,
+                        )
+                    except HeaderError:
+                        status[r] = _NAMESPACE
+                rows = rows[status[rows] == _PENDING]
+                self._run(rows, route, status, pieces, self.value_bytes, handle, names, call)
+        ok = (status == _OK) | (status == _EXISTS)
+        replied = np.isin(status, (_OK, _EXISTS, _OOM, _ERROR, _MOVED))
+        call.add("stores", int(ok.sum()))
+        call.add("store_exists", int((status == _EXISTS).sum()))
+        call.add("store_failed", int(n - ok.sum()))
+        call.add("bytes_written", int(replied.sum()) * self.value_bytes)
+        for code, reason in (
+            (_TIMEOUT, "timeout"),
+            (_CONN, "connection"),
+            (_OOM, "oom"),
+            (_DOWN, "down"),
+            (_NAMESPACE, "namespace"),
+        ):
+            call.add(f"store_failed_{reason}", int((status == code).sum()))
+        call.add("store_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING)).sum()))
+        self._finish(call)
+        return ok
+
+    # ------------------------------------------------------------------------------------ load
+
+    def load(self, pool: KVPool, slots: Any, pages: Any, keys: Any) -> np.ndarray:
+        """Read the value of key ``keys[i]`` into pool page ``pages[i]``, where it is a valid page.
+
+        Args:
+            pool: a pool of this tier's geometry.
+            slots: int32 ``[n]`` slots in ``[0, num_slots)`` (the manager's index; not sent).
+            pages: int32 ``[n]`` distinct page ids in ``[1, num_pages)``.
+            keys: uint8 ``[n, 16]`` the page keys.
+
+        Returns:
+            bool ``[n]``: False (counted as ``load_failed_*``) for a missing key, a value that fails
+            its header, length, key echo or payload checksum (deleted), a value of another geometry or
+            pool scales (left alone), a timeout, a lost connection, a server in back-off or an error
+            reply. A False row leaves its pool page untouched.
+
+        Raises:
+            InvalidDTypeError, InvalidPageError, InvalidArgumentError: caller mistakes (shapes, page ids,
+                slots, a pool of another geometry), before anything is sent.
+        """
+        s, p, k = _batch.check_load(self.geometry, self.num_slots, self.name, pool, slots, pages, keys)
+        del s
+        n = p.shape[0]
+        status = np.full(n, _PENDING, dtype=np.int8)
+        if n == 0:
+            return np.zeros(0, dtype=bool)
+        call = _Call()
+        digest = _batch.scale_digest(pool)
+        names = self._names(k)
+        chunk = self._chunk
+        ok = np.zeros(n, dtype=bool)
+        verdicts = {name: 0 for name in ("checksum", "corrupt", "geometry", "scales")}
+        with self._io_lock:
+            route = self._route(names, call, blocking=True)
+            pos = np.zeros(n, dtype=np.int64)
+            head, tail = self._get_ex if self._getex else self._get_plain
+            vb, hl = self.value_bytes, self.header_len
+
+            def pieces(r: int) -> list[Any]:
+                return [head, names[r], tail]
+
+            def handle(conn: _Conn, r: int, dl: _Deadline) -> None:
+                line = conn.line(dl)
+                j = int(pos[r])
+                if line == self._value_line:
+                    conn.read_into(self._hdr_mv[j], dl)
+                    conn.read_into(self._stage_mv[j], dl)
+                    conn.skip(2, dl)
+                    call.add("bytes_read", vb)
+                    status[r] = _VALUE
+                elif line == b"$-1":
+                    status[r] = _MISSING
+                elif line[:1] == b"$":
+                    m = int(line[1:])
+                    if m < 0:
+                        raise _ProtocolError(f"GET: unexpected reply {line[:40]!r}")
+                    got = min(m, hl)
+                    conn.read_into(self._hdr_mv[j][:got], dl)
+                    conn.skip(m - got + 2, dl)
+                    call.add("bytes_read", m)
+                    self._hdr_got[j] = got
+                    status[r] = _BADLEN
+                elif line[:6] == b"-MOVED":
+                    status[r] = _MOVED
+                    self._moved(line, call)
+                elif line[:1] == b"-":
+                    if b"unknown command" in line and self._getex:
+                        self._getex = False  # a server before 6.2: plain GET from the next call
+                    status[r] = _ERROR
+                    self.last_error = line[1:].decode("utf-8", "replace")
+                else:
+                    raise _ProtocolError(f"GET: unexpected reply {line[:40]!r}")
+
+            bad: list[int] = []  # rows whose value is deleted
+            for c in range(0, n, chunk):
+                rows = np.arange(c, min(n, c + chunk))
+                pos[rows] = np.arange(rows.shape[0])
+                self._run(rows, route, status, pieces, vb, handle, names, call)
+                good = []
+                for r in rows[np.isin(status[rows], (_VALUE, _BADLEN))].tolist():
+                    verdict, bad_header = self._verify(
+                        int(pos[r]), status[r] == _VALUE, k[r].tobytes(), digest
+                    )
+                    call.add("checksum_mismatches", int(bad_header))
+                    if verdict == "ok":
+                        good.append(r)
+                    else:
+                        verdicts[verdict] += 1
+                        if verdict in ("checksum", "corrupt"):
+                            bad.append(r)
+                g = np.asarray(good, dtype=np.int64)
+                self._codec.rows_to_pages(pool, self._stage, pos[g], p[g])
+                ok[g] = True
+            if bad:
+                self._delete(np.asarray(bad, dtype=np.int64), route, names, call)
+        num_ok = int(ok.sum())
+        call.add("loads", num_ok)
+        call.add("load_failed", n - num_ok)
+        call.add("load_failed_missing", int((status == _MISSING).sum()))
+        for name, v in verdicts.items():
+            call.add(f"load_failed_{name}", v)
+        call.add("checksum_mismatches", verdicts["checksum"])
+        for code, reason in ((_TIMEOUT, "timeout"), (_CONN, "connection"), (_DOWN, "down")):
+            call.add(f"load_failed_{reason}", int((status == code).sum()))
+        call.add("load_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING)).sum()))
+        self._finish(call)
+        return ok
+
+    def _verify(self, j: int, full: bool, key: bytes, digest: bytes) -> tuple[str, bool]:
+        """``(verdict, header checksum failed)``: verdict ``"ok"`` or why the value staged at row ``j``
+        (header ``_hdr[j]``) is not page ``key``: ``"checksum"``, ``"corrupt"`` (both deleted),
+        ``"geometry"`` or ``"scales"`` (left alone)."""
+        hdr = self._hdr[j]
+        if full:
+            expected = self._check.payload_checksum(hdr, key, digest)
+            if expected is not None:
+                return ("ok" if codec.checksum(self._stage[j]) == expected else "checksum"), False
+            got = self.header_len
+        else:
+            got = int(self._hdr_got[j])
+        # Not a valid header of this page: find out why (the slow path, failures only).
+        try:
+            hlen = codec.parse_header_prefix(hdr[:got])
+            if hlen != self.header_len:
+                return "geometry", False  # another geometry's (longer or shorter) header
+            if got < hlen:
+                return "corrupt", False  # truncated
+            h = codec.parse_header(hdr)
+        except HeaderError as e:
+            return "corrupt", e.reason == "checksum"
+        if h.geometry != self.geometry or h.payload_len != self.payload_len:
+            return "geometry", False
+        if h.scale_digest != digest:
+            return "scales", False
+        return "corrupt", False  # our geometry but a wrong length, key echo or namespace
+
+    def _delete(self, rows: np.ndarray, route: np.ndarray, names: list[bytes], call: _Call) -> None:
+        status = np.full(len(names), _PENDING, dtype=np.int8)
+        deleted = [0]
+
+        def handle(conn: _Conn, r: int, dl: _Deadline) -> None:
+            line = conn.line(dl)
+            if line[:1] == b":":
+                deleted[0] += int(line[1:])
+                status[r] = _OK
+            elif line[:1] == b"-":
+                status[r] = _ERROR
+            else:
+                raise _ProtocolError(f"DEL: unexpected reply {line[:40]!r}")
+
+        self._run(rows, route, status, lambda r: [self._del_head, names[r], b"\r\n"], 0, handle, names, call)
+        call.add("deleted", deleted[0])
+
+    # ------------------------------------------------------------------------------------ exists
+
+    def exists(self, keys: Any) -> int:
+        """How many leading keys of ``keys`` (uint8 ``[m, 16]`` page keys, a prompt's in order) the
+        server holds, asking at most ``max_lookup_keys`` of them in one pipelined round trip (per
+        cluster node, all sent before any reply is read). A key on a server that is down, times out
+        or errs counts as absent, so the answer is never more than what a load would find.
+
+        Raises:
+            InvalidDTypeError, InvalidArgumentError: keys that are not a uint8 ``[m, 16]`` array.
+        """
+        k = index_array(keys, "keys", dtype=np.uint8, trailing=(16,), what="key bytes")
+        m = min(k.shape[0], self.max_lookup_keys)
+        call = _Call()
+        call.add("lookups")
+        if m == 0:
+            self._finish(call)
+            return 0
+        names = self._names(k[:m])
+        found = np.zeros(m, dtype=bool)
+        with self._lookup_lock:
+            route = self._route(names, call, blocking=False)
+            asked: list[tuple[int, list[int], list[bytes], bool, _Deadline]] = []
+            for node in np.unique(route).tolist():
+                if node < 0 or self._usable(node, call) != _OK:
+                    continue
+                mine = np.flatnonzero(route == node).tolist()
+                cmds = [b"".join(self._exists_head + names[i] + b"\r\n" for i in mine)]
+                dl = _Deadline(self.timeout_s)
+                kept = self._nodes[node].lookup.sock is not None
+                if self._lookup_io(node, cmds, None, found, dl, call, last=not kept):
+                    asked.append((node, mine, cmds, kept, dl))
+            for node, mine, cmds, kept, dl in asked:  # every node has its commands: read the replies
+                ok = self._lookup_io(node, None, mine, found, dl, call, last=not kept)
+                if not ok and node not in call.failed:  # a dead kept connection: once more, anew
+                    ok = self._lookup_io(node, cmds, mine, found, dl, call, last=True)
+                if ok:
+                    call.touched.add(node)
+        call.add("lookup_keys", m)
+        lead = int(m if found.all() else np.argmin(found))
+        call.add("lookup_hit_keys", lead)
+        if lead < m and (route[lead] < 0 or int(route[lead]) in call.failed):
+            call.add("lookup_failed")  # the answer stops at a key nobody could ask about
+        self._finish(call)
+        return lead
+
+    def _lookup_io(
+        self,
+        node: int,
+        cmds: list[bytes] | None,
+        mine: list[int] | None,
+        found: np.ndarray,
+        dl: _Deadline,
+        call: _Call,
+        *,
+        last: bool,
+    ) -> bool:
+        """Send ``cmds`` (if given) on the node's lookup connection, then read one EXISTS reply per
+        key index of ``mine`` (if given) into ``found``. False on a failure, recorded in
+        ``call.failed`` except for a connection failure before any reply when not ``last`` (a
+        connection kept from an earlier call that died meanwhile: the caller retries anew)."""
+        nd = self._nodes[node]
+        conn = nd.lookup
+        done = 0
+        try:
+            if cmds is not None:
+                if conn.open(dl):
+                    call.add("reconnects")
+                conn.send(cmds, dl)
+            fast = conn.flags(len(mine), dl) if mine else None
+            if fast is not None:
+                found[mine] = fast
+                return True
+            for i in mine or ():
+                line = conn.line(dl)
+                if line[:1] == b":":
+                    found[i] = line != b":0"
+                elif line[:1] == b"-":
+                    if line[:6] == b"-MOVED":
+                        self._moved(line, call)
+                    self.last_error = line[1:].decode("utf-8", "replace")
+                else:
+                    raise _ProtocolError(f"EXISTS: unexpected reply {line[:40]!r}")
+                done += 1
+            return True
+        except TimeoutError:
+            conn.close()
+            self.last_error = f"{nd.name}: timeout"
+            call.add("timeouts")
+            call.failed[node] = _TIMEOUT
+        except (OSError, _Refused) as e:
+            conn.close()
+            self.last_error = f"{nd.name}: {e!r}"
+            if not last and done == 0 and not isinstance(e, _Refused):
+                if cmds is not None:  # a dead kept connection: send again on a new one
+                    return self._lookup_io(node, cmds, mine, found, dl, call, last=True)
+                return False  # the caller resends
+            call.add("connection_errors")
+            call.failed[node] = _CONN
+        except (_ProtocolError, ValueError) as e:
+            conn.close()
+            self.last_error = f"{nd.name}: protocol error ({e})"
+            call.failed[node] = _ERROR
+        return False
+
+    # ------------------------------------------------------------------------------------ rest
+
+    def stats(self) -> dict[str, int]:
+        """Counters (flat, every name always present; see ``_STAT_NAMES`` in the source for each)."""
+        now = time.monotonic()
+        with self._state_lock:
+            out = self._stats.snapshot()
+            nodes = len(self._nodes)
+            down = sum(1 for nd in self._nodes if nd.down_until > now)
+        out.update(num_slots=self.num_slots, nodes=nodes, nodes_down=down)
+        return out
+
+    def close(self) -> None:
+        """Close every connection (a later call reconnects)."""
+        with self._io_lock, self._lookup_lock, self._state_lock:
+            for nd in self._nodes:
+                nd.close()
+
+    def __enter__(self) -> RedisTier:
+        return self
+
+    def __del__(self) -> None:
+        for nd in getattr(self, "_nodes", ()):
+            nd.close()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        q = f", quantize={self.quantize!r}" if self.quantize else ""
+        where = ",".join(f"{h}:{p}" for h, p in self._startup)
+        kind = "redis+cluster" if self.cluster else "redis"
+        return (
+            f"RedisTier(name={self.name!r}, url='{kind}://{where}', prefix={self.prefix!r}, "
+            f"geometry_tag={self.geometry_tag!r}, value_bytes={self.value_bytes}{q})"
+        )
+
+
+def _int_arg(x: Any, name: str, low: int) -> int:
+    if isinstance(x, bool) or not isinstance(x, int | np.integer) or x < low:
+        raise ConfigError(f"{name}: expected an integer >= {low}, got {x!r}")
+    return int(x)
+
+
+def _float_arg(x: Any, name: str, *, positive: bool) -> float:
+    if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating):
+        raise ConfigError(f"{name}: expected a number, got {x!r}")
+    v = float(x)
+    if not math.isfinite(v) or v < 0 or (positive and v == 0):
+        raise ConfigError(f"{name}: expected a finite number {'> 0' if positive else '>= 0'}, got {x!r}")
+    return v

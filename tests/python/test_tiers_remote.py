@@ -1,0 +1,747 @@
+"""The remote tier (RedisTier) against real Redis servers on 127.0.0.1 (fixtures in redis_servers.py).
+
+Each test checks behaviour against a reference: pool bytes against the bytes stored (bit for bit),
+quantized pages against what the host tier makes of the same pages (one codec), values on the server
+against the header format (parsed with the codec), and every failure path (killed, restarted, paused,
+full servers, a cluster node down, corrupt or foreign values) against the counters, the keys left on
+the server and the wall time of the call.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kvcore.exceptions import ConfigError, InvalidArgumentError
+from kvcore.pool import KVPool, dtypes
+from kvcore.tiers import HostTier, Mover, RedisTier, codec
+from kvcore.tiers import remote as remote_mod
+
+L, H, P, D = 2, 2, 4, 8  # small geometry: a page is 2*2*2*4*8 = 256 elements
+TIMEOUT = 0.2  # tiers of the fault tests: every wait is at most this long
+SLACK = 0.25  # what a call may take beyond its timeout on a loaded CI machine
+NAMESPACES: list[str | None] = [None, "*", "tenant-a", "ünï/✓"]
+
+
+def make_pool(
+    kv_dtype: str = "bf16", layout: str = "HND", num_pages: int = 12, seed: int = 0, **kw: Any
+) -> KVPool:
+    """A pool whose every byte is random (NaN and infinity bit patterns included: copies are bitwise)."""
+    shape = {"num_layers": L, "num_kv_heads": H, "head_dim": D, "page_size": P, **kw}
+    pool = KVPool(num_pages=num_pages, kv_dtype=kv_dtype, layout=layout, **shape)  # type: ignore[arg-type]
+    raw = np.random.default_rng(seed).integers(0, 256, size=pool.data.nbytes, dtype=np.uint8)
+    pool.data.view(np.uint8).reshape(-1)[:] = raw
+    return pool
+
+
+def meta(n: int, seed: int = 0, namespaces: list[str | None] | None = None) -> dict[str, Any]:
+    rng = np.random.default_rng(seed + 1000)
+    return {
+        "keys": rng.integers(0, 256, size=(n, 16), dtype=np.uint8),
+        "parent_keys": rng.integers(0, 256, size=(n, 16), dtype=np.uint8),
+        "tokens": rng.integers(0, 2**32, size=(n, P), dtype=np.uint32),
+        "namespaces": namespaces if namespaces is not None else [NAMESPACES[i % 4] for i in range(n)],
+    }
+
+
+def i32(*xs: int) -> np.ndarray:
+    return np.array(xs, dtype=np.int32)
+
+
+def rng_i32(n: int, start: int = 0) -> np.ndarray:
+    return np.arange(start, start + n, dtype=np.int32)
+
+
+def page_bytes(pool: KVPool, page: int) -> np.ndarray:
+    out: np.ndarray = pool.data[:, :, page].copy()
+    return out
+
+
+def nonzero(stats: dict[str, int]) -> dict[str, int]:
+    return {k: v for k, v in stats.items() if v and k not in ("num_slots", "nodes")}
+
+
+@pytest.fixture
+def tier_factory(redis_url: str, redis_prefix: str) -> Iterator[Any]:
+    """``make(pool, **kw)``: RedisTiers on the shared server under this test's prefix, closed after."""
+    made: list[RedisTier] = []
+
+    def make(pool: KVPool, url: Any = None, **kw: Any) -> RedisTier:
+        kw.setdefault("prefix", redis_prefix)
+        t = RedisTier(redis_url if url is None else url, pool, **kw)
+        made.append(t)
+        return t
+
+    yield make
+    for t in made:
+        t.close()
+
+
+def timed(fn: Any, *args: Any, **kw: Any) -> tuple[Any, float]:
+    t = time.perf_counter()
+    out = fn(*args, **kw)
+    return out, time.perf_counter() - t
+
+
+# ------------------------------------------------------------------------------------------ round trips
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["from-pool", "staged"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+@pytest.mark.parametrize("kv_dtype", ["fp16", "bf16", "int8", "fp8"])
+def test_round_trip_is_bit_exact(tier_factory: Any, kv_dtype: str, layout: str, staged: bool) -> None:
+    pool = make_pool(kv_dtype, layout)
+    tier = tier_factory(pool)
+    if staged:  # the path of device pools: pages copied into the staging rows, then sent
+        tier._planes = lambda pool: None
+    pages, slots = i32(3, 4, 1, 9, 5), i32(6, 0, 1, 7, 2)
+    m = meta(5, namespaces=[None, "*", "tenant-a", "", "ünï/✓"])
+    want = [page_bytes(pool, int(p)) for p in pages]
+    assert tier.store(pool, pages, slots, **m).tolist() == [True] * 5
+    before = pool.data.copy()
+    dst = i32(10, 11, 2, 7, 8)
+    assert tier.load(pool, slots, dst, m["keys"]).tolist() == [True] * 5
+    for i, p in enumerate(dst):
+        assert np.array_equal(page_bytes(pool, int(p)).view(np.uint8), want[i].view(np.uint8))
+    untouched = np.setdiff1d(np.arange(pool.num_pages), dst)
+    assert np.array_equal(pool.data[:, :, untouched].view(np.uint8), before[:, :, untouched].view(np.uint8))
+    s = tier.stats()
+    assert s["stores"] == 5 and s["loads"] == 5 and s["store_failed"] == s["load_failed"] == 0
+    assert s["bytes_written"] == s["bytes_read"] == 5 * tier.value_bytes
+    # The values on the server are exactly header + payload, keyed prefix:tag:keyhex.
+    with_client(tier, lambda r: _check_values(r, tier, m, want))
+
+
+def with_client(tier: RedisTier, fn: Any) -> Any:
+    import redis
+
+    host, port = tier._startup[0]
+    with redis.Redis(host=host, port=port, socket_timeout=2) as r:
+        return fn(r)
+
+
+def _check_values(r: Any, tier: RedisTier, m: dict[str, Any], want: list[np.ndarray]) -> None:
+    for i, k in enumerate(m["keys"]):
+        name = tier.redis_key(k)
+        assert name == f"{tier.prefix}:{tier.geometry_tag}:{k.tobytes().hex()}".encode()
+        v = r.get(name)
+        assert len(v) == tier.value_bytes
+        h = codec.parse_header(v)
+        assert h.key == k.tobytes() and h.parent_key == m["parent_keys"][i].tobytes()
+        assert h.namespace == m["namespaces"][i] and np.array_equal(h.tokens, m["tokens"][i])
+        assert h.geometry == tier.geometry and h.payload_len == tier.payload_len
+        payload = np.frombuffer(v, dtype=np.uint8, offset=h.header_len)
+        assert np.array_equal(payload, want[i].reshape(-1).view(np.uint8))
+        assert codec.checksum(payload) == h.payload_checksum
+
+
+@pytest.mark.parametrize("staged", [False, True], ids=["from-pool", "staged"])
+def test_calls_larger_than_the_staging_buffer(
+    tier_factory: Any, monkeypatch: pytest.MonkeyPatch, staged: bool
+) -> None:
+    monkeypatch.setattr(remote_mod, "_MAX_CHUNK_PAGES", 3)  # 11 pages: 4 chunks
+    monkeypatch.setattr(remote_mod, "WINDOW_BYTES", 1)  # one command in flight
+    pool = make_pool(num_pages=23)
+    tier = tier_factory(pool)
+    if staged:
+        tier._planes = lambda pool: None
+    n = 11
+    m = meta(n)
+    want = pool.data[:, :, 1 : n + 1].copy()
+    perm = np.random.default_rng(5).permutation(n).astype(np.int32)
+    assert tier.store(pool, perm + 1, rng_i32(n), **{k: [v[i] for i in perm] for k, v in m.items()}).all()
+    assert tier.load(pool, rng_i32(n), rng_i32(n, 12), m["keys"]).all()
+    assert np.array_equal(pool.data[:, :, 12:].view(np.uint8), want.view(np.uint8))
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("layout", ["HND", "NHD"])
+def test_quantized_pages_match_the_host_tier(tier_factory: Any, mode: str, layout: str) -> None:
+    pool = make_pool("bf16", layout)
+    x = np.random.default_rng(1).standard_normal(pool.data.shape).astype(np.float32)
+    pool.data[...] = dtypes.encode(x, "bf16")
+    tier = tier_factory(pool, quantize=mode)
+    host = HostTier(pool, 8, quantize=mode)
+    pages, m = i32(1, 2, 3), meta(3)
+    assert tier.store(pool, pages, i32(0, 1, 2), **m).all()
+    assert host.store(pool, pages, i32(0, 1, 2), **m).all()
+    assert tier.payload_len == host.slot_bytes < pool.page_bytes
+    assert tier.load(pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"]).all()
+    assert host.load(pool, i32(0, 1, 2), i32(7, 8, 9), m["keys"]).all()
+    assert np.array_equal(pool.data[:, :, 4:7].view(np.uint8), pool.data[:, :, 7:10].view(np.uint8))
+    # a quantized tier is another geometry: another key segment
+    assert tier_factory(pool).geometry_tag != tier.geometry_tag
+
+
+def test_store_nx_keeps_the_first_value(tier_factory: Any) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    first = with_client(tier, lambda r: [r.get(tier.redis_key(k)) for k in m["keys"]])
+    pool.data[:, :, 1:3] = pool.data[:, :, 5:7]  # other bytes under the same keys
+    assert tier.store(pool, i32(1, 2), i32(3, 4), **m).tolist() == [True, True]
+    assert with_client(tier, lambda r: [r.get(tier.redis_key(k)) for k in m["keys"]]) == first
+    s = tier.stats()
+    assert s["stores"] == 4 and s["store_exists"] == 2 and s["store_failed"] == 0
+
+
+def test_ttl_is_set_by_stores_and_renewed_by_loads(tier_factory: Any) -> None:
+    pool = make_pool()
+    m = meta(2)
+    plain = tier_factory(pool)
+    assert plain.store(pool, i32(1), i32(0), **{k: v[:1] for k, v in m.items()}).all()
+    assert with_client(plain, lambda r: r.pttl(plain.redis_key(m["keys"][0]))) == -1  # no expiry
+    tier = tier_factory(pool, ttl_ms=60_000, prefix=plain.prefix + "-ttl")
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    name = tier.redis_key(m["keys"][1])
+    assert 50_000 < with_client(tier, lambda r: r.pttl(name)) <= 60_000
+    with_client(tier, lambda r: r.pexpire(name, 5_000))
+    assert tier.load(pool, i32(0, 1), i32(3, 4), m["keys"]).all()  # GETEX PX renews
+    assert with_client(tier, lambda r: r.pttl(name)) > 50_000
+
+
+# ------------------------------------------------------------------------------------------ bad values
+
+
+def test_corrupt_values_miss_are_counted_and_deleted(tier_factory: Any) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool)
+    n = 5
+    m = meta(n)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+    names = [tier.redis_key(k) for k in m["keys"]]
+
+    def corrupt(r: Any) -> None:
+        r.set(names[0], b"garbage, not a page")  # short garbage
+        v = bytearray(r.get(names[1]))
+        v[-1] ^= 0x01  # one payload bit
+        r.set(names[1], bytes(v))
+        v = bytearray(r.get(names[2]))
+        v[40] ^= 0x80  # one header bit (parent key): the header checksum fails
+        r.set(names[2], bytes(v))
+        r.set(names[3], r.get(names[3])[:-7])  # truncated
+
+    with_client(tier, corrupt)
+    before = pool.data.copy()
+    ok = tier.load(pool, rng_i32(n), rng_i32(n, 6), m["keys"])
+    assert ok.tolist() == [False, False, False, False, True]
+    assert np.array_equal(pool.data[:, :, 6:10].view(np.uint8), before[:, :, 6:10].view(np.uint8))
+    s = tier.stats()
+    assert s["load_failed"] == 4 and s["load_failed_checksum"] == 1 and s["load_failed_corrupt"] == 3
+    assert s["checksum_mismatches"] == 2 and s["deleted"] == 4
+    assert with_client(tier, lambda r: [r.exists(x) for x in names]) == [0, 0, 0, 0, 1]
+
+
+def test_a_value_of_another_geometry_misses_and_stays(tier_factory: Any) -> None:
+    pool = make_pool("bf16")
+    other = make_pool("fp16")  # same shape, other dtype
+    tier, foreign = tier_factory(pool), tier_factory(other)
+    assert tier.geometry_tag != foreign.geometry_tag
+    longer = make_pool("bf16", page_size=2 * P)
+    far = tier_factory(longer)
+    m = meta(1)
+    lm = {**m, "tokens": np.zeros((1, 2 * P), dtype=np.uint32)}
+    assert foreign.store(other, i32(1), i32(0), **m).all()
+    assert far.store(longer, i32(1), i32(0), **lm).all()
+    ours = tier.redis_key(m["keys"][0])
+    assert ours != foreign.redis_key(m["keys"][0])  # geometries never share a key ...
+
+    def plant(r: Any, src: RedisTier) -> None:  # ... unless a foreign writer puts a value there
+        r.set(ours, r.get(src.redis_key(m["keys"][0])))
+
+    for src in (foreign, far):
+        with_client(tier, lambda r, s=src: plant(r, s))
+        assert tier.load(pool, i32(0), i32(2), m["keys"]).tolist() == [False]
+        assert with_client(tier, lambda r: r.exists(ours)) == 1  # left alone
+    s = tier.stats()
+    assert s["load_failed_geometry"] == 2 and s["deleted"] == 0
+
+
+def test_fp8_pages_under_other_scales_miss(tier_factory: Any) -> None:
+    pool = make_pool("fp8")
+    tier = tier_factory(pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    pool.set_scales(0, 2.0, 2.0)
+    assert tier.load(pool, i32(0), i32(2), m["keys"]).tolist() == [False]
+    assert tier.stats()["load_failed_scales"] == 1
+
+
+def test_missing_keys_miss(tier_factory: Any) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool)
+    m = meta(3)
+    assert tier.store(pool, i32(1), i32(0), **{k: v[:1] for k, v in m.items()}).all()
+    assert tier.load(pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"]).tolist() == [True, False, False]
+    s = tier.stats()
+    assert s["load_failed_missing"] == 2 and s["load_failed"] == 2
+
+
+def test_long_namespace_fails_its_row_only(tier_factory: Any) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool)
+    room = codec.namespace_room(tier.geometry)
+    m = meta(2, namespaces=["x" * (room + 1), "ok"])
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).tolist() == [False, True]
+    assert tier.stats()["store_failed_namespace"] == 1
+
+
+def test_caller_mistakes_raise_before_anything_is_sent(tier_factory: Any) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool)
+    with pytest.raises(InvalidArgumentError):
+        tier.store(pool, i32(1, 1), i32(0, 1), **meta(2))
+    with pytest.raises(InvalidArgumentError):
+        tier.store(make_pool("fp16"), i32(1), i32(0), **meta(1))
+    assert nonzero(tier.stats()) == {}
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "rediss://127.0.0.1:6379",
+        "unix:///tmp/redis.sock",
+        "redis://127.0.0.1:notaport",
+        "redis://127.0.0.1:6379/x",
+        "redis://a:1,b:2",
+        "redis+cluster://127.0.0.1:1/3",
+        "redis://127.0.0.1:6379?db=2",
+        [],
+        42,
+    ],
+)
+def test_bad_urls_are_config_errors(url: Any) -> None:
+    with pytest.raises(ConfigError):
+        RedisTier(url, make_pool())
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        {"prefix": "a{b}"},
+        {"prefix": "a b"},
+        {"prefix": ""},
+        {"timeout_s": 0},
+        {"timeout_s": float("nan")},
+        {"ttl_ms": 0},
+        {"down_after": 0},
+        {"max_lookup_keys": 0},
+        {"backoff_s": -1},
+        {"num_slots": 0},
+        {"quantize": "int3"},
+        {"bandwidth_gbps": 0},
+    ],
+)
+def test_bad_settings_are_config_errors(kw: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        RedisTier("redis://127.0.0.1:1", make_pool(), **kw)
+
+
+def test_needs_no_redis_package() -> None:
+    """The tier speaks RESP itself: kvcore.tiers imports, and a RedisTier is built, without redis-py."""
+    code = (
+        "import sys; sys.modules['redis'] = None\n"
+        "from kvcore.pool import KVPool; from kvcore.tiers import RedisTier\n"
+        "pool = KVPool(num_layers=1, num_pages=2, num_kv_heads=1, head_dim=8, page_size=4)\n"
+        "t = RedisTier('redis://127.0.0.1:1', pool, timeout_s=0.1)\n"
+        "import numpy as np; print(t.exists(np.zeros((1, 16), np.uint8)), t.stats()['connection_errors'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["0", "1"]
+
+
+def test_urls_parse() -> None:
+    pool = make_pool()
+    t = RedisTier("redis://user:p%40ss@127.0.0.1:7001/3", pool)
+    assert not t.cluster and t._startup == [("127.0.0.1", 7001)]
+    assert (t._auth.username, t._auth.password, t._auth.db) == ("user", "p@ss", 3)
+    t = RedisTier("redis://:secret@localhost", pool, prefix="team:model:")
+    assert t._startup == [("localhost", 6379)] and t._auth.password == "secret" and t._auth.username is None
+    assert t.prefix == "team:model"
+    t = RedisTier("redis+cluster://127.0.0.1:7001,127.0.0.1:7002,[::1]:7003", pool)
+    assert t.cluster and t._startup == [("127.0.0.1", 7001), ("127.0.0.1", 7002), ("::1", 7003)]
+    assert RedisTier(["127.0.0.1:7001", "127.0.0.1:7002"], pool).cluster
+
+
+# ------------------------------------------------------------------------------------------ exists
+
+
+def test_exists_counts_leading_keys_in_one_round_trip(
+    tier_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool, max_lookup_keys=6)
+    m = meta(8)
+    held = [0, 1, 2, 4, 5, 6, 7]  # key 3 missing
+    assert tier.store(
+        pool, rng_i32(7, 1), rng_i32(7), **{k: [v[i] for i in held] for k, v in m.items()}
+    ).all()
+    keys = m["keys"]
+    assert tier.exists(keys[:0]) == 0
+    assert tier.exists(keys[4:]) == 4 == tier.exists(keys[4:8])
+    sends: list[int] = []
+    orig = remote_mod._Conn.send
+    monkeypatch.setattr(
+        remote_mod._Conn, "send", lambda self, b, dl: (sends.append(len(b)), orig(self, b, dl))
+    )
+
+    def exists_calls(r: Any) -> int:
+        return int(r.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
+
+    c0 = with_client(tier, exists_calls)
+    assert tier.exists(keys) == 3
+    assert len(sends) == 1  # one send of max_lookup_keys commands, then the replies: one round trip
+    assert with_client(tier, exists_calls) - c0 == 6
+    assert tier.exists(keys[::-1][:3]) == 3
+    s = tier.stats()
+    assert (
+        s["lookups"] == 5 and s["lookup_keys"] == 0 + 4 + 4 + 6 + 3 and s["lookup_hit_keys"] == 4 + 4 + 3 + 3
+    )
+    assert s["lookup_failed"] == 0
+
+
+def test_exists_is_not_blocked_by_a_bulk_transfer(tier_factory: Any) -> None:
+    pool = make_pool(num_pages=65, num_layers=8, head_dim=64)  # 64 x 32 KiB pages
+    tier = tier_factory(pool)
+    n = 64
+    m = meta(n)
+    assert tier.store(pool, rng_i32(1, 1), rng_i32(1), **{k: v[:1] for k, v in m.items()}).all()
+    hold = threading.Event()
+    orig = tier._codec.pages_to_rows
+
+    def slow(*a: Any) -> None:  # a bulk store that sits inside its I/O lock for a while
+        hold.set()
+        time.sleep(0.5)
+        orig(*a)
+
+    tier._planes = lambda pool: None  # stage the pages (as for a device pool) ...
+    tier._codec.pages_to_rows = slow  # type: ignore[method-assign]  # ... slowly
+    th = threading.Thread(target=tier.store, args=(pool, rng_i32(n, 1), rng_i32(n)), kwargs=m)
+    th.start()
+    assert hold.wait(5)
+    found, dt = timed(tier.exists, m["keys"])
+    th.join()
+    assert found == 1 and dt < 0.25
+
+
+# ------------------------------------------------------------------------------------------ faults
+
+
+def test_killed_server_misses_fast_then_restart_is_picked_up(private_redis: Any) -> None:
+    pool = make_pool()
+    tier = RedisTier(private_redis.url, pool, timeout_s=TIMEOUT, down_after=3, backoff_s=0.5)
+    m = meta(4)
+    assert tier.store(pool, rng_i32(4, 1), rng_i32(4), **m).all()
+    private_redis.kill()
+    for fn, args in (
+        (tier.store, (pool, rng_i32(4, 1), rng_i32(4))),
+        (tier.load, (pool, rng_i32(4), rng_i32(4, 5), m["keys"])),
+    ):
+        ok, dt = timed(fn, *args, **(m if fn == tier.store else {}))
+        assert ok.tolist() == [False] * 4 and dt < TIMEOUT + SLACK
+    assert tier.exists(m["keys"]) == 0
+    s = tier.stats()
+    assert s["store_failed_connection"] == 4 and s["load_failed_connection"] == 4
+    assert s["down_events"] == 1 and s["nodes_down"] == 1  # 3 failed calls
+    ok, dt = timed(tier.store, pool, rng_i32(4, 1), rng_i32(4), **m)
+    assert not ok.any() and dt < 0.01 and tier.stats()["store_failed_down"] == 4
+    assert tier.stats()["skipped_down"] == 1
+    private_redis.restart()  # empty: no persistence
+    time.sleep(0.5)  # the back-off
+    assert tier.load(pool, rng_i32(4), rng_i32(4, 5), m["keys"]).tolist() == [False] * 4  # missing now
+    assert tier.store(pool, rng_i32(4, 1), rng_i32(4), **m).all()
+    assert tier.load(pool, rng_i32(4), rng_i32(4, 5), m["keys"]).all()
+    s = tier.stats()
+    assert s["load_failed_missing"] == 4 and s["reconnects"] >= 1 and s["nodes_down"] == 0
+    tier.close()
+
+
+def test_a_server_restarted_between_calls_costs_no_miss(private_redis: Any) -> None:
+    pool = make_pool()
+    tier = RedisTier(private_redis.url, pool, timeout_s=TIMEOUT)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    assert tier.exists(m["keys"]) == 2
+    private_redis.restart()
+    # the kept connections are dead: each channel notices, reconnects and retries once
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    assert tier.exists(m["keys"]) == 2
+    s = tier.stats()
+    assert s["store_failed"] == 0 and s["reconnects"] == 2 and s["connection_errors"] == 0
+    tier.close()
+
+
+def test_paused_server_times_out_goes_down_and_comes_back(private_redis: Any) -> None:
+    pool = make_pool()
+    tier = RedisTier(private_redis.url, pool, timeout_s=TIMEOUT, down_after=2, backoff_s=0.6)
+    m = meta(3)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m).all()
+    private_redis.cli("CLIENT", "PAUSE", "1500")
+    t0 = time.monotonic()
+    ok, dt = timed(tier.load, pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"])
+    assert ok.tolist() == [False] * 3 and TIMEOUT * 0.9 < dt < TIMEOUT + SLACK
+    found, dt = timed(tier.exists, m["keys"])  # the lookup channel times out on its own
+    assert found == 0 and dt < TIMEOUT + SLACK
+    s = tier.stats()
+    assert s["load_failed_timeout"] == 3 and s["timeouts"] == 2 and s["down_events"] == 1
+    assert s["lookup_failed"] == 1
+    # down: every call returns at once, without touching the network
+    for _ in range(3):
+        ok, dt = timed(tier.store, pool, i32(1, 2, 3), i32(0, 1, 2), **m)
+        assert not ok.any() and dt < 0.01
+        found, dt = timed(tier.exists, m["keys"])
+        assert found == 0 and dt < 0.01
+    assert tier.stats()["skipped_down"] == 6
+    while time.monotonic() < t0 + 1.6:  # the pause ends
+        time.sleep(0.05)
+    assert tier.load(pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"]).all()
+    assert tier.exists(m["keys"]) == 3 and tier.stats()["nodes_down"] == 0
+    tier.close()
+
+
+def test_slow_store_returns_within_the_timeout(private_redis: Any) -> None:
+    pool = make_pool()
+    tier = RedisTier(private_redis.url, pool, timeout_s=TIMEOUT)
+    m = meta(4)
+    assert tier.store(pool, i32(1), i32(0), **{k: v[:1] for k, v in m.items()}).all()  # connected
+    private_redis.cli("CLIENT", "PAUSE", "2000")
+    ok, dt = timed(tier.store, pool, rng_i32(4, 1), rng_i32(4), **m)
+    assert ok.tolist() == [False] * 4 and dt < TIMEOUT + SLACK
+    assert tier.stats()["store_failed_timeout"] == 4
+    tier.close()
+
+
+def test_a_full_server_refuses_stores_counted_as_oom(private_redis: Any) -> None:
+    private_redis.stop()
+    private_redis.start(extra_args=["--maxmemory", "1mb", "--maxmemory-policy", "noeviction"])
+    pool = make_pool(num_pages=41, num_layers=8, head_dim=64)  # 40 x 32 KiB pages > 1 MiB
+    tier = RedisTier(private_redis.url, pool, timeout_s=1.0)
+    n = 40
+    ok = tier.store(pool, rng_i32(n, 1), rng_i32(n), **meta(n))
+    s = tier.stats()
+    assert not ok.all() and s["store_failed_oom"] == n - ok.sum() and s["store_failed"] == n - ok.sum()
+    assert s["down_events"] == 0 and s["nodes_down"] == 0  # a full server is up: no back-off
+    assert int(private_redis.cli("DBSIZE")) == ok.sum()
+    tier.close()
+
+
+# ------------------------------------------------------------------------------------------ cluster
+
+
+def cluster_node_of(tier: RedisTier, key: np.ndarray, addresses: list[str]) -> int:
+    """Index into ``addresses`` of the node that owns the key's slot (redis-py's own map)."""
+    from redis.cluster import RedisCluster
+
+    host, port = addresses[0].split(":")
+    with RedisCluster(host=host, port=int(port)) as rc:
+        node = rc.get_node_from_key(tier.redis_key(key))
+        assert rc.keyslot(tier.redis_key(key)) == remote_mod._key_slot(tier.redis_key(key))
+        return addresses.index(f"{node.host}:{node.port}")
+
+
+def test_cluster_round_trip(redis_cluster_nodes: list[str], redis_prefix: str) -> None:
+    n = 24
+    pool = make_pool(num_pages=2 * n + 1)
+    m = meta(n)
+    want = pool.data[:, :, 1 : n + 1].copy()
+    for url in (redis_cluster_nodes, "redis+cluster://" + redis_cluster_nodes[0]):
+        tier = RedisTier(url, pool, prefix=redis_prefix + ("a" if isinstance(url, list) else "b"))
+        owners = {cluster_node_of(tier, k, redis_cluster_nodes) for k in m["keys"]}
+        assert owners == {0, 1, 2}  # the keys spread over every node
+        assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+        pool.data[:, :, n + 1 :] = 0
+        assert tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"]).all()
+        assert np.array_equal(pool.data[:, :, n + 1 :].view(np.uint8), want.view(np.uint8))
+        assert tier.exists(m["keys"]) == n
+        s = tier.stats()
+        assert s["nodes"] == 3 and s["topology_refreshes"] == 1 and s["moved"] == 0
+        tier.close()
+
+
+def test_cluster_moved_replies_are_followed(redis_cluster_nodes: list[str], redis_prefix: str) -> None:
+    n = 30  # some keys are not on node 0 (all 30 are with probability 3^-30)
+    pool = make_pool(num_pages=n + 1)
+    tier = RedisTier(redis_cluster_nodes, pool, prefix=redis_prefix)
+    m = meta(n)
+    assert tier.exists(m["keys"]) == 0  # reads the slot map
+    tier._slots[:] = 0  # as if every slot had moved to node 0 since
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()  # MOVED: retried at the right node
+    s = tier.stats()
+    assert 0 < s["moved"] < n and s["store_failed"] == 0
+    assert tier.load(pool, rng_i32(n), rng_i32(n, 1)[::-1].copy(), m["keys"][::-1].copy()).all()
+    assert tier.stats()["topology_refreshes"] == 2  # the whole map was read again
+    owner = np.array([cluster_node_of(tier, k, redis_cluster_nodes) for k in m["keys"]])
+    node0 = tier._node_index[redis_cluster_nodes[0]]
+    tier._slots[:] = node0
+    lead = int(np.argmin(owner == 0)) if not (owner == 0).all() else n
+    assert tier.exists(m["keys"]) == lead  # a key MOVED elsewhere counts as absent ...
+    assert tier.exists(m["keys"]) == n  # ... until the map is read again (this call)
+    tier.close()
+
+
+def test_cluster_node_down_fails_only_its_keys(private_cluster: Any) -> None:
+    addrs = private_cluster.addresses
+    for node in private_cluster.nodes:  # a cache cluster should keep serving the slots it still has
+        node.cli("CONFIG", "SET", "cluster-require-full-coverage", "no")
+    pool = make_pool(num_pages=40)
+    tier = RedisTier(addrs, pool, timeout_s=TIMEOUT, down_after=2, backoff_s=30)
+    n = 18
+    m = meta(n)
+    owner = np.array([cluster_node_of(tier, k, addrs) for k in m["keys"]])
+    assert set(owner.tolist()) == {0, 1, 2}
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+    private_cluster.stop_node(1)
+    want = owner != 1
+    for _ in range(2):
+        ok, dt = timed(tier.load, pool, rng_i32(n), rng_i32(n, 20), m["keys"])
+        assert ok.tolist() == want.tolist() and dt < TIMEOUT + SLACK
+    s = tier.stats()
+    assert s["load_failed_connection"] == 2 * (~want).sum() and s["down_events"] == 1
+    assert s["nodes_down"] == 1
+    ok, dt = timed(tier.store, pool, rng_i32(n, 1), rng_i32(n), **m)  # node 1 skipped, the others work
+    assert ok.tolist() == want.tolist() and dt < TIMEOUT
+    assert tier.stats()["store_failed_down"] == (~want).sum()
+    lead = int(np.argmin(want)) if not want.all() else n
+    assert tier.exists(m["keys"]) == lead  # the first key on the dead node ends the prefix
+    tier.close()
+
+
+# ------------------------------------------------------------------------------------------ with the manager
+
+
+PS = P  # tokens per page of the manager: the pool's page size
+
+
+def _manager(tier: RedisTier, fingerprint: bytes = b"model") -> Any:
+    from kvcore import KVCacheManager
+
+    return KVCacheManager(12, PS, fingerprint=fingerprint, lower_tiers=[tier], store_policy="all")
+
+
+MANAGED_SLOTS = 64  # the manager's index of the remote tier in these tests
+
+
+def test_tenants_values_carry_their_namespace(tier_factory: Any) -> None:
+    import redis
+
+    prompt = np.arange(3 * PS + 1, dtype=np.int32)  # 3 full pages
+    pool = make_pool(num_pages=12)
+    tier = tier_factory(pool, num_slots=MANAGED_SLOTS)
+    cache = _manager(tier)
+    mover = Mover(cache, pool, [tier])
+    cache.add_sequence(1, prompt, "tenant-a")
+    cache.add_sequence(2, prompt, "tenant-b")
+    res = mover.run()
+    assert res.stored == 6 and res.store_failed == 0
+    host, port = tier._startup[0]
+    with redis.Redis(host=host, port=port) as r:
+        names = sorted(r.scan_iter(match=f"{tier.prefix}:*", count=1000))
+        assert len(names) == 6
+        seen: dict[str | None, list[bytes]] = {}
+        for name in names:
+            h = codec.parse_header(r.get(name))
+            assert name == tier.redis_key(h.key)
+            seen.setdefault(h.namespace, []).append(h.key)
+    for ns in ("tenant-a", "tenant-b"):
+        keys = cache.prompt_keys(prompt, ns)
+        assert sorted(seen[ns]) == sorted(k.tobytes() for k in keys)
+    assert set(seen) == {"tenant-a", "tenant-b"}
+    text = mover.metrics_text()  # the tier's counters reach the Prometheus text
+    assert 'kvcore_tier_storage_stores{tier="remote"} 6' in text, text
+
+
+def test_two_instances_share_pages_through_lookup(tier_factory: Any) -> None:
+    prompt = np.arange(3 * PS + 1, dtype=np.int32)
+    pool_a, pool_b = make_pool(num_pages=12, seed=1), make_pool(num_pages=12, seed=2)
+    ta, tb = tier_factory(pool_a, num_slots=MANAGED_SLOTS), tier_factory(pool_b, num_slots=MANAGED_SLOTS)
+    a, b = _manager(ta), _manager(tb)
+    ma, mb = Mover(a, pool_a, [ta]), Mover(b, pool_b, [tb])
+    a.add_sequence(1, prompt, "t")
+    pages_a = a.seq_pages(1)[:3]
+    want = pool_a.data[:, :, pages_a].copy()
+    assert ma.run().stored == 3
+    assert mb.lookup(prompt, "u") == 0  # another tenant finds nothing
+    assert mb.lookup(prompt, "t") == 3
+    assert b.add_sequence(2, prompt, "t") == 3 * PS
+    mb.run(stores=False)
+    assert b.is_ready(2)
+    assert np.array_equal(pool_b.data[:, :, b.seq_pages(2)[:3]].view(np.uint8), want.view(np.uint8))
+    assert tb.stats()["loads"] == 3 and tb.stats()["lookup_hit_keys"] == 3
+
+
+# ------------------------------------------------------------------------------------------ the RESP reader
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    sizes=st.lists(st.sampled_from([0, 1, 5, 4096, 65535, 65536, 70000, (1 << 20) + 3, 5 << 19]), max_size=6),
+    cuts=st.lists(st.integers(1, 300_000), min_size=1, max_size=20),
+    skip=st.lists(st.booleans(), min_size=6, max_size=6),
+)
+def test_reader_parses_replies_cut_anywhere(sizes: list[int], cuts: list[int], skip: list[bool]) -> None:
+    """Bulk values (some larger than the read buffer), nils, status lines, integers and nested
+    arrays, written in arbitrary fragments, read back exactly: against the bytes written."""
+    rng = np.random.default_rng(len(sizes) * 7 + sum(cuts))
+    values = [rng.integers(0, 256, size=n, dtype=np.uint8).tobytes() for n in sizes]
+    stream = b"".join(b"$%d\r\n%b\r\n+OK\r\n$-1\r\n:42\r\n" % (len(v), v) for v in values)
+    stream += b"*2\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n$-1\r\n"
+    a, b = socket.socketpair()
+    conn = remote_mod._Conn("x", 0, remote_mod._Auth(None, None, 0), remote_mod._READ_BUF)
+    conn.sock = a
+    dl = remote_mod._Deadline(5.0)
+
+    def write() -> None:
+        off, i = 0, 0
+        while off < len(stream):
+            k = max(cuts[i % len(cuts)], len(stream) // 400)  # at most ~400 fragments
+            b.sendall(stream[off : off + k])
+            off, i = off + k, i + 1
+
+    th = threading.Thread(target=write)
+    th.start()
+    try:
+        for i, v in enumerate(values):
+            assert conn.line(dl) == b"$%d" % len(v)
+            if skip[i]:
+                conn.skip(len(v) + 2, dl)
+            else:
+                out = bytearray(len(v))
+                head = min(len(v), 4096)  # header and payload, as a load reads them
+                conn.read_into(memoryview(out)[:head], dl)
+                conn.read_into(memoryview(out)[head:], dl)
+                assert bytes(out) == v
+                conn.skip(2, dl)
+            assert [conn.line(dl) for _ in range(3)] == [b"+OK", b"$-1", b":42"]
+        assert conn.value(dl) == [[0, 16383, [b"127.0.0.1", 7000]], None]
+    finally:
+        th.join()
+        a.close()
+        b.close()
+
+
+def test_reader_times_out_and_sees_a_closed_connection() -> None:
+    a, b = socket.socketpair()
+    conn = remote_mod._Conn("x", 0, remote_mod._Auth(None, None, 0))
+    conn.sock = a
+    b.sendall(b"+OK\r\n+PART")
+    assert conn.line(remote_mod._Deadline(0.1)) == b"+OK"
+    t = time.perf_counter()
+    with pytest.raises(TimeoutError):
+        conn.line(remote_mod._Deadline(0.1))  # "+PART" never ends
+    assert 0.09 < time.perf_counter() - t < 0.1 + SLACK
+    b.close()
+    with pytest.raises(ConnectionResetError):
+        conn.line(remote_mod._Deadline(0.1))
+    a.close()
