@@ -351,7 +351,7 @@ def test_cli_json_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str], mod
         "round-robin",
         "memory",
         "lru",
-        256,
+        2048,  # the default: a 32k-token prompt in one lookup
     )
     assert [t["name"] for t in s["lower_tiers"]] == ["host", "remote"]
     assert s["lower_tiers"][1] == {"name": "remote", "num_slots": 1 << 22, "bandwidth_gbps": 1.0}

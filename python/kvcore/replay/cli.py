@@ -155,7 +155,7 @@ def register(subparsers: Any) -> None:
         "--remote-lookup-keys",
         type=int_arg(1),
         metavar="N",
-        help="most pages one lookup asks the store about (default 256)",
+        help="most pages one lookup asks the store about (default 2048)",
     )
     run = p.add_argument_group("replay")
     run.add_argument(

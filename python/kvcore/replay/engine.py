@@ -107,7 +107,7 @@ STORE_POLICIES = ("selective", "all", "value")
 #: a bandwidth to the manager, so the value policy and the timed mode's load times use the same figure.
 DEFAULT_BANDWIDTH_GBPS = {"host": 25.0, "disk": 5.0, "remote": 1.0}
 #: Most pages one lookup asks the shared store about (kvcore.tiers.RedisTier's max_lookup_keys).
-DEFAULT_REMOTE_LOOKUP_KEYS = 256
+DEFAULT_REMOTE_LOOKUP_KEYS = 2048
 #: K/V bytes of one token over all layers when no model is given: Llama-3.1-8B in bf16 (32 layers x 8 KV
 #: heads x 128 x 2 (K, V) x 2 B), the value policy's default of 2 MiB per 16-token page.
 DEFAULT_TOKEN_BYTES = 128 * 1024
