@@ -20,3 +20,5 @@ cargo test -q --release --test tiers -- --ignored --nocapture 2>&1 | grep -vE "^
 echo "== lower tiers: storage against memcpy and plain file I/O"; .venv/bin/python benches/tiers_storage.py --repeats 5
 echo "== lower tiers: quantize-on-demote error on the tiny decoder"; .venv/bin/python benches/tiers_quant_error.py
 echo "== lower tiers: Mooncake conversation replay grid"; .venv/bin/python benches/replay_tiers.py
+echo "== remote tier: RedisTier, redis-py, RespClient, redis-benchmark (own server)"; .venv/bin/python benches/tiers_remote.py --repeats 5
+echo "== remote tier: instances sharing it (replay grid, ~2 min)"; .venv/bin/python benches/replay_instances.py
