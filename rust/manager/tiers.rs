@@ -30,7 +30,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::{internal, unknown, KVCacheManager, SeqId, State};
-use crate::error::{KvError, KvResult};
+use crate::error::{try_boxed_slice, KvError, KvResult};
 use crate::eviction::EvictionPolicy;
 use crate::keys::{page_key, PageKey};
 use crate::radix::{FxBuildHasher, Namespace, NodeId, RadixTree, ROOT};
@@ -215,11 +215,17 @@ impl Tier {
             num_slots: n,
             ..TierStats::default()
         };
+        // Large tiers must never abort the process: every per-slot array is allocated fallibly.
+        // The largest first, so an impossible size fails before anything is filled.
+        let what = format!("lower tier {:?}", config.name);
+        let keys = try_boxed_slice(n, &what, |_| [0; 16])?.into_vec();
+        let free = try_boxed_slice(n, &what, |i| (n - 1 - i) as u32)?.into_vec();
+        let bad = try_boxed_slice(n, &what, |_| false)?.into_vec();
         Ok(Self {
             tree: RadixTree::new(page_size, EvictionPolicy::Lru)?,
-            free: (0..n as u32).rev().collect(),
-            keys: vec![[0; 16]; n],
-            bad: vec![false; n],
+            free,
+            keys,
+            bad,
             num_bad: 0,
             storing: HashSet::new(),
             config,

@@ -486,3 +486,9 @@ def test_two_instances_share_a_remote_tier_through_lookup() -> None:
     with pytest.raises(InvalidArgumentError, match="full pages"):
         b.mark_tier_pages("remote", PROMPT, 4)
     b._check_invariants()
+
+
+def test_an_impossible_tier_size_is_an_out_of_memory_error_not_an_abort() -> None:
+    # 2**32 - 2 slots: 64 GiB of keys alone; refused before anything is filled.
+    with pytest.raises(kvcore.OutOfMemoryError, match="lower tier"):
+        KVCacheManager(8, PS, lower_tiers=[("host", 2**32 - 2)])
