@@ -489,6 +489,23 @@ def test_two_instances_share_a_remote_tier_through_lookup() -> None:
 
 
 def test_an_impossible_tier_size_is_an_out_of_memory_error_not_an_abort() -> None:
-    # 2**32 - 2 slots: 64 GiB of keys alone; refused before anything is filled.
-    with pytest.raises(kvcore.OutOfMemoryError, match="lower tier"):
-        KVCacheManager(8, PS, lower_tiers=[("host", 2**32 - 2)])
+    # 2**30 slots (16 GiB of keys) under a 2 GiB address-space limit, in a child process: refused
+    # before anything is filled, whatever the machine's memory or overcommit policy.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent(
+        """
+        import resource
+        import kvcore
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+        try:
+            kvcore.KVCacheManager(8, 4, lower_tiers=[("host", 2**30)])
+        except kvcore.OutOfMemoryError as e:
+            print("refused:", e)
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.startswith('refused: cannot allocate lower tier "host"')
