@@ -38,6 +38,17 @@ pub enum KeyNamespace<'a> {
     Named(&'a str),
 }
 
+impl<'a> KeyNamespace<'a> {
+    /// The key namespace of a namespace name: `None` the default, `"*"` the public one.
+    pub fn of(name: Option<&'a str>) -> Self {
+        match name {
+            None => KeyNamespace::Default,
+            Some(crate::manager::PUBLIC_NAMESPACE_NAME) => KeyNamespace::Public,
+            Some(name) => KeyNamespace::Named(name),
+        }
+    }
+}
+
 fn truncate(digest: &[u8]) -> PageKey {
     let mut key = [0u8; 16];
     key.copy_from_slice(&digest[..16]);

@@ -1015,9 +1015,6 @@ impl KVCacheManager {
         let tokens = std::mem::take(&mut seq.tokens);
         let mut keys = std::mem::take(&mut seq.keys);
         let node_pages = seq.lock_pages;
-        if keys.len() < n {
-            self.seed_keys_from_tiers(st, ns, &tokens, n, &mut keys);
-        }
         let result = self
             .extend_keys(st, ns, &tokens, n, &mut keys)
             .and_then(|()| {

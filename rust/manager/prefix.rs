@@ -127,7 +127,6 @@ impl KVCacheManager {
             && self.tiers_lack(st, ns, tokens, pages.len())
         {
             let mut keys = Vec::with_capacity(pages.len());
-            self.seed_keys_from_tiers(st, ns, tokens, pages.len(), &mut keys);
             self.extend_keys(st, ns, tokens, pages.len(), &mut keys)?;
             self.offer_stores(st, ns, ins.node, tokens, &keys, pages.len(), trigger, now)?;
         }

@@ -550,14 +550,12 @@ impl KVCacheManager {
         let queued = std::mem::take(&mut st.transfers.queued);
         let mut kept = Vec::new();
         for id in queued {
-            let is_store = st.transfers.stores.contains_key(&id);
-            if (is_store && !stores) || (!is_store && !loads) {
-                kept.push(id);
-                continue;
-            }
-            if let Some((op, taken)) = st.transfers.stores.get_mut(&id) {
-                *taken = true;
-                let name = namespace_name(&st.namespace_names, op.ns);
+            if let Some((op, _)) = st.transfers.stores.get(&id) {
+                if !stores {
+                    kept.push(id);
+                    continue;
+                }
+                let name = st.namespace_label(op.ns);
                 for (i, (&page, &slot)) in op.pages.iter().zip(&op.slots).enumerate() {
                     let at = (op.first + i) * ps;
                     batch.stores.push(StoreRow {
@@ -571,7 +569,14 @@ impl KVCacheManager {
                         namespace: name.clone(),
                     });
                 }
+                if let Some((_, taken)) = st.transfers.stores.get_mut(&id) {
+                    *taken = true;
+                }
             } else if let Some(g) = st.transfers.loads.get_mut(&id) {
+                if !loads {
+                    kept.push(id);
+                    continue;
+                }
                 g.taken = true;
                 for i in 0..g.pages.len() {
                     let (tier, slot) = (g.tiers[i] as usize, g.slots[i]);
@@ -683,23 +688,13 @@ impl KVCacheManager {
         }
         tier.tree.unlock(s.tier_node).map_err(internal)?;
         st.tree.unlock(s.hbm_node).map_err(internal)?;
-        if let (Some(from), true) = (stored_from, st.events.is_some()) {
+        if let Some(from) = stored_from {
             let parent = match (s.first + from, from) {
                 (0, _) => None,
                 (_, 0) => Some(s.parent),
                 _ => Some(s.keys[from - 1]),
             };
-            let namespace = st.namespace_label(s.ns);
-            let medium = st.tiers[s.tier].config.name.clone();
-            if let Some(events) = st.events.as_mut() {
-                events.log.push(super::KvEvent::Stored {
-                    keys: s.keys[from..].to_vec(),
-                    parent,
-                    namespace,
-                    pages: s.slots[from..].to_vec(),
-                    medium,
-                });
-            }
+            record_tier_stored(st, s.tier, s.ns, &s.keys[from..], parent, &s.slots[from..]);
         }
         st.remove_live(s.ns);
         Ok(())
@@ -1061,22 +1056,22 @@ impl KVCacheManager {
             .any(|t| t.tree.peek_prefix_len(ns, &tokens[..n * ps]) < n)
     }
 
-    /// Extend `keys` (the keys of a prefix of the pages of `tokens` in `ns`) with the keys a tier
-    /// already holds for the following pages of that path, in the same namespace: a copy instead
-    /// of a hash per page (an admission that hits a long cached prefix would hash all of it).
-    pub(super) fn seed_keys_from_tiers(
+    /// Keys of pages `0..n` of `tokens` in `ns`, chained from the root, continuing `keys` (the
+    /// keys of a prefix of them): first copied from a tier that holds the path in `ns` (an
+    /// admission that hits a long cached prefix would otherwise hash all of it), then hashed.
+    pub(super) fn extend_keys(
         &self,
         st: &State,
         ns: Namespace,
         tokens: &[u32],
         n: usize,
         keys: &mut Vec<PageKey>,
-    ) {
+    ) -> KvResult<()> {
         let ps = self.page_size;
         let mut path = Vec::new();
         for tier in &st.tiers {
             if keys.len() >= n {
-                return;
+                return Ok(());
             }
             path.clear();
             tier.tree
@@ -1089,18 +1084,6 @@ impl KVCacheManager {
                 keys.push(tier.keys[(id - 1) as usize]);
             }
         }
-    }
-
-    /// Keys of pages `0..n` of `tokens` in `ns`, chained from the root, continuing `keys`.
-    pub(super) fn extend_keys(
-        &self,
-        st: &State,
-        ns: Namespace,
-        tokens: &[u32],
-        n: usize,
-        keys: &mut Vec<PageKey>,
-    ) -> KvResult<()> {
-        let ps = self.page_size;
         let kns = st
             .key_namespace(ns)
             .ok_or_else(|| internal(KvError::InvalidArgument("namespace without a name".into())))?;
@@ -1124,11 +1107,7 @@ impl KVCacheManager {
     /// The page keys of the full pages of `tokens` in `namespace`, as this cache names them (its
     /// fingerprint): what a shared tier is asked for. No side effects.
     pub fn prompt_keys(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<PageKey> {
-        let ns = match namespace {
-            None => crate::keys::KeyNamespace::Default,
-            Some(super::PUBLIC_NAMESPACE_NAME) => crate::keys::KeyNamespace::Public,
-            Some(name) => crate::keys::KeyNamespace::Named(name),
-        };
+        let ns = crate::keys::KeyNamespace::of(namespace);
         let mut keys = Vec::with_capacity(tokens.len() / self.page_size);
         crate::keys::page_keys(&self.root_key, ns, tokens, self.page_size, &mut keys);
         keys
@@ -1186,7 +1165,6 @@ impl KVCacheManager {
             return Ok(0);
         }
         let mut keys = Vec::with_capacity(num_pages);
-        self.seed_keys_from_tiers(st, ns, tokens, num_pages, &mut keys);
         self.extend_keys(st, ns, tokens, num_pages, &mut keys)?;
         let mut emptied = Vec::new();
         let mut evicted = Vec::new();
@@ -1220,17 +1198,8 @@ impl KVCacheManager {
             tier.keys[slot as usize] = keys[visible + i];
         }
         tier.stats.num_marked_pages += slots.len() as u64;
-        let medium = tier.config.name.clone();
-        let namespace = st.namespace_label(ns);
-        if let Some(events) = st.events.as_mut() {
-            events.log.push(super::KvEvent::Stored {
-                keys: keys[visible..end].to_vec(),
-                parent: (visible > 0).then(|| keys[visible - 1]),
-                namespace,
-                pages: slots.clone(),
-                medium,
-            });
-        }
+        let parent = (visible > 0).then(|| keys[visible - 1]);
+        record_tier_stored(st, t, ns, &keys[visible..end], parent, &slots);
         for ns in emptied {
             st.forget_if_unused(ns);
         }
@@ -1322,17 +1291,8 @@ impl KVCacheManager {
                 tier.keys[p.slot as usize] = p.key;
                 tier.stats.num_restored_pages += 1;
                 accepted[i] = true;
-                let medium = tier.config.name.clone();
-                let namespace = st.namespace_label(ns);
-                if let Some(events) = st.events.as_mut() {
-                    events.log.push(super::KvEvent::Stored {
-                        keys: vec![p.key],
-                        parent: (depth > 0).then_some(p.parent_key),
-                        namespace,
-                        pages: vec![p.slot],
-                        medium,
-                    });
-                }
+                let parent = (depth > 0).then_some(p.parent_key);
+                record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot]);
             }
             if let Some(kids) = children.get(&p.key) {
                 stack.extend(kids.iter().map(|&c| (c, depth + 1)));
@@ -1360,11 +1320,29 @@ impl KVCacheManager {
     }
 }
 
-fn namespace_name(names: &HashMap<Namespace, String>, ns: Namespace) -> Option<String> {
-    match ns {
-        crate::radix::DEFAULT_NAMESPACE => None,
-        crate::radix::PUBLIC_NAMESPACE => Some(super::PUBLIC_NAMESPACE_NAME.to_owned()),
-        ns => names.get(&ns).cloned(),
+/// Record that `slots` of tier `t` now hold the pages `keys` of `ns` (`parent`: the key before the
+/// first; `None` at the root).
+fn record_tier_stored(
+    st: &mut State,
+    t: usize,
+    ns: Namespace,
+    keys: &[PageKey],
+    parent: Option<PageKey>,
+    slots: &[u32],
+) {
+    if st.events.is_none() || keys.is_empty() {
+        return;
+    }
+    let namespace = st.namespace_label(ns);
+    let medium = st.tiers[t].config.name.clone();
+    if let Some(events) = st.events.as_mut() {
+        events.log.push(super::KvEvent::Stored {
+            keys: keys.to_vec(),
+            parent,
+            namespace,
+            pages: slots.to_vec(),
+            medium,
+        });
     }
 }
 

@@ -97,6 +97,21 @@ impl PyKVCacheManager {
         })
     }
 
+    /// A side-effect-free prefix lookup: `tokens` (copied) and `namespace` converted, then `f` run
+    /// through the gate (detached for long prompts).
+    fn run_lookup<R: Send>(
+        &self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        namespace: Option<&Bound<'_, PyAny>>,
+        f: impl FnOnce(&KVCacheManager, &[u32], Option<&str>) -> R + Send,
+    ) -> PyResult<R> {
+        let (ids, namespace) = lookup_args(tokens, namespace)?;
+        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
+            f(m, ids.as_slice(), namespace.as_deref())
+        }))
+    }
+
     /// Microseconds on the manager's clock. Calls the injected clock (Python code): callers do it
     /// after converting their arguments and before the core call.
     fn now(&self, py: Python<'_>) -> PyResult<u64> {
@@ -572,10 +587,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let (ids, namespace) = lookup_args(tokens, namespace)?;
-        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
-            m.unpin(ids.as_slice(), namespace.as_deref())
-        }))
+        self.run_lookup(py, tokens, namespace, |m, ids, ns| m.unpin(ids, ns))
     }
 
     /// Cached tokens a lookup of `tokens` would find now (whole pages; no side effects).
@@ -586,10 +598,9 @@ impl PyKVCacheManager {
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
-        let (ids, namespace) = lookup_args(tokens, namespace)?;
-        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
-            m.peek_prefix_len(ids.as_slice(), namespace.as_deref())
-        }))
+        self.run_lookup(py, tokens, namespace, |m, ids, ns| {
+            m.peek_prefix_len(ids, ns)
+        })
     }
 
     /// `PrefixMatch(num_tokens, pages)`: the longest cached prefix of `tokens` visible from
@@ -601,10 +612,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'py, PyAny>,
         namespace: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let (ids, namespace) = lookup_args(tokens, namespace)?;
-        let found = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
-            m.match_prefix(ids.as_slice(), namespace.as_deref())
-        });
+        let found = self.run_lookup(py, tokens, namespace, |m, ids, ns| m.match_prefix(ids, ns))?;
         let pages: Vec<i32> = found.pages.iter().map(|&p| p as i32).collect();
         python_attr(py, &PREFIX_MATCH, "kvcore.manager", "PrefixMatch")?
             .call1((found.num_tokens, PyArray1::from_vec(py, pages)))
@@ -770,10 +778,9 @@ impl PyKVCacheManager {
         tokens: &Bound<'py, PyAny>,
         namespace: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyDict>> {
-        let (ids, namespace) = lookup_args(tokens, namespace)?;
-        let hit = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
-            m.peek_hit_tokens(ids.as_slice(), namespace.as_deref())
-        });
+        let hit = self.run_lookup(py, tokens, namespace, |m, ids, ns| {
+            m.peek_hit_tokens(ids, ns)
+        })?;
         hit_dict(py, &self.tier_names, &hit)
     }
 
@@ -786,10 +793,7 @@ impl PyKVCacheManager {
         tokens: &Bound<'py, PyAny>,
         namespace: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<u8>>> {
-        let (ids, namespace) = lookup_args(tokens, namespace)?;
-        let keys = self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
-            m.prompt_keys(ids.as_slice(), namespace.as_deref())
-        });
+        let keys = self.run_lookup(py, tokens, namespace, |m, ids, ns| m.prompt_keys(ids, ns))?;
         keys_array(py, &keys)
     }
 
@@ -804,10 +808,9 @@ impl PyKVCacheManager {
         namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let tier = str_arg(tier, "tier")?;
-        let (ids, namespace) = lookup_args(tokens, namespace)?;
-        Ok(self.run(py, ids.as_slice().len() >= LONG_TOKENS, |m| {
-            m.tier_prefix_len(&tier, ids.as_slice(), namespace.as_deref())
-        })?)
+        Ok(self.run_lookup(py, tokens, namespace, |m, ids, ns| {
+            m.tier_prefix_len(&tier, ids, ns)
+        })??)
     }
 
     /// Index the first `num_pages` full pages of `tokens` in lower tier `tier` without a transfer,
@@ -1083,11 +1086,7 @@ pub(crate) fn py_page_keys<'py>(
         _ => Vec::new(),
     };
     let namespace = namespace_arg(namespace)?;
-    let ns = match namespace.as_deref() {
-        None => KeyNamespace::Default,
-        Some(crate::manager::PUBLIC_NAMESPACE_NAME) => KeyNamespace::Public,
-        Some(name) => KeyNamespace::Named(name),
-    };
+    let ns = KeyNamespace::of(namespace.as_deref());
     let mut keys = Vec::new();
     page_keys(
         &root_key(&fingerprint),
