@@ -192,7 +192,14 @@ class KVCacheManager:
         """Tokens of the sequence with a slot reserved."""
     def append(self, seq_id: int, new_tokens: _Tokens, num_lookahead: int = 0) -> bool:
         """Reserve slots for generated tokens and ``num_lookahead`` draft slots; False (nothing
-        changed) if there is no room."""
+        changed) if there is no room. Draft slots last until the next append, which keeps exactly
+        its own ``num_lookahead`` past its tokens and releases the earlier ones."""
+    def append_batch(self, seq_ids: _Ids, tokens: _Tokens) -> int:
+        """One generated token per sequence, in order (a decode step): how many were appended
+        before the first that found no room (nothing changed for it and after it)."""
+    def offload(self, seq_id: int) -> int:
+        """Store the sequence's cached full pages to the lower tiers whatever the store policy (a
+        swap-out before ``free_sequence``); pages stored or in flight in the first tier."""
     def truncate(self, seq_id: int, num_tokens: int) -> None:
         """Roll back to the first ``num_tokens`` tokens (rejected drafts), releasing pages past them."""
     def commit(self, seq_id: int, num_tokens: int) -> int:

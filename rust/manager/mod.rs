@@ -499,32 +499,73 @@ impl KVCacheManager {
     ) -> KvResult<bool> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let seq = ready(&st.seqs, seq_id)?;
-        if seq.slots < seq.tokens.len() {
+        check_appendable(&st.seqs, seq_id)?;
+        self.append_locked(st, seq_id, tokens, num_lookahead, now)
+    }
+
+    /// One generated token for each of `seq_ids` (`tokens[i]` to `seq_ids[i]`), in order, as
+    /// [`append`](Self::append) would, under one lock: a scheduler's decode step. Stops at the
+    /// first sequence that finds no room and returns how many were appended (the ones before it;
+    /// nothing changed for it or after it). `InvalidArgument` / `UnknownSequence` (nothing changed
+    /// at all) for lengths that differ, an id listed twice, or an id `append` would refuse.
+    pub fn append_batch(&self, seq_ids: &[SeqId], tokens: &[u32], now: u64) -> KvResult<usize> {
+        if seq_ids.len() != tokens.len() {
             return Err(KvError::InvalidArgument(format!(
-                "sequence {seq_id} has {} of its {} prompt tokens reserved: reserve the rest \
-                 before appending",
-                seq.slots,
-                seq.tokens.len()
+                "append_batch: {} sequence ids for {} tokens",
+                seq_ids.len(),
+                tokens.len()
             )));
         }
-        if tokens.is_empty() && num_lookahead == 0 {
-            return Ok(true);
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let mut seen = std::collections::HashSet::with_capacity(seq_ids.len());
+        for &id in seq_ids {
+            check_appendable(&st.seqs, id)?;
+            if !seen.insert(id) {
+                return Err(KvError::InvalidArgument(format!(
+                    "append_batch: sequence {id} is listed twice"
+                )));
+            }
         }
+        for (i, (&id, &token)) in seq_ids.iter().zip(tokens).enumerate() {
+            if !self.append_locked(st, id, &[token], 0, now)? {
+                return Ok(i);
+            }
+        }
+        Ok(seq_ids.len())
+    }
+
+    /// [`append_with_lookahead`](Self::append_with_lookahead) once `seq_id` passed
+    /// [`check_appendable`]. Each call reserves exactly `num_lookahead` draft slots past the new
+    /// tokens: slots of an earlier call's drafts past them are released (they held rejected or
+    /// unused drafts), so the tables never cover stale slots.
+    fn append_locked(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        tokens: &[u32],
+        num_lookahead: usize,
+        now: u64,
+    ) -> KvResult<bool> {
+        let seq = ready(&st.seqs, seq_id)?;
         let ps = self.page_size;
         let old_len = seq.tokens.len();
         let new_len = old_len + tokens.len();
+        if tokens.is_empty() && num_lookahead == 0 && seq.slots == old_len {
+            return Ok(true);
+        }
         // Refused before anything is sized by the caller's counts: more slots than the whole pool
         // holds can never be had (`false`, as for any lack of room).
         let usable = self.alloc.num_pages() - 1;
         let slots = match new_len.checked_add(num_lookahead) {
-            Some(end) if end.div_ceil(ps) <= usable => seq.slots.max(end),
+            Some(end) if end.div_ceil(ps) <= usable => end,
             _ => {
                 st.stats.num_refused += 1;
                 return Ok(false);
             }
         };
-        let grow = slots.div_ceil(ps) - seq.pages.len();
+        let keep_pages = slots.div_ceil(ps);
+        let grow = keep_pages.saturating_sub(seq.pages.len());
         // Existing pages this step writes, from the one holding slot `old_len`; shared ones (a
         // queued copy's hold on its source does not count: the copy reads the page before this
         // step's kernels write it) get a private copy.
@@ -551,6 +592,12 @@ impl KVCacheManager {
         seq.pages.extend_from_slice(&fresh[..grow]);
         seq.tokens.extend_from_slice(tokens);
         seq.slots = slots;
+        // Pages past the slots kept held only draft slots of an earlier call: never cached.
+        let stale = if seq.pages.len() > keep_pages {
+            seq.pages.split_off(keep_pages)
+        } else {
+            Vec::new()
+        };
         // A truncate left the sequence locking the cached page it writes into now: the sequence
         // gets its own copy and locks only its cached pages again, while the old lock passes to
         // the queued copy (the cached page it reads must not be evicted before the copy is taken).
@@ -589,6 +636,9 @@ impl KVCacheManager {
         }
         for &(old, _) in &copies {
             self.release(st, &[old])?;
+        }
+        if !stale.is_empty() {
+            self.release(st, &stale)?;
         }
         if auto_cache {
             self.cache_full_pages(st, seq_id, new_len / ps, now)?;
@@ -1064,6 +1114,20 @@ fn loading(seq_id: SeqId) -> KvError {
 
 /// A live sequence whose prefix is in HBM (its table valid): `UnknownSequence` or
 /// `InvalidArgument` (loading) otherwise.
+/// What `append` requires of a sequence: live, ready, and its whole known prompt reserved.
+fn check_appendable(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<()> {
+    let seq = ready(seqs, seq_id)?;
+    if seq.slots < seq.tokens.len() {
+        return Err(KvError::InvalidArgument(format!(
+            "sequence {seq_id} has {} of its {} prompt tokens reserved: reserve the rest before \
+             appending",
+            seq.slots,
+            seq.tokens.len()
+        )));
+    }
+    Ok(())
+}
+
 fn ready(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<&Sequence> {
     match seqs.get(&seq_id) {
         None => Err(unknown(seq_id)),

@@ -473,6 +473,8 @@ pub(super) enum Trigger {
     Hit,
     /// Pages just pinned.
     Pinned,
+    /// A sequence swapped out by its scheduler (`offload`): stored whatever the policy.
+    Offload,
 }
 
 /// A page that passed a lower tier's checks in `restore_tier`.
@@ -510,6 +512,32 @@ impl KVCacheManager {
             }
         }
         out
+    }
+
+    /// Store the cached full pages of `seq_id` to every lower tier that lacks them, whatever the
+    /// store policy: a scheduler swapping the sequence out before it frees it (its pages then stay
+    /// locked in HBM until their stores complete, and a later admission of its tokens loads them
+    /// back). Returns the pages of the sequence now stored or in flight in the first tier (0 with
+    /// no tier, or nothing cached). `UnknownSequence` / not ready: nothing changed.
+    pub fn offload(&self, seq_id: SeqId, now: u64) -> KvResult<usize> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let seq = super::ready(&st.seqs, seq_id)?;
+        let n = seq.num_inserted_pages.min(seq.lock_pages);
+        if st.tiers.is_empty() || n == 0 {
+            return Ok(0);
+        }
+        self.offer_seq_stores(st, seq_id, n, Trigger::Offload, now)?;
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let tier = &st.tiers[0];
+        let visible = tier.usable_prefix(seq.ns, &seq.tokens[..n * self.page_size]);
+        // The stores just offered computed the keys of the pages the tiers lacked.
+        let keys = seq.keys.get(visible..n).unwrap_or(&[]);
+        let in_flight = keys
+            .iter()
+            .take_while(|&k| tier.storing.contains(k))
+            .count();
+        Ok(visible + in_flight)
     }
 
     /// Per-tier counters and occupancy.
@@ -952,7 +980,7 @@ impl KVCacheManager {
             }
             let bw = tier.config.bandwidth_gbps;
             let wanted = match (&st.store_policy, trigger) {
-                (StorePolicy::All, _) => n,
+                (StorePolicy::All, _) | (_, Trigger::Offload) => n,
                 (StorePolicy::Selective { min_priority, .. }, Trigger::Cached(p))
                     if p >= *min_priority =>
                 {

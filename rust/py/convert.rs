@@ -90,7 +90,7 @@ fn view<T: numpy::Element>(
 /// `ptr` must point to `len` aligned 4-byte values that stay allocated for the duration of the call
 /// (the caller holds a reference to the array that owns them, so NumPy refuses to resize or free
 /// them; only `resize(refcheck=False)`, which NumPy documents as unsafe, could break this).
-unsafe fn copy_u32(ptr: *const u32, len: usize) -> Ids {
+unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<Ids> {
     // Other threads (free-threaded Python) may write these values while we copy. Reading them
     // through relaxed atomic loads makes that a defined race: each value read is one the array held
     // (every bit pattern is a valid u32), and the copy is what gets validated and used.
@@ -101,13 +101,24 @@ unsafe fn copy_u32(ptr: *const u32, len: usize) -> Ids {
         for (dst, s) in buf.iter_mut().zip(src) {
             *dst = s.load(Ordering::Relaxed);
         }
-        return Ids::Inline(buf, len);
+        return Ok(Ids::Inline(buf, len));
     }
-    let mut out = vec![0u32; len];
-    for (dst, s) in out.iter_mut().zip(src) {
-        *dst = s.load(Ordering::Relaxed);
-    }
-    Ids::Heap(out)
+    let mut out = copy_buffer::<u32>(len)?;
+    out.extend(src.iter().map(|s| s.load(Ordering::Relaxed)));
+    Ok(Ids::Heap(out))
+}
+
+/// An empty vector with room for the copy of `len` ids, or `OutOfMemoryError` (a copy of a huge
+/// array must not abort the process).
+fn copy_buffer<T>(len: usize) -> PyResult<Vec<T>> {
+    let mut out = Vec::new();
+    out.try_reserve_exact(len).map_err(|_| {
+        PyErr::from(KvError::OutOfMemory(format!(
+            "cannot copy an array of {len} ids ({} bytes each)",
+            std::mem::size_of::<T>()
+        )))
+    })?;
+    Ok(out)
 }
 
 /// Copy `len` int64 values at `ptr`, each converted by `convert` (the first failure is returned).
@@ -122,11 +133,30 @@ unsafe fn copy_i64(
     // SAFETY: aligned and live (the caller's contract); AtomicI64 has i64's layout. Relaxed
     // loads: as in `copy_u32`.
     let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicI64>(), len) };
-    let mut out = Vec::with_capacity(len);
+    let mut out = copy_buffer::<u32>(len)?;
     for s in src {
         out.push(convert(s.load(Ordering::Relaxed))?);
     }
     Ok(Ids::Heap(out))
+}
+
+/// An iterator over `obj` (a list, tuple or any iterable but a string or bytes), or
+/// `InvalidDTypeError` naming `name` and the type given.
+pub(crate) fn iter_arg<'py>(
+    obj: &Bound<'py, PyAny>,
+    name: &str,
+) -> PyResult<Bound<'py, pyo3::types::PyIterator>> {
+    let bad = || {
+        PyErr::from(KvError::InvalidDType(format!(
+            "{name} must be an iterable (a list or tuple), got {}",
+            type_name(obj)
+        )))
+    };
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        return Err(bad());
+    }
+    obj.try_iter().map_err(|_| bad())
 }
 
 /// The items of a list, tuple or range (a snapshot: later changes to a list are not seen), or
@@ -177,7 +207,7 @@ pub(crate) fn page_ids(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
         let (ptr, len) = view(array, "page ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive; i32 and u32
         // share a layout.
-        return Ok(unsafe { copy_u32(ptr.cast::<u32>(), len) });
+        return unsafe { copy_u32(ptr.cast::<u32>(), len) };
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return Err(KvError::InvalidDType(format!(
@@ -231,7 +261,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        let ids = unsafe { copy_u32(ptr.cast::<u32>(), len) };
+        let ids = unsafe { copy_u32(ptr.cast::<u32>(), len) }?;
         // The check runs on the copy. OR-ing every id and testing the sign bit vectorises (no
         // early exit): this check runs on every prompt.
         if ids.as_slice().iter().fold(0, |acc, &t| acc | t) >> 31 != 0 {
@@ -242,7 +272,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<u32>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        return Ok(unsafe { copy_u32(ptr, len) });
+        return unsafe { copy_u32(ptr, len) };
     }
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         let (ptr, len) = view(array, "token ids")?;

@@ -12,8 +12,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PySlice, PyTuple};
 
 use super::convert::{
-    bool_arg, bytes_arg, count_arg, counts_arg, float_arg, int_arg, int_value, namespace_arg,
-    page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
+    bool_arg, bytes_arg, count_arg, counts_arg, float_arg, int_arg, int_value, iter_arg,
+    namespace_arg, page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
@@ -88,6 +88,26 @@ impl PyKVCacheManager {
     ) -> R {
         if !long {
             if let Some(_gate) = self.gate.try_lock() {
+                return f(&self.inner);
+            }
+        }
+        py.detach(|| {
+            let _gate = self.gate.lock();
+            f(&self.inner)
+        })
+    }
+
+    /// [`run`](Self::run) for a call whose cost grows with sequence `id`'s length (free, truncate,
+    /// fork): detached when the sequence holds `LONG_TOKENS` tokens or more. Its length is read
+    /// through the gate; a race that changes it only changes where the call runs.
+    fn run_for_seq<R: Send>(
+        &self,
+        py: Python<'_>,
+        id: i64,
+        f: impl FnOnce(&KVCacheManager) -> R + Send,
+    ) -> R {
+        if let Some(_gate) = self.gate.try_lock() {
+            if self.inner.seq_len(id).map_or(true, |n| n < LONG_TOKENS) {
                 return f(&self.inner);
             }
         }
@@ -345,7 +365,7 @@ impl PyKVCacheManager {
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
         let now = self.now(py)?;
-        Ok(self.run(py, false, |m| m.commit(id, n, now))?)
+        Ok(self.run(py, n >= LONG_TOKENS, |m| m.commit(id, n, now))?)
     }
 
     /// Reserve slots for generated tokens, and `num_lookahead` more for draft tokens (speculative
@@ -370,6 +390,31 @@ impl PyKVCacheManager {
         })?)
     }
 
+    /// One generated token per sequence (`tokens[i]` for `seq_ids[i]`), appended in order under
+    /// one call: a decode step. Returns how many were appended before the first that found no
+    /// room (that one and the rest unchanged). Nothing changes on a bad or repeated id.
+    fn append_batch(
+        &self,
+        py: Python<'_>,
+        seq_ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+    ) -> PyResult<usize> {
+        let ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let toks = self::tokens(tokens)?;
+        let now = self.now(py)?;
+        Ok(self.run(py, ids.len() >= LONG_BATCH, |m| {
+            m.append_batch(&ids, toks.as_slice(), now)
+        })?)
+    }
+
+    /// Store the sequence's cached full pages to the lower tiers whatever the store policy (a
+    /// swap-out before ``free_sequence``); returns the pages stored or in flight in the first tier.
+    fn offload(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let now = self.now(py)?;
+        Ok(self.run(py, false, |m| m.offload(id, now))?)
+    }
+
     /// Roll `seq_id` back to its first `num_tokens` tokens (rejected drafts), releasing the pages
     /// past them; a kept page that is shared or cached is copied before it is written again.
     fn truncate(
@@ -380,7 +425,7 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
-        Ok(self.run(py, false, |m| m.truncate(id, n))?)
+        Ok(self.run_for_seq(py, id, |m| m.truncate(id, n))?)
     }
 
     /// `child_id` shares every page of `parent_id` (whose tokens must all be computed).
@@ -392,7 +437,7 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let parent = self::seq_id(parent_id, "parent_id")?;
         let child = self::seq_id(child_id, "child_id")?;
-        Ok(self.run(py, false, |m| m.fork(parent, child))?)
+        Ok(self.run_for_seq(py, parent, |m| m.fork(parent, child))?)
     }
 
     /// Release a finished sequence: full pages stay cached, the partial page is freed, and queued
@@ -400,7 +445,7 @@ impl PyKVCacheManager {
     fn free_sequence(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<()> {
         Ok({
             let id = self::seq_id(seq_id, "seq_id")?;
-            self.run(py, false, |m| m.free_sequence(id))
+            self.run_for_seq(py, id, |m| m.free_sequence(id))
         }?)
     }
 
@@ -874,7 +919,7 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyArray1<bool>>> {
         let name = str_arg(name, "name")?;
         let mut pages = Vec::new();
-        for (i, e) in entries.try_iter()?.enumerate() {
+        for (i, e) in iter_arg(entries, "entries")?.enumerate() {
             let e = e?;
             let t = e.cast::<PyTuple>().map_err(|_| {
                 KvError::InvalidArgument(format!(

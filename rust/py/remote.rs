@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
-use super::convert::{bool_arg, bytes_arg, count_arg, float_arg, str_arg};
+use super::convert::{bool_arg, bytes_arg, count_arg, float_arg, iter_arg, str_arg};
 use crate::error::KvError;
 use crate::remote::{KeyResult, RespClient};
 
@@ -24,7 +24,7 @@ pub(crate) struct PyRespClient {
 
 fn keys_arg(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Vec<u8>>> {
     let mut out = Vec::new();
-    for (i, k) in obj.try_iter()?.enumerate() {
+    for (i, k) in iter_arg(obj, "keys")?.enumerate() {
         out.push(bytes_arg(&k?, &format!("keys[{i}]"))?);
     }
     Ok(out)
@@ -70,7 +70,7 @@ impl PyRespClient {
         timeout_s: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let mut addrs = Vec::new();
-        for (i, n) in nodes.try_iter()?.enumerate() {
+        for (i, n) in iter_arg(nodes, "nodes")?.enumerate() {
             addrs.push(str_arg(&n?, &format!("nodes[{i}]"))?);
         }
         let cluster = match cluster {

@@ -4,6 +4,7 @@ memory, namespaces that must not pile up, and arguments of every wrong type."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -21,6 +22,7 @@ from kvcore import (
     KVCoreError,
     PageAllocator,
 )
+from kvcore._kvcore import RespClient
 from kvcore.kernels import copy_pages
 from kvcore.pool import KVPool
 
@@ -78,6 +80,71 @@ def test_a_clock_that_rewrites_the_prompt_cannot_smuggle_tokens_in(dtype: type) 
     assert m.append(1, t[:2])
     m.free_sequence(1)
     assert m.peek_prefix_len(np.concatenate([original, original[:2]]).astype(np.int64)) == 32
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, np.uint32])
+def test_a_clock_that_rewrites_appended_or_pinned_tokens_cannot_smuggle_them_in(dtype: type) -> None:
+    """Page size 1: every appended token is cached at once, so a smuggled token would be seen."""
+    bad = -1 if dtype != np.uint32 else 2**32 - 1
+    armed: list[np.ndarray] = []  # the array the clock overwrites during the next call
+
+    def clock() -> float:
+        for a in armed:
+            a[:] = bad
+        return 1.0
+
+    m = KVCacheManager(64, 1, clock=clock)
+    assert m.add_sequence(1, [1, 2, 3, 4]) == 0
+    new = np.array([7, 8], dtype=dtype)
+    armed[:] = [new]
+    assert m.append(1, new)
+    armed.clear()
+    assert m.peek_prefix_len(np.array([1, 2, 3, 4, 7, 8, 9])) == 6  # 7 and 8, as validated
+    m.free_sequence(1)
+    assert m.peek_prefix_len(np.array([1, 2, 3, 4, 7, 8, 9])) == 6
+    pin = np.array([1, 2, 3, 4, 5], dtype=dtype)
+    armed[:] = [pin]
+    assert m.pin(pin, 100.0) == 4  # the cached prefix of [1..5] as given: 4 pages, never [bad...]
+    armed.clear()
+    assert m.stats().num_pages_pinned == 4
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+def test_copying_a_huge_array_is_an_out_of_memory_error_not_an_abort() -> None:
+    """The argument copy is allocated fallibly: a 1.6 GB prompt under a 3 GiB address-space limit
+    (it fits once, not twice) raises OutOfMemoryError; the process lives on."""
+    code = (
+        "import resource, numpy as np, kvcore\n"
+        "t = np.ones(400_000_000, dtype=np.int32)\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))\n"
+        "m = kvcore.KVCacheManager(64, 16)\n"
+        "for call in (lambda: m.peek_prefix_len(t), lambda: m.add_sequence(1, t)):\n"
+        "    try:\n"
+        "        call()\n"
+        "    except kvcore.OutOfMemoryError as e:\n"
+        "        assert isinstance(e, MemoryError)\n"
+        "        print('refused')\n"
+        "print(len(m), m.stats().num_pages_free)\n"
+    )
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split("\n")[:3] == ["refused", "refused", "0 63"]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: KVCacheManager(8, 4).restore_tier("disk", None),
+        lambda: KVCacheManager(8, 4).restore_tier("disk", 3),
+        lambda: RespClient(None),
+        lambda: RespClient("127.0.0.1:1"),
+        lambda: RespClient(["127.0.0.1:1"], timeout_s=0.01).exists_many(None),
+    ],
+)
+def test_a_non_iterable_argument_is_an_invalid_dtype_error(call) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidDTypeError):
+        call()
 
 
 # ----- 2. stale copy-on-write pairs -----------------------------------------------------------------

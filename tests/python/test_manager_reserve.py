@@ -109,10 +109,29 @@ def test_lookahead_reserves_draft_slots_and_accepted_drafts_use_them() -> None:
     assert (m.seq_len(1), m.num_reserved(1), len(m.seq_pages(1))) == (7, 10, 3)
     drafts = m.slot_mapping(1, 4, start=6)  # where the token and the drafts' K/V go
     assert m.append(1, [8, 9])  # two drafts accepted: their slots were already reserved
-    assert (m.seq_len(1), m.num_reserved(1)) == (9, 10)
+    # The third draft's slot goes with this append (it asks for no lookahead): no table covers it.
+    assert (m.seq_len(1), m.num_reserved(1)) == (9, 9)
     assert m.slot_mapping(1, 2, start=7).tolist() == drafts[1:3].tolist()
-    m.truncate(1, 9)  # the third draft rejected: its slot goes
+    assert m.page_table([1]).kv_last_page_len.tolist() == [9 - 2 * PS]
+    m.truncate(1, 9)  # nothing left to roll back
     assert m.num_reserved(1) == 9
+
+
+def test_stale_draft_slots_are_released_by_the_next_append() -> None:
+    """An engine that stops speculating (or lowers k) never reads stale draft slots."""
+    m = KVCacheManager(64, PS)
+    m.add_sequence(2, list(range(6)))
+    assert m.append(2, [7], num_lookahead=3)
+    pages = m.seq_pages(2).tolist()
+    assert len(pages) == 3
+    assert m.append(2, [])  # no draft accepted, none asked: the draft slots go
+    assert (m.seq_len(2), m.num_reserved(2)) == (7, 7)
+    assert m.seq_pages(2).tolist() == pages[:2] and m.ref_count(pages[2]) == 0
+    assert m.append(2, [8])
+    assert m.slot_mapping(2, 1, start=7).tolist() == [pages[1] * PS + 7 % PS]
+    assert m.append(2, [9], num_lookahead=1)  # a smaller lookahead: exactly one draft slot
+    assert m.num_reserved(2) == 10
+    m._check_invariants()
 
 
 def test_truncate_releases_pages_and_keeps_cached_ones_cached() -> None:

@@ -202,9 +202,9 @@ class ManagerMachine(RuleBasedStateMachine):
                 return
             raise AssertionError("append before the prompt was reserved did not raise")
         if self.m.append(sid, np.array(new, dtype=np.int32), num_lookahead=lookahead):
-            if new or lookahead:
-                seq.tokens += new
-                seq.slots = max(seq.slots, len(seq.tokens) + lookahead)
+            # Each append keeps exactly its own draft slots: an earlier call's go.
+            seq.tokens += new
+            seq.slots = len(seq.tokens) + lookahead
             seq.tree_pages &= set(self.m.seq_pages(sid).tolist())  # copied pages are no longer its
             assert self.m.num_reserved(sid) == seq.slots
             if not seq.manual:

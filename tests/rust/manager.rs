@@ -289,10 +289,9 @@ fn run(ops: Vec<Op>, num_pages: usize, ps: usize) {
                 let model = seqs.get_mut(&id).unwrap();
                 match m.append_with_lookahead(id, &tokens, lookahead, 0) {
                     Ok(true) => {
-                        if !tokens.is_empty() || lookahead > 0 {
-                            model.len += tokens.len();
-                            model.slots = model.slots.max(model.len + lookahead);
-                        }
+                        // Each append keeps exactly its own draft slots: an earlier call's go.
+                        model.len += tokens.len();
+                        model.slots = model.len + lookahead;
                     }
                     Ok(false) => assert_eq!(snapshot(&m, &ids), before),
                     Err(_) => {
@@ -397,4 +396,57 @@ proptest! {
     ) {
         run(ops, num_pages, ps);
     }
+}
+
+/// `append_batch` appends in order and stops at the first sequence without room: the same state as
+/// the appends one by one up to it, and nothing changed for a bad or repeated id.
+#[test]
+fn append_batch_is_appends_in_order_up_to_the_first_without_room() {
+    let config = |num_pages| ManagerConfig {
+        num_pages,
+        page_size: 2,
+        policy: EvictionPolicy::Lru,
+        pin_budget_pages: None,
+        fingerprint: Vec::new(),
+        events: false,
+        lower_tiers: Vec::new(),
+        store_policy: Default::default(),
+    };
+    let (a, b) = (
+        KVCacheManager::new(config(8)).unwrap(),
+        KVCacheManager::new(config(8)).unwrap(),
+    );
+    for m in [&a, &b] {
+        for id in 0..3 {
+            m.add_sequence(id, vec![id as u32 + 1, 9], None, 0, true, 0)
+                .unwrap();
+        }
+    }
+    // 7 usable pages, 3 held: a page each for the first... until the pool runs dry.
+    let mut appended = 0;
+    for round in 0..3u32 {
+        let got = a
+            .append_batch(&[0, 1, 2], &[round, round, round], 0)
+            .unwrap();
+        let mut want = 0;
+        for id in 0..3 {
+            if !b.append(id, &[round], 0).unwrap() {
+                break;
+            }
+            want += 1;
+        }
+        assert_eq!(got, want);
+        appended += got;
+        for id in 0..3 {
+            assert_eq!(a.seq_len(id).unwrap(), b.seq_len(id).unwrap());
+            assert_eq!(a.seq_pages(id).unwrap(), b.seq_pages(id).unwrap());
+        }
+    }
+    assert!(appended < 9, "the pool must have run dry");
+    let before: Vec<_> = (0..3).map(|id| a.seq_len(id).unwrap()).collect();
+    assert!(a.append_batch(&[0, 0], &[1, 1], 0).is_err());
+    assert!(a.append_batch(&[0, 7], &[1, 1], 0).is_err());
+    assert!(a.append_batch(&[0], &[1, 1], 0).is_err());
+    let after: Vec<_> = (0..3).map(|id| a.seq_len(id).unwrap()).collect();
+    assert_eq!(before, after);
 }
