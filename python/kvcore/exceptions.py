@@ -11,6 +11,7 @@ exactly one definition of each.
 from __future__ import annotations
 
 __all__ = [
+    "REJECTION_STATUS",
     "ConfigError",
     "DoubleFreeError",
     "DuplicateSequenceError",
@@ -20,6 +21,7 @@ __all__ = [
     "InvalidPageError",
     "KVCoreError",
     "OutOfMemoryError",
+    "RequestRejected",
     "TraceFormatError",
     "UnknownSequenceError",
 ]
@@ -73,3 +75,48 @@ class ConfigError(KVCoreError, ValueError):
 
 class TraceFormatError(KVCoreError, ValueError):
     """A workload trace line is malformed; the message names the line and the field."""
+
+
+#: ``RequestRejected.reason`` values and their HTTP status: 429 when the client sends too fast (retry
+#: later with the same request), 503 when the server lacks the capacity (now, or ever: ``too_large``).
+REJECTION_STATUS = {
+    "queue_full": 429,  # the waiting queue holds max_queued_requests already
+    "tenant_quota": 429,  # the tenant's queued requests hold its share of the queue
+    "overloaded": 503,  # under memory pressure, long requests are refused (the controller's step 4)
+    "timeout": 503,  # waited longer than max_queue_wait_s without getting memory
+    "too_large": 503,  # needs more pages than the whole cache has: no wait will help
+}
+
+
+class RequestRejected(KVCoreError):
+    """A request the scheduler refuses, decided before any work is spent on it.
+
+    ``reason`` is one of :data:`REJECTION_STATUS` (``http_status`` maps it to 429 or 503);
+    ``retry_after_s`` is a hint for the ``Retry-After`` header (None: retrying will not help);
+    ``needed_pages`` is what the request would need that the cache could not give.
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        retry_after_s: float | None,
+        needed_pages: int,
+        request_id: int | None = None,
+        message: str | None = None,
+    ) -> None:
+        if reason not in REJECTION_STATUS:
+            raise ValueError(f"unknown rejection reason {reason!r}")
+        self.reason = reason
+        self.retry_after_s = retry_after_s
+        self.needed_pages = needed_pages
+        self.request_id = request_id
+        text = message or f"request rejected: {reason}"
+        super().__init__(text)
+
+    @property
+    def http_status(self) -> int:
+        """429 (rate: retry later) or 503 (capacity)."""
+        return REJECTION_STATUS[self.reason]
+
+    def __reduce__(self) -> tuple[object, ...]:  # picklable across processes (a server's workers)
+        return (type(self), (self.reason, self.retry_after_s, self.needed_pages, self.request_id, str(self)))

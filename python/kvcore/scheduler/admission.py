@@ -1,0 +1,80 @@
+"""Admission that predicts demand: how many output tokens a request will still generate.
+
+Reserving every request's ``max_new_tokens`` up front (TensorRT-LLM's ``GUARANTEED_NO_EVICT``) wastes
+most of the cache on chat traffic, whose answers are far shorter than their caps; reserving nothing
+(vLLM V1) admits until decode runs out of pages and preempts. SGLang's ``new_token_ratio`` sits between
+them with one global ratio. :class:`OutputLengthEstimator` generalises it: online quantiles of the
+observed output lengths *per request class* (a chat class, a summarisation class, ...), so the scheduler
+reserves, for each request, the output length that a fraction ``1 - target_preemption_prob`` of its
+class stayed under.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+
+from kvcore.exceptions import ConfigError
+
+__all__ = ["OutputLengthEstimator"]
+
+
+class OutputLengthEstimator:
+    """Online quantiles of output lengths per request class, over the last ``window`` finished requests
+    of each class.
+
+    ``expected(cls, max_new_tokens, generated)`` is the output length to plan for: the class quantile
+    (``quantile``, e.g. 0.95 for a 5 % target preemption probability) once ``min_samples`` answers of the
+    class have been seen, and before that ``max_new_tokens`` capped at ``clip`` (SGLang's
+    ``SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION``, 4096). Never below ``generated + 1`` (the request is still
+    running) nor above ``max_new_tokens``.
+    """
+
+    def __init__(
+        self, quantile: float = 0.95, *, window: int = 1024, min_samples: int = 16, clip: int = 4096
+    ) -> None:
+        if not (isinstance(quantile, (int, float)) and 0.0 < quantile <= 1.0):
+            raise ConfigError(f"quantile must be in (0, 1], got {quantile!r}")
+        for name, value in (("window", window), ("min_samples", min_samples), ("clip", clip)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+        self.quantile = float(quantile)
+        self.window = window
+        self.min_samples = min(min_samples, window)
+        self.clip = clip
+        self._order: dict[str, deque[int]] = {}  # per class: lengths in arrival order (the window)
+        self._sorted: dict[str, list[int]] = {}  # per class: the same lengths, sorted
+        self._cached: dict[str, int] = {}  # per class: the quantile, until the next observation
+
+    def observe(self, request_class: str, output_len: int) -> None:
+        """Record a finished request's output length (tokens generated)."""
+        order = self._order.setdefault(request_class, deque())
+        ranked = self._sorted.setdefault(request_class, [])
+        if len(order) == self.window:
+            old = order.popleft()
+            del ranked[bisect.bisect_left(ranked, old)]
+        order.append(output_len)
+        bisect.insort(ranked, output_len)
+        self._cached.pop(request_class, None)
+
+    def quantile_of(self, request_class: str) -> int | None:
+        """The class's output-length quantile, or None with fewer than ``min_samples`` samples."""
+        q = self._cached.get(request_class)
+        if q is not None:
+            return q
+        ranked = self._sorted.get(request_class)
+        if not ranked or len(ranked) < self.min_samples:
+            return None
+        q = ranked[min(len(ranked) - 1, max(0, math.ceil(self.quantile * len(ranked)) - 1))]
+        self._cached[request_class] = q
+        return q
+
+    def expected(self, request_class: str, max_new_tokens: int, generated: int = 0) -> int:
+        """Output tokens to plan for in total (see the class docstring)."""
+        q = self.quantile_of(request_class)
+        planned = min(max_new_tokens, self.clip) if q is None else q
+        return min(max_new_tokens, max(planned, generated + 1))
+
+    def num_samples(self, request_class: str) -> int:
+        return len(self._order.get(request_class, ()))

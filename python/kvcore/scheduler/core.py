@@ -1,0 +1,912 @@
+"""The continuous-batching scheduler: requests in, one :class:`StepPlan` per forward pass out.
+
+An engine (or :mod:`kvcore.replay`, or ``kvcore demo``) drives it::
+
+    sched = Scheduler(cache, max_num_batched_tokens=2048, max_num_seqs=256, controller=PressureController())
+    sched.submit(Request(7, prompt, max_new_tokens=256), now)   # may raise RequestRejected (429 / 503)
+    while sched.has_work():
+        plan = sched.step(now)          # who computes which tokens, their tables and slots
+        logits = engine.forward(plan)   # apply plan.copies, write K/V at plan.slot_mapping, attend
+        sched.update(plan, {rid: token for the rows with plan.sample})
+    sched.finish(rid)                   # EOS seen by the engine, or the client went away
+
+There is no clock inside (``now`` is the caller's, real or simulated) and no metrics: everything it
+decides is an event (:class:`SchedulerEvent`) in the next plan, and counted in :meth:`Scheduler.stats`.
+
+**Each step**, in order (vLLM V1's order: running requests first, then admissions):
+
+1. Requests that waited longer than ``max_queue_wait_s`` are refused (``timeout``, 503).
+2. The pressure controller, if any, reads the step's signals and decides the level's responses.
+3. Running requests that decode get one slot each (``append``, one batched call); a prefill chunk
+   (chunked prefill) gets its slots (``reserve``), within the token budget
+   ``max_num_batched_tokens``. When a slot cannot be had, a victim is preempted: lowest priority
+   first, then the youngest (most recently admitted); it leaves by **swap** (its pages stored to the
+   first lower tier, when that costs less than recomputing them, see :class:`SwapCost`) or by
+   **recompute**, and returns to the front of the queue. A request that cannot grow even alone ends
+   (``capacity``).
+4. Queued requests are admitted while the budget, the running cap and the memory allow: preempted ones
+   first, then by arrival (``fcfs``) or by priority (``priority``). **Admission predicts demand**: a
+   request needs its prompt's pages not already cached (an exact, side-effect-free prefix lookup)
+   plus the output pages its class's answers reach at quantile ``1 - target_preemption_prob``
+   (:class:`OutputLengthEstimator`), and the running requests keep the pages of their own expected
+   answers. Past ``max_preemption_tax`` (recomputed / computed tokens), no new request is admitted
+   until the tax falls back; preempted ones still return.
+
+**Tenant quotas** (``tenant_max_pages``, ``tenant_min_pages``): a tenant's running requests hold at most
+its ceiling, and no admission of another tenant eats into the part of a tenant's floor it does not use.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import math
+from collections import deque
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from itertools import count
+from typing import Any
+
+import numpy as np
+
+from kvcore.exceptions import (
+    ConfigError,
+    InvalidArgumentError,
+    RequestRejected,
+    UnknownSequenceError,
+)
+from kvcore.manager import PageTable
+from kvcore.scheduler.admission import OutputLengthEstimator
+from kvcore.scheduler.pressure import PressureController, PressureDecision, Signals
+from kvcore.scheduler.request import Request, SchedulerEvent, StepPlan, check_time
+
+__all__ = ["QUEUE_POLICIES", "Scheduler", "SchedulerStats", "SwapCost"]
+
+QUEUE_POLICIES = ("fcfs", "priority")
+
+_WAITING, _LOADING, _RUNNING, _DONE = 0, 1, 2, 3
+_EMPTY_I32 = np.zeros(0, np.int32)
+
+
+@dataclass(frozen=True)
+class SwapCost:
+    """What a preemption by swap costs against one by recompute.
+
+    Swap: the victim's computed pages go to the manager's first lower tier and come back on resume,
+    ``2 x pages x page_bytes / bandwidth``. Recompute: its computed tokens are prefilled again,
+    ``tokens / prefill_tokens_per_s``. The cheaper one is taken.
+    """
+
+    page_bytes: int  # K/V bytes of one page (all layers)
+    prefill_tokens_per_s: float  # the engine's prefill rate
+    bandwidth_gbps: float  # GB/s between HBM and the lower tier, each way
+
+    def __post_init__(self) -> None:
+        if isinstance(self.page_bytes, bool) or not isinstance(self.page_bytes, int) or self.page_bytes < 1:
+            raise ConfigError(f"page_bytes must be an integer >= 1, got {self.page_bytes!r}")
+        for name in ("prefill_tokens_per_s", "bandwidth_gbps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name} must be finite and > 0, got {v!r}")
+
+    def swap_s(self, num_pages: int) -> float:
+        return 2.0 * num_pages * self.page_bytes / (self.bandwidth_gbps * 1e9)
+
+    def recompute_s(self, num_tokens: int) -> float:
+        return num_tokens / self.prefill_tokens_per_s
+
+
+@dataclass
+class SchedulerStats:
+    """Counters since the scheduler was built (a snapshot: :meth:`Scheduler.stats`)."""
+
+    num_submitted: int = 0
+    num_admitted: int = 0  # first admissions
+    num_finished: int = 0  # by every reason but capacity
+    num_rejected: int = 0  # at submit or in the queue
+    rejected_by_reason: dict[str, int] = field(default_factory=dict)
+    finished_by_reason: dict[str, int] = field(default_factory=dict)
+    preemptions_by_kind: dict[str, int] = field(default_factory=lambda: {"swap": 0, "recompute": 0})
+    num_failed_reservations: int = 0  # add_sequence / reserve / append that found no room
+    num_truncated: int = 0
+    num_evicted_pages: int = 0  # by the controller's evict_harder
+    computed_tokens: int = 0  # tokens the engine was asked to compute (every chunk and decode)
+    recomputed_tokens: int = 0  # of those, tokens computed before a preemption and computed again
+    prompt_tokens: int = 0  # prompt tokens at first admission
+    hit_tokens: int = 0  # of those, found cached (HBM or a lower tier) at first admission
+    generated_tokens: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_loading: int = 0
+    level: int = 0
+
+    @property
+    def num_preemptions(self) -> int:
+        return sum(self.preemptions_by_kind.values())
+
+    @property
+    def preemption_tax(self) -> float:
+        """Recomputed tokens / computed tokens (0 before any computation)."""
+        return self.recomputed_tokens / self.computed_tokens if self.computed_tokens else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["num_preemptions"] = self.num_preemptions
+        out["preemption_tax"] = self.preemption_tax
+        return out
+
+
+class _Req:
+    """A request's scheduling state. ``tokens`` = prompt (possibly truncated) + generated tokens;
+    ``known``: tokens the manager's sequence holds; ``reserved``: of those, with a slot; ``computed``:
+    with K/V written. While decoding, ``tokens[-1]`` is the sampled token not yet given to the manager."""
+
+    __slots__ = (
+        "arrival",
+        "cls",
+        "committed_pages",
+        "computed",
+        "ever_computed",
+        "generated",
+        "known",
+        "max_new",
+        "ns",
+        "order",
+        "priority",
+        "request",
+        "reserved",
+        "rid",
+        "started",
+        "state",
+        "stop",
+        "tokens",
+        "truncated",
+    )
+
+    def __init__(self, request: Request, arrival: float) -> None:
+        self.request = request
+        self.rid = request.request_id
+        self.tokens: list[int] = request.prompt.tolist()  # type: ignore[union-attr]
+        self.arrival = arrival
+        self.priority = int(request.priority)
+        self.ns = request.namespace
+        self.cls = request.request_class
+        self.max_new = int(request.max_new_tokens)
+        self.stop = request.stop_token_ids
+        self.generated = 0
+        self.known = self.reserved = self.computed = 0
+        self.committed_pages = 0
+        self.ever_computed = 0  # most tokens computed at once (what a preemption throws away)
+        self.order = 0  # admission order (the youngest has the largest)
+        self.started = False  # admitted at least once
+        self.state = _WAITING
+        self.truncated = False
+
+
+class Scheduler:
+    """Continuous batching over a :class:`~kvcore.KVCacheManager` (see the module docstring).
+
+    Args:
+        cache: the manager (its ``page_size`` and pages are the scheduler's).
+        max_num_batched_tokens: tokens computed per step, prefill chunks and decodes together.
+        max_num_seqs: running requests at most (the controller may lower it).
+        queue: ``"fcfs"`` or ``"priority"`` (higher first, FCFS among equals).
+        max_queued_requests: more waiting requests are refused at submit (``queue_full``, 429).
+        max_queue_wait_s: a request that waited longer is refused (``timeout``, 503). None: no limit.
+        controller: a :class:`PressureController` (None: no pressure responses).
+        estimator: output-length quantiles (default: :class:`OutputLengthEstimator` at ``1 -
+            target_preemption_prob``).
+        target_preemption_prob: the admission's tolerated chance that a request outgrows its plan.
+        max_preemption_tax: recomputed / computed tokens past which new admissions wait (None: never).
+        swap: the cost model that chooses swap over recompute (None: always recompute). Swap needs a
+            lower tier in the manager, and the engine to run its transfers (``kvcore.tiers.Mover``).
+        tenant_max_pages / tenant_min_pages: per-namespace ceiling and floor of pages held by running
+            requests (``None`` is the default namespace).
+    """
+
+    def __init__(
+        self,
+        cache: Any,
+        *,
+        max_num_batched_tokens: int = 2048,
+        max_num_seqs: int = 256,
+        queue: str = "fcfs",
+        max_queued_requests: int | None = None,
+        max_queue_wait_s: float | None = None,
+        controller: PressureController | None = None,
+        estimator: OutputLengthEstimator | None = None,
+        target_preemption_prob: float = 0.05,
+        max_preemption_tax: float | None = None,
+        swap: SwapCost | None = None,
+        tenant_max_pages: Mapping[str | None, int] | None = None,
+        tenant_min_pages: Mapping[str | None, int] | None = None,
+    ) -> None:
+        for name, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        if queue not in QUEUE_POLICIES:
+            raise ConfigError(f"queue must be one of {', '.join(QUEUE_POLICIES)}, got {queue!r}")
+        mq = max_queued_requests
+        if mq is not None and (isinstance(mq, bool) or not isinstance(mq, int) or mq < 1):
+            raise ConfigError(f"max_queued_requests must be None or an integer >= 1, got {mq!r}")
+        w = max_queue_wait_s
+        if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0):
+            raise ConfigError(f"max_queue_wait_s must be None or >= 0, got {w!r}")
+        if not (isinstance(target_preemption_prob, (int, float)) and 0 <= target_preemption_prob < 1):
+            raise ConfigError(f"target_preemption_prob must be in [0, 1), got {target_preemption_prob!r}")
+        tax = max_preemption_tax
+        if tax is not None and (isinstance(tax, bool) or not isinstance(tax, (int, float)) or not tax >= 0):
+            raise ConfigError(f"max_preemption_tax must be None or >= 0, got {tax!r}")
+        if swap is not None and not cache.tier_names:
+            raise ConfigError("swap needs a manager with a lower tier (lower_tiers=[('host', n)])")
+        for name, quota in (("tenant_max_pages", tenant_max_pages), ("tenant_min_pages", tenant_min_pages)):
+            for ns, v in (quota or {}).items():
+                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                    raise ConfigError(f"{name}[{ns!r}] must be an integer >= 0, got {v!r}")
+        self.cache = cache
+        self.page_size: int = cache.page_size
+        self.usable_pages: int = cache.num_pages - 1
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.max_num_seqs = max_num_seqs
+        self.queue_policy = queue
+        self.max_queued_requests = mq
+        self.max_queue_wait_s = None if w is None else float(w)
+        self.controller = controller
+        self.estimator = estimator or OutputLengthEstimator(1.0 - target_preemption_prob)
+        self.max_preemption_tax = tax
+        self.swap = swap
+        self.tenant_max = dict(tenant_max_pages or {})
+        self.tenant_min = dict(tenant_min_pages or {})
+        self._reqs: dict[int, _Req] = {}  # every live request (waiting, loading or running)
+        self._running: dict[int, _Req] = {}  # in admission order
+        self._loading: dict[int, _Req] = {}
+        self._fifo: deque[_Req] = deque()  # fcfs waiting
+        self._heap: list[tuple[int, int, _Req]] = []  # priority waiting: (-priority, arrival order, req)
+        self._preempted: deque[_Req] = deque()  # served before every new request
+        self._arrivals = count()
+        self._admissions = count(1)
+        self._events: list[SchedulerEvent] = []
+        self._failed_this_step = 0
+        self._stats = SchedulerStats()
+        self._decision: PressureDecision | None = None
+        self._tiered = bool(cache.tier_names)
+        self._rejected_in_step: list[RequestRejected] = []
+        # The plan being built (step): a preempted request leaves it.
+        self._rows: list[_Req] = []
+        self._starts: list[int] = []
+        self._counts: list[int] = []
+        self._swapping = 0
+
+    # ---- requests in ------------------------------------------------------------------------------
+
+    def submit(self, request: Request, now: float = 0.0) -> None:
+        """Queue ``request``. Raises RequestRejected (nothing queued, nothing computed) when it can
+        never fit, when the queue is full, or under pressure for a long prompt; DuplicateSequenceError-
+        like InvalidArgumentError for an id already live."""
+        now = check_time(now)
+        if not isinstance(request, Request):
+            got = type(request).__name__
+            raise InvalidArgumentError(f"submit takes a kvcore.scheduler.Request, got {got}")
+        rid = request.request_id
+        if rid in self._reqs or rid in self.cache:
+            raise InvalidArgumentError(f"request {rid} is already live")
+        ps = self.page_size
+        plen = request.prompt_len
+        if request.window is not None:
+            plen = min(plen, request.window)  # truncation may bring it under the cache's size
+        pages = -(-(plen + 1) // ps)  # the prompt and its first generated token
+        self._stats.num_submitted += 1
+        if pages > self.usable_pages:
+            msg = f"needs {pages} pages, the cache has {self.usable_pages}"
+            self._reject(rid, "too_large", None, pages, now, msg)
+        waiting = len(self._fifo) + len(self._heap)
+        if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
+            self._reject(rid, "queue_full", self._retry_after(), pages, now, "the waiting queue is full")
+        d = self._decision
+        if d is not None and d.refuse_long_tokens is not None and request.prompt_len > d.refuse_long_tokens:
+            self._reject(
+                rid,
+                "overloaded",
+                d.retry_after_s,
+                pages,
+                now,
+                f"under memory pressure, prompts over {d.refuse_long_tokens} tokens are refused",
+            )
+        r = _Req(request, now)
+        self._reqs[rid] = r
+        self._enqueue(r)
+        self._event("queued", rid, now)
+
+    def finish(self, request_id: int, reason: str = "stop", now: float = 0.0) -> None:
+        """End a request the engine is done with (EOS, a stop string, or the client went away:
+        ``reason="abort"``), wherever it is; its pages are released (full pages stay cached)."""
+        r = self._reqs.get(request_id)
+        if r is None:
+            raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
+        self._end(r, reason, check_time(now))
+
+    def has_work(self) -> bool:
+        """Whether any request is waiting, loading or running."""
+        return bool(self._reqs)
+
+    # ---- one step ---------------------------------------------------------------------------------
+
+    def step(self, now: float = 0.0) -> StepPlan:
+        """Plan one forward pass at time ``now`` (see the module docstring)."""
+        now = check_time(now)
+        m = self.cache
+        finished: list[tuple[int, str]] = []
+        rejected: list[RequestRejected] = []
+        self._expire(now, rejected)
+        decision = self._observe(now)
+        cap = (
+            self.max_num_seqs
+            if decision is None or decision.running_cap is None
+            else min(self.max_num_seqs, decision.running_cap)
+        )
+        if self._loading:
+            for r in list(self._loading.values()):
+                if m.is_ready(r.rid):
+                    del self._loading[r.rid]
+                    self._running[r.rid] = r
+                    r.state = _RUNNING
+        budget = self.max_num_batched_tokens
+        rows: list[_Req] = []  # scheduled, in plan order
+        starts: list[int] = []
+        counts: list[int] = []
+        self._rows, self._starts, self._counts = rows, starts, counts
+        self._swapping = 0  # pages swapped out in this step (free once the engine stores them)
+        if self.tenant_max:
+            self._enforce_ceilings(now)
+        # 3a. decodes: one token each, one batched append.
+        decoding = [r for r in self._running.values() if r.known == len(r.tokens) - 1 == r.computed]
+        if decoding:
+            decoding = decoding[:budget]
+            done = 0
+            while done < len(decoding):
+                ids = np.fromiter((r.rid for r in decoding[done:]), np.int64, len(decoding) - done)
+                toks = np.fromiter((r.tokens[-1] for r in decoding[done:]), np.uint32, len(ids))
+                k = m.append_batch(ids, toks)
+                for r in decoding[done : done + k]:
+                    r.known += 1
+                    r.reserved = r.known
+                done += k
+                if done == len(decoding):
+                    break
+                self._stats.num_failed_reservations += 1
+                self._failed_this_step += 1
+                stuck = decoding[done]
+                victim = self._victim()
+                if victim is stuck and len(self._running) == 1:
+                    del decoding[done]
+                    if not self._swapping:  # alone, and nothing will come back: it can never grow
+                        self._end(stuck, "capacity", now)
+                        finished.append((stuck.rid, "capacity"))
+                    continue  # else the pages of this step's swaps are free after their stores
+                self._preempt(victim, now)
+                if victim in decoding:
+                    i = decoding.index(victim)
+                    del decoding[i]
+                    if i < done:
+                        done -= 1
+            for r in decoding:
+                rows.append(r)
+                starts.append(r.computed)
+                counts.append(1)
+            budget -= len(decoding)
+        # 3b. running prefills (chunked), oldest first.
+        decoded = {r.rid for r in decoding}
+        for r in list(self._running.values()):
+            if budget <= 0:
+                break
+            if r.state != _RUNNING or r.computed >= r.known or r.rid in decoded:
+                continue
+            n = min(r.known - r.computed, budget)
+            if not self._reserve(r, r.computed + n, now, finished):
+                continue
+            rows.append(r)
+            starts.append(r.computed)
+            counts.append(n)
+            budget -= n
+        # 4. admissions.
+        loading: list[int] = []
+        if budget > 0 and len(self._running) + len(self._loading) < cap:
+            budget = self._admit(now, budget, cap, decision, rows, starts, counts, loading)
+        loading.extend(r.rid for r in self._loading.values() if r.rid not in loading)
+        return self._plan(now, rows, starts, counts, loading, finished, rejected, decision)
+
+    def update(self, plan: StepPlan, new_tokens: Mapping[int, int] | Iterable[int]) -> list[tuple[int, str]]:
+        """Record a computed plan: its chunks' K/V is written, and each sampling row's next token
+        (``{request_id: token}``, or tokens in the order of the rows with ``plan.sample``). Requests that
+        reach ``max_new_tokens`` or a stop token finish here; returns ``(request_id, reason)`` of those."""
+        m, ps = self.cache, self.page_size
+        sampled = plan.request_ids[plan.sample]
+        if isinstance(new_tokens, Mapping):
+            try:
+                toks = [int(new_tokens[int(rid)]) for rid in sampled]
+            except KeyError as e:
+                raise InvalidArgumentError(f"update: no token for sampling request {e.args[0]}") from None
+        else:
+            toks = [int(t) for t in new_tokens]
+            if len(toks) != len(sampled):
+                raise InvalidArgumentError(f"update: {len(toks)} tokens for {len(sampled)} sampling rows")
+        if any(not 0 <= t < 2**32 for t in toks):
+            raise InvalidArgumentError("update: token ids must be in [0, 2**32)")
+        reqs = self._reqs
+        chunks = zip(plan.request_ids.tolist(), plan.starts.tolist(), plan.num_tokens.tolist(), strict=True)
+        for rid, start, n in chunks:
+            r = reqs.get(rid)
+            if r is None or r.state != _RUNNING or r.computed != start:
+                continue  # finished or preempted since the plan: its chunk is void
+            end = start + n
+            r.computed = end
+            if end > r.ever_computed:
+                r.ever_computed = end
+            full = end // ps
+            if full > r.committed_pages:
+                m.commit(rid, end)
+                r.committed_pages = full
+        ended: list[tuple[int, str]] = []
+        now = plan.time_s
+        gen = 0
+        for rid, tok in zip(sampled.tolist(), toks, strict=True):
+            r = reqs.get(rid)
+            if r is None or r.state != _RUNNING or r.computed != len(r.tokens):
+                continue
+            r.tokens.append(tok)
+            r.generated += 1
+            gen += 1
+            if tok in r.stop:
+                ended.append((rid, "stop"))
+            elif r.generated >= r.max_new:
+                ended.append((rid, "length"))
+        self._stats.generated_tokens += gen
+        for rid, reason in ended:
+            self._end(reqs[rid], reason, now)
+        return ended
+
+    # ---- views ------------------------------------------------------------------------------------
+
+    def stats(self) -> SchedulerStats:
+        s = self._stats
+        out = copy.deepcopy(s)
+        out.num_running = len(self._running)
+        out.num_loading = len(self._loading)
+        out.num_waiting = len(self._fifo) + len(self._heap) + len(self._preempted)
+        out.level = self.controller.level if self.controller is not None else 0
+        return out
+
+    def take_events(self) -> list[SchedulerEvent]:
+        """Events not yet delivered in a plan (those of submit and finish since the last step)."""
+        out, self._events = self._events, []
+        return out
+
+    def request_tokens(self, request_id: int) -> list[int]:
+        """The request's tokens so far: its (possibly truncated) prompt and its generated tokens."""
+        r = self._reqs.get(request_id)
+        if r is None:
+            raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
+        return list(r.tokens)
+
+    def num_generated(self, request_id: int) -> int:
+        r = self._reqs.get(request_id)
+        if r is None:
+            raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
+        return r.generated
+
+    @property
+    def running_ids(self) -> list[int]:
+        return list(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._fifo) + len(self._heap) + len(self._preempted)
+
+    # ---- internals --------------------------------------------------------------------------------
+
+    def _event(self, kind: str, rid: int | None, now: float, /, **detail: Any) -> None:
+        self._events.append(SchedulerEvent(kind, rid, now, detail))
+
+    def _retry_after(self) -> float:
+        d = self._decision
+        return d.retry_after_s if d is not None else 1.0
+
+    def _reject(self, rid: int, reason: str, retry: float | None, pages: int, now: float, msg: str) -> None:
+        s = self._stats
+        s.num_rejected += 1
+        s.rejected_by_reason[reason] = s.rejected_by_reason.get(reason, 0) + 1
+        err = RequestRejected(reason, retry, pages, rid, f"request {rid} rejected ({reason}): {msg}")
+        self._event("rejected", rid, now, reason=reason, http_status=err.http_status, needed_pages=pages)
+        raise err
+
+    def _enqueue(self, r: _Req) -> None:
+        r.state = _WAITING
+        if self.queue_policy == "fcfs":
+            self._fifo.append(r)
+        else:
+            heapq.heappush(self._heap, (-r.priority, next(self._arrivals), r))
+
+    def _queue_head(self) -> _Req | None:
+        if self._preempted:
+            return self._preempted[0]
+        if self._fifo:
+            return self._fifo[0]
+        return self._heap[0][2] if self._heap else None
+
+    def _pop_head(self) -> None:
+        if self._preempted:
+            self._preempted.popleft()
+        elif self._fifo:
+            self._fifo.popleft()
+        else:
+            heapq.heappop(self._heap)
+
+    def _next_waiting(self, skipped: set[str | None]) -> _Req | None:
+        """The first waiting request, in queue order, whose tenant is not in ``skipped`` (tenants at
+        their quota: the requests behind them are not blocked by theirs)."""
+        if not skipped:
+            return self._queue_head()
+        for r in self._preempted:
+            if r.ns not in skipped:
+                return r
+        for r in self._fifo:
+            if r.ns not in skipped:
+                return r
+        for _, _, r in sorted(self._heap, key=lambda e: (e[0], e[1])):
+            if r.ns not in skipped:
+                return r
+        return None
+
+    def _take_waiting(self, r: _Req) -> None:
+        """Remove ``r`` from its queue (the head, usually)."""
+        if self._queue_head() is r:
+            self._pop_head()
+        elif r in self._preempted:
+            self._preempted.remove(r)
+        elif self.queue_policy == "fcfs":
+            self._fifo.remove(r)
+        else:
+            self._heap = [e for e in self._heap if e[2] is not r]
+            heapq.heapify(self._heap)
+
+    def _expire(self, now: float, rejected: list[RequestRejected]) -> None:
+        limit = self.max_queue_wait_s
+        if limit is None:
+            return
+        stale: list[_Req] = []
+        if self._fifo:
+            while self._fifo and now - self._fifo[0].arrival > limit:
+                stale.append(self._fifo.popleft())
+        if self._heap and any(now - r.arrival > limit for _, _, r in self._heap):
+            keep = [e for e in self._heap if now - e[2].arrival <= limit]
+            stale += [e[2] for e in self._heap if now - e[2].arrival > limit]
+            heapq.heapify(keep)
+            self._heap = keep
+        for r in stale:
+            del self._reqs[r.rid]
+            r.state = _DONE
+            pages = -(-(len(r.tokens) + 1) // self.page_size)
+            try:
+                self._reject(r.rid, "timeout", self._retry_after(), pages, now, f"waited over {limit} s")
+            except RequestRejected as e:
+                rejected.append(e)
+
+    def _observe(self, now: float) -> PressureDecision | None:
+        c = self.controller
+        if c is None:
+            self._failed_this_step = 0
+            return None
+        st = self.cache.stats()
+        usage = st.num_pages_in_use / max(self.usable_pages, 1)
+        waits = [now - r.arrival for r in self._fifo] + [now - e[2].arrival for e in self._heap]
+        p95 = float(np.percentile(waits, 95)) if waits else 0.0
+        demand = 0
+        if c.level >= 4:
+            ps = self.page_size
+            queued = sum(-(-len(r.tokens) // ps) for r in self._fifo) + sum(
+                -(-len(e[2].tokens) // ps) for e in self._heap
+            )
+            demand = max(0, queued - st.num_pages_free - st.num_pages_cached)
+        tier_usage = None
+        if self._tiered and c.config.tier_usage_high < 1.0:
+            ts = self.cache.tier_stats()
+            total = sum(t["num_slots"] for t in ts.values())
+            used = sum(t["num_slots"] - t["num_slots_free"] for t in ts.values())
+            tier_usage = used / total if total else None
+        sig = Signals(usage, self._failed_this_step, p95, tier_usage, demand)
+        self._failed_this_step = 0
+        d = c.observe(sig, len(self._running))
+        for old, new, trig in c.take_transitions():
+            self._event("pressure", None, now, **{"from": old, "to": new, "trigger": trig})
+        if d.scale_out_pages is not None:
+            self._event("scale_out", None, now, pages=d.scale_out_pages)
+        if d.evict_to_free is not None:
+            target = int(d.evict_to_free * self.usable_pages)
+            short = target - st.num_pages_free
+            if short > 0 and st.num_pages_cached > 0:
+                got = self.cache.evict(min(short, st.num_pages_cached))
+                if got:
+                    self._stats.num_evicted_pages += got
+                    self._event("evicted", None, now, pages=got)
+        self._decision = d
+        return d
+
+    def _victim(self) -> _Req:
+        """Lowest priority first, then the youngest."""
+        return min(self._running.values(), key=lambda r: (r.priority, -r.order))
+
+    def _preempt(self, r: _Req, now: float) -> None:
+        m, ps = self.cache, self.page_size
+        kind = "recompute"
+        if self.swap is not None and r.computed >= ps:
+            pages = r.computed // ps
+            if self.swap.swap_s(pages) < self.swap.recompute_s(r.computed):
+                kind = "swap"
+                # Its pages stay locked until their stores complete (after this step): room comes then.
+                self._swapping += m.offload(r.rid)
+        m.free_sequence(r.rid)
+        del self._running[r.rid]
+        if r in self._rows:  # scheduled earlier in this step: its row goes
+            i = self._rows.index(r)
+            del self._rows[i], self._starts[i], self._counts[i]
+        # What the sequence held of tokens past its computed ones (a sampled token) stays in tokens.
+        self._event("preempted", r.rid, now, kind=kind, computed_tokens=r.computed)
+        self._stats.preemptions_by_kind[kind] += 1
+        r.known = r.reserved = r.computed = r.committed_pages = 0
+        r.state = _WAITING
+        self._preempted.appendleft(r)
+
+    def _reserve(self, r: _Req, upto: int, now: float, finished: list[tuple[int, str]]) -> bool:
+        """Slots for r's tokens up to ``upto``, preempting others if needed; False if r itself left."""
+        m = self.cache
+        while r.reserved < upto:
+            if m.reserve(r.rid, upto - r.reserved):
+                r.reserved = upto
+                return True
+            self._stats.num_failed_reservations += 1
+            self._failed_this_step += 1
+            victim = self._victim()
+            if victim is r and len(self._running) == 1:
+                if not self._swapping:
+                    self._end(r, "capacity", now)
+                    finished.append((r.rid, "capacity"))
+                return False
+            self._preempt(victim, now)
+            if victim is r:
+                return False
+        return True
+
+    def _tenant_pages(self, expected: bool = False) -> dict[str | None, int]:
+        """Pages each tenant's live requests hold (and, ``expected``, will hold with their answers)."""
+        ps = self.page_size
+        out: dict[str | None, int] = {}
+        for r in (*self._running.values(), *self._loading.values()):
+            n = -(-max(r.reserved, r.known) // ps)
+            if expected:
+                n += self._expected_extra_pages(r)
+            out[r.ns] = out.get(r.ns, 0) + n
+        return out
+
+    def _enforce_ceilings(self, now: float) -> None:
+        """A tenant whose requests outgrew their plan past its ceiling gives back its youngest ones."""
+        held = self._tenant_pages()
+        for ns, ceiling in self.tenant_max.items():
+            while held.get(ns, 0) > ceiling:
+                mine = [r for r in self._running.values() if r.ns == ns]
+                if len(mine) <= 1:
+                    break  # one request alone may use the pool; the ceiling holds admissions back
+                victim = min(mine, key=lambda r: (r.priority, -r.order))
+                held[ns] -= -(-max(victim.reserved, victim.known) // self.page_size)
+                self._preempt(victim, now)
+
+    def _expected_extra_pages(self, r: _Req) -> int:
+        """Pages r's answer will still need beyond those its tokens hold now (the plan's quantile)."""
+        ps = self.page_size
+        total = self.estimator.expected(r.cls, r.max_new, r.generated)
+        have = len(r.tokens)
+        later = have + max(0, total - r.generated)
+        return -(-later // ps) - -(-have // ps)
+
+    def _admit(
+        self,
+        now: float,
+        budget: int,
+        cap: int,
+        decision: PressureDecision | None,
+        rows: list[_Req],
+        starts: list[int],
+        counts: list[int],
+        loading: list[int],
+    ) -> int:
+        m, ps = self.cache, self.page_size
+        st = m.stats()
+        # Pages the running requests' answers still need (expected), kept out of the admissions.
+        promised = sum(self._expected_extra_pages(r) for r in self._running.values())
+        room = st.num_pages_free + st.num_pages_cached - promised
+        quotas = bool(self.tenant_max or self.tenant_min)
+        tenants = self._tenant_pages(expected=True) if quotas else {}
+        tax_ok = self.max_preemption_tax is None or self._stats.preemption_tax <= self.max_preemption_tax
+        skipped: set[str | None] = set()  # tenants at their quota this step
+        while budget > 0 and len(self._running) + len(self._loading) < cap:
+            r = self._next_waiting(skipped)
+            if r is None:
+                break
+            resumed = r.started
+            if not resumed and not tax_ok:
+                break  # the preemption budget is spent: new requests wait
+            if not resumed and decision is not None and decision.truncate:
+                self._truncate(r, now)
+            tokens = np.asarray(r.tokens, np.uint32)
+            hbm_hit = m.peek_prefix_len(tokens, r.ns) // ps
+            need = -(-len(r.tokens) // ps) - hbm_hit + self._expected_extra_pages(r)
+            if (self._running or self._loading) and need > room:
+                break  # it would likely be preempted: wait for the running ones to finish
+            if quotas and not self._tenant_allows(r, need, tenants):
+                skipped.add(r.ns)
+                continue
+            hit = m.add_sequence(r.rid, tokens, r.ns, r.priority, cache_prompt=False, reserve=budget)
+            if hit is None:
+                self._stats.num_failed_reservations += 1
+                self._failed_this_step += 1
+                if not self._running and not self._loading:
+                    self._take_waiting(r)
+                    del self._reqs[r.rid]
+                    r.state = _DONE
+                    pages = -(-(len(r.tokens) + 1) // ps)
+                    try:
+                        self._reject(r.rid, "too_large", None, pages, now, "does not fit even alone")
+                    except RequestRejected as e:
+                        self._rejected_in_step.append(e)
+                    continue
+                break
+            self._take_waiting(r)
+            room -= need
+            if quotas:
+                tenants[r.ns] = tenants.get(r.ns, 0) + need
+            r.known = len(r.tokens)
+            r.computed = int(hit)
+            r.committed_pages = int(hit) // ps
+            r.reserved = int(m.num_reserved(r.rid))
+            r.order = next(self._admissions)
+            s = self._stats
+            if resumed:
+                s.recomputed_tokens += max(0, min(r.ever_computed, r.known) - r.computed)
+            else:
+                r.started = True
+                s.num_admitted += 1
+                s.prompt_tokens += r.known
+                s.hit_tokens += r.computed
+            self._event("admitted", r.rid, now, hit_tokens=r.computed, resumed=resumed)
+            if self._tiered and not m.is_ready(r.rid):
+                r.state = _LOADING
+                self._loading[r.rid] = r
+                loading.append(r.rid)
+                self._event("loading", r.rid, now)
+                continue
+            r.state = _RUNNING
+            self._running[r.rid] = r
+            n = min(r.known - r.computed, budget, r.reserved - r.computed)
+            if n > 0:
+                rows.append(r)
+                starts.append(r.computed)
+                counts.append(n)
+                budget -= n
+        return budget
+
+    def _tenant_allows(self, r: _Req, need: int, held: dict[str | None, int]) -> bool:
+        ceiling = self.tenant_max.get(r.ns)
+        if ceiling is not None and held.get(r.ns, 0) + need > ceiling:
+            return False
+        if not self.tenant_min:
+            return True
+        # Floors of the other tenants that their running requests do not use yet stay available to them.
+        st = self.cache.stats()
+        reserved = sum(max(0, f - held.get(ns, 0)) for ns, f in self.tenant_min.items() if ns != r.ns)
+        mine = max(0, self.tenant_min.get(r.ns, 0) - held.get(r.ns, 0))
+        return need <= st.num_pages_free + st.num_pages_cached - reserved or need <= mine
+
+    def _truncate(self, r: _Req, now: float) -> None:
+        w = r.request.window
+        if w is None or len(r.tokens) <= w or r.generated:
+            return
+        sink = r.request.sink_tokens
+        before = len(r.tokens)
+        r.tokens = r.tokens[:sink] + r.tokens[before - (w - sink) :]
+        r.truncated = True
+        self._stats.num_truncated += 1
+        self._event("truncated", r.rid, now, from_len=before, to_len=len(r.tokens))
+
+    def _end(self, r: _Req, reason: str, now: float) -> None:
+        rid = r.rid
+        if r.state in (_RUNNING, _LOADING):
+            self.cache.free_sequence(rid)
+            self._running.pop(rid, None)
+            self._loading.pop(rid, None)
+        elif r.state == _WAITING:
+            self._take_waiting(r)
+        r.state = _DONE
+        del self._reqs[rid]
+        s = self._stats
+        if reason == "capacity":
+            s.num_rejected += 1
+            s.rejected_by_reason["too_large"] = s.rejected_by_reason.get("too_large", 0) + 1
+        else:
+            s.num_finished += 1
+            if reason in ("length", "stop"):
+                self.estimator.observe(r.cls, r.generated)
+        s.finished_by_reason[reason] = s.finished_by_reason.get(reason, 0) + 1
+        self._event("finished", rid, now, reason=reason, output_len=r.generated)
+
+    def _plan(
+        self,
+        now: float,
+        rows: list[_Req],
+        starts: list[int],
+        counts: list[int],
+        loading: list[int],
+        finished: list[tuple[int, str]],
+        rejected: list[RequestRejected],
+        decision: PressureDecision | None,
+    ) -> StepPlan:
+        m, ps = self.cache, self.page_size
+        rejected.extend(self._rejected_in_step)
+        self._rejected_in_step.clear()
+        n = len(rows)
+        ids = np.fromiter((r.rid for r in rows), np.int64, n)
+        st = np.asarray(starts, np.int32)
+        nt = np.asarray(counts, np.int32)
+        ends = st + nt
+        q_indptr = np.zeros(n + 1, np.int32)
+        np.cumsum(nt, out=q_indptr[1:])
+        total = int(q_indptr[-1])
+        sample = np.fromiter((e == len(r.tokens) for r, e in zip(rows, ends.tolist(), strict=True)), bool, n)
+        is_prefill = np.fromiter(
+            (
+                c > 1 or not r.generated or s < len(r.tokens) - 1
+                for r, s, c in zip(rows, starts, counts, strict=True)
+            ),
+            bool,
+            n,
+        )
+        if n:
+            pt = m.page_table(ids, num_tokens=ends)
+            # positions [total]: start + 0..count-1 for each row
+            row_of = np.repeat(np.arange(n), nt)
+            offsets = np.arange(total, dtype=np.int64) - q_indptr[:-1][row_of]
+            positions = (offsets + st[row_of]).astype(np.int32)
+            page_idx = pt.kv_indptr[:-1][row_of] + positions // ps
+            slots = pt.kv_indices[page_idx].astype(np.int64) * ps + positions % ps
+            if total == n:  # decodes only: one token per row
+                tok = np.fromiter((r.tokens[s] for r, s in zip(rows, starts, strict=True)), np.uint32, n)
+            else:
+                flat: list[int] = []
+                for r, s, c in zip(rows, starts, counts, strict=True):
+                    flat += r.tokens[s : s + c]
+                tok = np.asarray(flat, np.uint32)
+        else:
+            pt = PageTable(np.zeros(1, np.int32), _EMPTY_I32, _EMPTY_I32)
+            positions = _EMPTY_I32
+            slots = np.zeros(0, np.int64)
+            tok = np.zeros(0, np.uint32)
+        self._stats.computed_tokens += total
+        copies = m.take_pending_copies()
+        events, self._events = self._events, []
+        return StepPlan(
+            time_s=now,
+            request_ids=ids,
+            starts=st,
+            num_tokens=nt,
+            is_prefill=is_prefill,
+            sample=sample,
+            q_indptr=q_indptr,
+            token_ids=tok,
+            positions=positions,
+            slot_mapping=slots,
+            page_table=pt,
+            copies=copies,
+            loading=loading,
+            finished=finished,
+            rejected=rejected,
+            events=events,
+            level=decision.level if decision is not None else 0,
+        )

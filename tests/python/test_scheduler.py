@@ -1,0 +1,389 @@
+"""The scheduler (kvcore.scheduler) against references: the tiny decoder's no-cache generation for
+outputs (preempted and resumed requests included, by swap and by recompute), a model of the queues
+for refusals and ordering, and the manager's own invariants after every step."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import kvcore
+from kvcore.exceptions import InvalidArgumentError, RequestRejected, UnknownSequenceError
+from kvcore.scheduler import (
+    OutputLengthEstimator,
+    PressureConfig,
+    PressureController,
+    Request,
+    Scheduler,
+    Signals,
+    SwapCost,
+)
+from kvcore.tiers import HostTier, Mover
+from kvcore.tiny import TinyDecoder, TinyEngine
+
+MODEL = TinyDecoder(1, "fp16")
+
+
+def optimistic() -> OutputLengthEstimator:
+    """An estimator that believes answers are 1 token long: admission over-commits, decode preempts."""
+    est = OutputLengthEstimator(0.5, min_samples=1)
+    est.observe("default", 1)
+    return est
+
+
+def serve(
+    sched: Scheduler, engine: TinyEngine | None, requests: list[Request], max_steps: int = 5000
+) -> tuple[dict[int, list[int]], dict[int, str]]:
+    """Submit everything, step until idle; the tokens each request generated and how it ended."""
+    outs: dict[int, list[int]] = {r.request_id: [] for r in requests}
+    ended: dict[int, str] = {}
+    for r in requests:
+        try:
+            sched.submit(r, 0.0)
+        except RequestRejected as e:
+            ended[r.request_id] = e.reason
+    steps = 0
+    while sched.has_work():
+        plan = sched.step(float(steps))
+        assert plan.num_batched_tokens <= sched.max_num_batched_tokens
+        assert len(set(plan.request_ids.tolist())) == plan.batch_size
+        if engine is not None:
+            toks = engine.forward(plan)
+        else:
+            toks = {int(r): 1 for r in plan.request_ids[plan.sample]}
+        for rid, t in toks.items():
+            outs[rid].append(t)
+        sched.cache._check_invariants()
+        for ev in plan.events:
+            if ev.kind == "finished":
+                ended[ev.request_id] = ev.detail["reason"]
+            elif ev.kind == "rejected":
+                ended[ev.request_id] = ev.detail["reason"]
+        for ev in [*sched.update(plan, toks)]:
+            ended[ev[0]] = ev[1]
+        steps += 1
+        assert steps < max_steps, "the scheduler made no progress"
+    for ev in sched.take_events():
+        if ev.kind in ("finished", "rejected"):
+            ended[ev.request_id] = ev.detail.get("reason", "")
+    return outs, ended
+
+
+def tiny_setup(
+    num_pages: int, page_size: int, swap: bool
+) -> tuple[kvcore.KVCacheManager, TinyEngine, Mover | None]:
+    pool = TinyEngine.make_pool(MODEL, num_pages, page_size)
+    if swap:
+        host = HostTier(pool, 256)
+        m = kvcore.KVCacheManager(num_pages, page_size, lower_tiers=[host])
+        mover = Mover(m, pool, [host])
+        return m, TinyEngine(MODEL, pool, mover), mover
+    return kvcore.KVCacheManager(num_pages, page_size), TinyEngine(MODEL, pool), None
+
+
+def prompts(seed: int, n: int, shared: int = 0) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    head = rng.integers(0, 64, shared).tolist()
+    return [head + rng.integers(0, 64, int(rng.integers(3, 18))).tolist() for _ in range(n)]
+
+
+@pytest.mark.parametrize(
+    ("num_pages", "swap", "budget", "preempts"),
+    [
+        (200, False, 32, False),  # room for all: no preemption
+        (200, False, 5, False),  # chunked prefill: 5 tokens a step
+        (12, False, 32, True),  # recompute preemption
+        (12, True, 32, True),  # swap preemption through a host tier
+        (10, True, 7, True),  # both, with chunks
+    ],
+)
+def test_outputs_equal_uninterrupted_generation(
+    num_pages: int, swap: bool, budget: int, preempts: bool
+) -> None:
+    m, engine, _mover = tiny_setup(num_pages, 4, swap)
+    cost = SwapCost(page_bytes=1 << 16, prefill_tokens_per_s=100.0, bandwidth_gbps=25.0) if swap else None
+    sched = Scheduler(m, max_num_batched_tokens=budget, max_num_seqs=8, swap=cost, estimator=optimistic())
+    ps = prompts(3, 6, shared=5)
+    reqs = [Request(i, p, max_new_tokens=10) for i, p in enumerate(ps)]
+    outs, ended = serve(sched, engine, reqs)
+    assert ended == dict.fromkeys(range(6), "length")
+    for i, p in enumerate(ps):
+        assert outs[i] == MODEL.generate_no_cache(p, 10), f"request {i}"
+    s = sched.stats()
+    assert (s.num_preemptions > 0) == preempts
+    if swap and preempts:
+        assert s.preemptions_by_kind["swap"] > 0
+        assert m.tier_stats()["host"]["num_loaded_pages"] > 0  # resumed from the host copies
+    if not swap and preempts:
+        assert s.preemptions_by_kind["recompute"] > 0 and s.recomputed_tokens > 0
+    assert 0.0 <= s.preemption_tax < 1.0
+    assert s.generated_tokens == 60 and s.num_finished == 6
+    assert len(m) == 0 and m.stats().num_pages_in_use == 0
+
+
+def test_recompute_is_chosen_when_swap_costs_more() -> None:
+    m, engine, _ = tiny_setup(12, 4, True)
+    slow = SwapCost(page_bytes=1 << 30, prefill_tokens_per_s=1e9, bandwidth_gbps=1.0)
+    sched = Scheduler(m, max_num_batched_tokens=32, swap=slow, estimator=optimistic())
+    ps = prompts(3, 6, shared=5)
+    outs, _ = serve(sched, engine, [Request(i, p, max_new_tokens=10) for i, p in enumerate(ps)])
+    s = sched.stats()
+    assert s.preemptions_by_kind == {"swap": 0, "recompute": s.num_preemptions} and s.num_preemptions > 0
+    assert all(outs[i] == MODEL.generate_no_cache(p, 10) for i, p in enumerate(ps))
+
+
+def test_a_conservative_admission_does_not_preempt() -> None:
+    """Before it has seen any answer, the estimator plans for max_new_tokens: no preemption."""
+    m, engine, _ = tiny_setup(12, 4, False)
+    sched = Scheduler(m, max_num_batched_tokens=32)
+    ps = prompts(3, 6, shared=5)
+    _outs, ended = serve(sched, engine, [Request(i, p, max_new_tokens=10) for i, p in enumerate(ps)])
+    assert sched.stats().num_preemptions == 0 and set(ended.values()) == {"length"}
+
+
+def test_stop_tokens_and_finish_end_requests_anywhere() -> None:
+    m = kvcore.KVCacheManager(64, 4)
+    sched = Scheduler(m, max_num_batched_tokens=8, max_num_seqs=2)
+    for i in range(4):
+        sched.submit(Request(i, [1, 2, 3, 4, 5], max_new_tokens=50, stop_token_ids=frozenset({9})), 0.0)
+    plan = sched.step(0.0)
+    running = sorted(set(plan.request_ids.tolist()))
+    assert running == [0, 1]
+    sched.finish(3, "abort")  # still queued
+    ended = sched.update(plan, {0: 9, 1: 4})  # 0 samples its stop token
+    assert ended == [(0, "stop")]
+    sched.finish(1, "abort", 1.0)  # running
+    with pytest.raises(UnknownSequenceError):
+        sched.finish(1)
+    plan = sched.step(2.0)
+    assert plan.request_ids.tolist() == [2]
+    assert 0 not in m and 1 not in m and 3 not in m
+    s = sched.stats()
+    assert s.finished_by_reason == {"stop": 1, "abort": 2} and s.num_waiting == 0
+
+
+def test_rejections_carry_their_reason_status_and_pages() -> None:
+    m = kvcore.KVCacheManager(11, 4)  # 10 usable pages: 40 tokens
+    sched = Scheduler(m, max_queued_requests=2, max_queue_wait_s=5.0)
+    with pytest.raises(RequestRejected) as e:
+        sched.submit(Request(1, list(range(40)), max_new_tokens=4))
+    assert (e.value.reason, e.value.http_status, e.value.retry_after_s) == ("too_large", 503, None)
+    assert e.value.needed_pages == 11 and e.value.request_id == 1
+    assert isinstance(e.value, kvcore.KVCoreError)
+    copy = pickle.loads(pickle.dumps(e.value))
+    assert (copy.reason, copy.needed_pages, str(copy)) == ("too_large", 11, str(e.value))
+    sched.submit(Request(2, [1, 2], max_new_tokens=4))
+    sched.submit(Request(3, [1, 2], max_new_tokens=4))
+    with pytest.raises(RequestRejected) as e:
+        sched.submit(Request(4, [1, 2], max_new_tokens=4))
+    assert (e.value.reason, e.value.http_status) == ("queue_full", 429)
+    assert e.value.retry_after_s is not None and e.value.retry_after_s > 0
+    with pytest.raises(InvalidArgumentError):
+        sched.submit(Request(2, [1], max_new_tokens=1))  # live already
+    assert sched.num_waiting == 2 and len(m) == 0  # refused work cost the cache nothing
+
+
+def test_a_request_that_waits_too_long_is_refused_in_the_plan() -> None:
+    m = kvcore.KVCacheManager(9, 4)  # 8 pages
+    sched = Scheduler(m, max_queue_wait_s=2.0, max_num_batched_tokens=64)
+    sched.submit(Request(1, list(range(20)), max_new_tokens=12), 0.0)  # 8 pages with its answer
+    sched.submit(Request(2, list(range(50, 60)), max_new_tokens=2), 0.0)
+    plan = sched.step(0.0)
+    assert plan.request_ids.tolist() == [1]  # 2 would not fit beside 1's expected answer
+    sched.update(plan, {1: 7})
+    plan = sched.step(3.0)
+    assert [(e.request_id, e.reason, e.http_status) for e in plan.rejected] == [(2, "timeout", 503)]
+    assert sched.stats().rejected_by_reason == {"timeout": 1}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    num_pages=st.integers(4, 40),
+    page_size=st.sampled_from([1, 2, 4, 16]),
+    budget=st.integers(1, 48),
+    cap=st.integers(1, 6),
+    queue=st.sampled_from(["fcfs", "priority"]),
+    lens=st.lists(
+        st.tuples(st.integers(1, 60), st.integers(1, 20), st.integers(0, 2)), min_size=1, max_size=12
+    ),
+    quantile=st.sampled_from([0.3, 0.95]),
+)
+def test_every_request_is_served_or_refused_and_the_cache_ends_empty(
+    num_pages: int, page_size: int, budget: int, cap: int, queue: str, lens: list, quantile: float
+) -> None:
+    m = kvcore.KVCacheManager(num_pages, page_size)
+    est = OutputLengthEstimator(quantile, min_samples=1)
+    sched = Scheduler(m, max_num_batched_tokens=budget, max_num_seqs=cap, queue=queue, estimator=est)
+    reqs = [
+        Request(i, [(i * 7 + j) % 50 for j in range(n)], max_new_tokens=o, priority=p)
+        for i, (n, o, p) in enumerate(lens)
+    ]
+    outs, ended = serve(sched, None, reqs)
+    assert set(ended) == set(range(len(reqs)))  # none lost
+    s = sched.stats()
+    assert s.num_finished + s.num_rejected == len(reqs) == s.num_submitted
+    for r in reqs:
+        if ended[r.request_id] == "length":
+            assert len(outs[r.request_id]) == r.max_new_tokens
+    assert len(m) == 0 and m.stats().num_pages_in_use == 0
+
+
+def test_priority_queue_admits_the_highest_first_and_preempts_the_lowest() -> None:
+    m = kvcore.KVCacheManager(64, 4)
+    sched = Scheduler(m, max_num_seqs=1, queue="priority")
+    for rid, prio in [(1, 0), (2, 5), (3, 1)]:
+        sched.submit(Request(rid, [rid, 1, 2], max_new_tokens=1, priority=prio))
+    order = []
+    while sched.has_work():
+        plan = sched.step()
+        order += plan.request_ids.tolist()
+        sched.update(plan, {int(r): 0 for r in plan.request_ids[plan.sample]})
+    assert order == [2, 3, 1]
+    # Victims: lowest priority first, then the youngest.
+    m = kvcore.KVCacheManager(9, 2)
+    sched = Scheduler(m, max_num_seqs=4, estimator=optimistic())
+    for rid, prio in [(1, 1), (2, 0), (3, 0), (4, 2)]:
+        sched.submit(Request(rid, [rid, 9, 9], max_new_tokens=20, priority=prio))
+    preempted = []
+    for t in range(40):
+        plan = sched.step(float(t))
+        preempted += [e.request_id for e in plan.events if e.kind == "preempted"]
+        sched.update(plan, {int(r): 0 for r in plan.request_ids[plan.sample]})
+        if preempted:
+            break
+    assert preempted[0] == 3  # priority 0, admitted after 2
+
+
+def test_tenant_ceiling_and_floor() -> None:
+    """A noisy tenant's running requests stay under its ceiling; a quiet tenant's floor stays
+    available to it however many noisy requests wait."""
+    m = kvcore.KVCacheManager(41, 4)  # 40 pages
+    sched = Scheduler(
+        m, max_num_batched_tokens=4096, tenant_max_pages={"noisy": 20}, tenant_min_pages={"quiet": 12}
+    )
+    for i in range(20):
+        sched.submit(Request(i, [i % 7, 1, 2, 3, 4, 5, 6, 7], max_new_tokens=8, namespace="noisy"))
+    plan = sched.step(0.0)
+    held = sum(len(m.seq_pages(int(r))) for r in plan.request_ids)
+    assert held <= 20 and len(plan.request_ids) > 0
+    for i in range(100, 103):
+        sched.submit(Request(i, list(range(8)), max_new_tokens=8, namespace="quiet"))
+    sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+    plan = sched.step(1.0)
+    assert {100, 101, 102} <= set(plan.request_ids.tolist())  # within its floor: admitted at once
+    sched2 = Scheduler(kvcore.KVCacheManager(41, 4), tenant_min_pages={"quiet": 30})
+    for i in range(10):
+        sched2.submit(Request(i, list(range(8)), max_new_tokens=8, namespace="noisy"))
+    plan = sched2.step(0.0)
+    # 40 pages, 30 of them the quiet tenant's floor: 10 pages for noisy requests of 4 pages each.
+    assert sum(len(sched2.cache.seq_pages(int(r))) for r in plan.request_ids) <= 10
+
+
+def test_update_checks_its_tokens() -> None:
+    m = kvcore.KVCacheManager(64, 4)
+    sched = Scheduler(m)
+    sched.submit(Request(1, [1, 2, 3], max_new_tokens=3))
+    plan = sched.step()
+    with pytest.raises(InvalidArgumentError):
+        sched.update(plan, {})
+    with pytest.raises(InvalidArgumentError):
+        sched.update(plan, [1, 2])
+    with pytest.raises(InvalidArgumentError):
+        sched.update(plan, {1: -1})
+    assert sched.update(plan, {1: 5}) == [] and sched.request_tokens(1) == [1, 2, 3, 5]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        lambda: Request(-1, [1], 1),
+        lambda: Request(1, [], 1),
+        lambda: Request(1, [[1]], 1),
+        lambda: Request(1, [-1], 1),
+        lambda: Request(1, [2**32], 1),
+        lambda: Request(1, [1.5], 1),
+        lambda: Request(1, [1], 0),
+        lambda: Request(1, [1], 1, window=2, sink_tokens=4),
+        lambda: Request(True, [1], 1),
+    ],
+)
+def test_bad_requests_are_refused(bad) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(InvalidArgumentError):
+        bad()
+
+
+# ----- the estimator and the controller ------------------------------------------------------------
+
+
+def test_estimator_quantiles_follow_numpy_over_its_window() -> None:
+    rng = np.random.default_rng(0)
+    est = OutputLengthEstimator(0.9, window=100, min_samples=10)
+    data = rng.integers(1, 500, 400).tolist()
+    assert est.expected("chat", 300) == 300  # nothing seen: max_new_tokens
+    assert est.expected("chat", 10_000) == 4096  # ... clipped
+    for i, x in enumerate(data):
+        est.observe("chat", x)
+        if i >= 9:
+            window = data[max(0, i - 99) : i + 1]
+            assert est.quantile_of("chat") == int(np.quantile(window, 0.9, method="inverted_cdf"))
+    q = est.quantile_of("chat")
+    assert q is not None
+    assert est.expected("chat", 10_000, generated=q + 5) == q + 6  # running past its plan
+    assert est.expected("chat", 3) == 3  # never above max_new_tokens
+    assert est.quantile_of("other") is None
+
+
+def test_controller_escalates_in_order_with_hysteresis() -> None:
+    c = PressureController(PressureConfig(escalate_after=2, relax_after=3))
+    high, mid, low = Signals(0.95, 0, 0.0), Signals(0.85, 0, 0.0), Signals(0.5, 0, 0.0)
+    levels = [c.observe(high, 100).level for _ in range(12)]
+    assert levels == [0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 5]
+    d = c.observe(high, 100)
+    assert d.running_cap == 75 and d.evict_to_free == 0.05 and d.truncate and d.refuse_long_tokens == 8192
+    assert d.scale_out_pages is not None
+    assert [c.observe(mid, 10).level for _ in range(5)] == [5] * 5  # between the thresholds: no change
+    assert [c.observe(low, 10).level for _ in range(6)] == [5, 5, 4, 4, 4, 3]
+    assert c.counts["shrink_batch"] == {"usage": 1} and c.counts["refuse"] == {"usage": 1}
+    c2 = PressureController(PressureConfig(escalate_after=1, max_level=2, refuse=False))
+    assert c2.observe(Signals(0.1, 3, 0.0), 8).trigger == "failed_reservations"
+    assert c2.observe(Signals(0.1, 0, 9.0), 8).level == 2
+    assert c2.observe(Signals(0.1, 0, 9.0), 8).level == 2  # max_level
+    assert c2.counts == {"shrink_batch": {"failed_reservations": 1}, "evict_harder": {"queue_wait": 1}}
+
+
+def test_the_scheduler_applies_the_controller() -> None:
+    m = kvcore.KVCacheManager(33, 4)  # 32 pages
+    ctl = PressureController(
+        PressureConfig(
+            escalate_after=1, relax_after=1000, long_request_tokens=16, usage_high=0.5, usage_low=0.3
+        )
+    )
+    sched = Scheduler(m, controller=ctl, max_num_batched_tokens=4096, estimator=optimistic())
+    for i in range(6):
+        sched.submit(Request(i, [i, *range(1, 12)], max_new_tokens=40))
+    levels = []
+    for t in range(60):
+        plan = sched.step(float(t))
+        levels.append(plan.level)
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+        if plan.level >= 4:
+            break
+    assert levels[-1] >= 4 and levels == sorted(levels)
+    with pytest.raises(RequestRejected) as e:
+        sched.submit(Request(99, list(range(20)), max_new_tokens=4), float(t))
+    assert (e.value.reason, e.value.http_status) == ("overloaded", 503)
+    sched.submit(Request(98, list(range(10)), max_new_tokens=4), float(t))  # short: queued
+    # Truncation at level 3+: an opted-in long prompt is admitted cut to its window.
+    sched.submit(Request(97, list(range(15)), max_new_tokens=1, window=8, sink_tokens=2), float(t))
+    while sched.has_work():
+        t += 1
+        plan = sched.step(float(t))
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+        assert t < 2000
+    s = sched.stats()
+    assert s.num_truncated == 1
+    assert ctl.counts["shrink_batch"] and ctl.counts["evict_harder"]
