@@ -48,6 +48,7 @@ from itertools import count
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvcore.exceptions import (
     ConfigError,
@@ -276,6 +277,15 @@ class Scheduler:
         self._starts: list[int] = []
         self._counts: list[int] = []
         self._swapping = 0
+        self._decoding: dict[int, _Req] = {}  # running requests whose next row is one decode token
+        self._decode_rows: list[_Req] = []  # this step's decode rows
+        self._decode_arrays_now: tuple[Any, Any, Any] = (None, None, None)
+        # Membership changes of _decoding; (version, ids, starts, tokens) of the next step's decode
+        # rows, when the last update saw every decode row through (steady state).
+        self._dec_version = 0
+        self._dec_cache: tuple[int, Any, Any, Any] | None = None
+        self._plan_dec_version = -1
+        self._last_plan: StepPlan | None = None
 
     # ---- requests in ------------------------------------------------------------------------------
 
@@ -358,21 +368,23 @@ class Scheduler:
         self._swapping = 0  # pages swapped out in this step (free once the engine stores them)
         if self.tenant_max:
             self._enforce_ceilings(now)
-        # 3a. decodes: one token each, one batched append.
-        decoding = [r for r in self._running.values() if r.known == len(r.tokens) - 1 == r.computed]
-        if decoding:
-            decoding = decoding[:budget]
-            done = 0
+        # 3a. decodes: one token each, one batched append. In steady state (the same requests
+        # decoding as last step) the arrays come from the last update: no Python per sequence.
+        decoding: list[_Req] = []
+        dec = self._decoding
+        d_ids = d_st = d_tok = None
+        if dec:
+            decoding = list(dec.values())
+            cached = self._dec_cache
+            if cached is not None and cached[0] == self._dec_version and len(decoding) <= budget:
+                d_ids, d_st, d_tok = cached[1], cached[2], cached[3]
+            else:
+                if len(decoding) > budget:
+                    decoding = decoding[:budget]
+                d_ids, d_st, d_tok = self._decode_arrays(decoding)
+            done = m.append_batch(d_ids, d_tok)
+            failed = done < len(decoding)
             while done < len(decoding):
-                ids = np.fromiter((r.rid for r in decoding[done:]), np.int64, len(decoding) - done)
-                toks = np.fromiter((r.tokens[-1] for r in decoding[done:]), np.uint32, len(ids))
-                k = m.append_batch(ids, toks)
-                for r in decoding[done : done + k]:
-                    r.known += 1
-                    r.reserved = r.known
-                done += k
-                if done == len(decoding):
-                    break
                 self._stats.num_failed_reservations += 1
                 self._failed_this_step += 1
                 stuck = decoding[done]
@@ -389,17 +401,24 @@ class Scheduler:
                     del decoding[i]
                     if i < done:
                         done -= 1
-            for r in decoding:
-                rows.append(r)
-                starts.append(r.computed)
-                counts.append(1)
+                if done < len(decoding):
+                    part = decoding[done:]
+                    ids_p, _, tok_p = self._decode_arrays(part)
+                    done += m.append_batch(ids_p, tok_p)
+            if failed:
+                d_ids, d_st, d_tok = self._decode_arrays(decoding)
             budget -= len(decoding)
+        # The decode rows lead the plan; known/reserved of those grew by one (update records it).
+        self._decode_rows = decoding
+        self._decode_arrays_now = (d_ids, d_st, d_tok)
         # 3b. running prefills (chunked), oldest first.
-        decoded = {r.rid for r in decoding}
-        for r in list(self._running.values()):
+        prefilling = (
+            [r for r in self._running.values() if r.rid not in dec] if len(self._running) > len(dec) else []
+        )
+        for r in prefilling:
             if budget <= 0:
                 break
-            if r.state != _RUNNING or r.computed >= r.known or r.rid in decoded:
+            if r.state != _RUNNING or r.computed >= r.known:
                 continue
             n = min(r.known - r.computed, budget)
             if not self._reserve(r, r.computed + n, now, finished):
@@ -410,48 +429,75 @@ class Scheduler:
             budget -= n
         # 4. admissions.
         loading: list[int] = []
-        if budget > 0 and len(self._running) + len(self._loading) < cap:
+        if budget > 0 and len(self._running) + len(self._loading) < cap and self.num_waiting:
             budget = self._admit(now, budget, cap, decision, rows, starts, counts, loading)
         loading.extend(r.rid for r in self._loading.values() if r.rid not in loading)
-        return self._plan(now, rows, starts, counts, loading, finished, rejected, decision)
+        plan = self._plan(now, rows, starts, counts, loading, finished, rejected, decision)
+        self._plan_dec_version = self._dec_version
+        self._last_plan = plan
+        self._dec_cache = None
+        return plan
 
     def update(self, plan: StepPlan, new_tokens: Mapping[int, int] | Iterable[int]) -> list[tuple[int, str]]:
         """Record a computed plan: its chunks' K/V is written, and each sampling row's next token
         (``{request_id: token}``, or tokens in the order of the rows with ``plan.sample``). Requests that
         reach ``max_new_tokens`` or a stop token finish here; returns ``(request_id, reason)`` of those."""
         m, ps = self.cache, self.page_size
-        sampled = plan.request_ids[plan.sample]
+        sampled = plan.request_ids[plan.sample].tolist()
         if isinstance(new_tokens, Mapping):
             try:
-                toks = [int(new_tokens[int(rid)]) for rid in sampled]
+                given = [new_tokens[rid] for rid in sampled]
             except KeyError as e:
                 raise InvalidArgumentError(f"update: no token for sampling request {e.args[0]}") from None
         else:
-            toks = [int(t) for t in new_tokens]
-            if len(toks) != len(sampled):
-                raise InvalidArgumentError(f"update: {len(toks)} tokens for {len(sampled)} sampling rows")
-        if any(not 0 <= t < 2**32 for t in toks):
-            raise InvalidArgumentError("update: token ids must be in [0, 2**32)")
-        reqs = self._reqs
-        chunks = zip(plan.request_ids.tolist(), plan.starts.tolist(), plan.num_tokens.tolist(), strict=True)
-        for rid, start, n in chunks:
-            r = reqs.get(rid)
-            if r is None or r.state != _RUNNING or r.computed != start:
-                continue  # finished or preempted since the plan: its chunk is void
-            end = start + n
-            r.computed = end
-            if end > r.ever_computed:
-                r.ever_computed = end
-            full = end // ps
-            if full > r.committed_pages:
-                m.commit(rid, end)
-                r.committed_pages = full
+            given = list(new_tokens)
+            if len(given) != len(sampled):
+                raise InvalidArgumentError(f"update: {len(given)} tokens for {len(sampled)} sampling rows")
+        arr = np.array(given)
+        if arr.size and (arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= 2**32):
+            raise InvalidArgumentError("update: token ids must be integers in [0, 2**32)")
+        toks: list[int] = arr.tolist()
+        reqs, dec = self._reqs, self._decoding
         ended: list[tuple[int, str]] = []
         now = plan.time_s
-        gen = 0
-        for rid, tok in zip(sampled.tolist(), toks, strict=True):
+        ids, starts = plan.request_ids.tolist(), plan.starts.tolist()
+        nd = plan.num_decode  # the decode rows lead the plan, and each samples
+        void = 0
+        # The hot loop: a decode row's request is live and decoding unless it ended (gone) or was
+        # preempted (computed reset) since the plan. While decoding, ``known`` and ``reserved`` are
+        # not kept up to date: they equal ``computed`` (see _tenant_pages).
+        get = reqs.get
+        for rid, start, tok in zip(ids[:nd], starts[:nd], toks[:nd], strict=True):
+            r = get(rid)
+            if r is None or r.computed != start:
+                void += 1
+                continue
+            end = r.computed = start + 1
+            if not end % ps:
+                m.commit(rid, end)
+                r.committed_pages = end // ps
+            r.tokens.append(tok)
+            g = r.generated = r.generated + 1
+            if r.stop and tok in r.stop:
+                ended.append((rid, "stop"))
+            elif g >= r.max_new:
+                ended.append((rid, "length"))
+        gen = nd - void
+        it = iter(toks[nd:])
+        rows = zip(
+            ids[nd:], starts[nd:], plan.num_tokens[nd:].tolist(), plan.sample[nd:].tolist(), strict=True
+        )
+        for rid, start, n, samples in rows:
+            tok = next(it) if samples else -1
             r = reqs.get(rid)
-            if r is None or r.state != _RUNNING or r.computed != len(r.tokens):
+            if r is None or r.state != _RUNNING or r.computed != start:
+                continue  # finished or preempted since the plan: its row is void
+            end = start + n
+            r.computed = end
+            if end // ps > r.committed_pages:
+                m.commit(rid, end)
+                r.committed_pages = end // ps
+            if tok < 0 or end != len(r.tokens):
                 continue
             r.tokens.append(tok)
             r.generated += 1
@@ -460,9 +506,25 @@ class Scheduler:
                 ended.append((rid, "stop"))
             elif r.generated >= r.max_new:
                 ended.append((rid, "length"))
+            else:
+                dec[rid] = r
+                self._dec_version += 1
         self._stats.generated_tokens += gen
+        version = self._dec_version
+        if plan is not self._last_plan:
+            version = -1  # an older plan: its arrays are not the next step's
         for rid, reason in ended:
             self._end(reqs[rid], reason, now)
+        # Steady state: every decode row went through, the decoding set is the plan's, unchanged.
+        if not void and nd and version == self._dec_version == self._plan_dec_version and nd == len(dec):
+            self._dec_cache = (
+                version,
+                plan.request_ids[:nd],
+                plan.starts[:nd] + 1,
+                arr[:nd].astype(np.uint32),
+            )
+        else:
+            self._dec_cache = None
         return ended
 
     # ---- views ------------------------------------------------------------------------------------
@@ -631,12 +693,25 @@ class Scheduler:
         self._decision = d
         return d
 
+    @staticmethod
+    def _decode_arrays(
+        rows: list[_Req],
+    ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.uint32]]:
+        """ids, starts and tokens of decode rows (each computes its last token)."""
+        n = len(rows)
+        ids = np.fromiter([r.rid for r in rows], np.int64, n)
+        st = np.fromiter([r.computed for r in rows], np.int32, n)
+        tok = np.fromiter([r.tokens[-1] for r in rows], np.uint32, n)
+        return ids, st, tok
+
     def _victim(self) -> _Req:
         """Lowest priority first, then the youngest."""
         return min(self._running.values(), key=lambda r: (r.priority, -r.order))
 
     def _preempt(self, r: _Req, now: float) -> None:
         m, ps = self.cache, self.page_size
+        if r.computed > r.ever_computed:  # what the preemption throws away, recomputed on resume
+            r.ever_computed = r.computed
         kind = "recompute"
         if self.swap is not None and r.computed >= ps:
             pages = r.computed // ps
@@ -649,6 +724,10 @@ class Scheduler:
         if r in self._rows:  # scheduled earlier in this step: its row goes
             i = self._rows.index(r)
             del self._rows[i], self._starts[i], self._counts[i]
+        if self._decoding.pop(r.rid, None) is not None:
+            self._dec_version += 1
+            if r in self._decode_rows:
+                self._decode_rows.remove(r)
         # What the sequence held of tokens past its computed ones (a sampled token) stays in tokens.
         self._event("preempted", r.rid, now, kind=kind, computed_tokens=r.computed)
         self._stats.preemptions_by_kind[kind] += 1
@@ -681,7 +760,7 @@ class Scheduler:
         ps = self.page_size
         out: dict[str | None, int] = {}
         for r in (*self._running.values(), *self._loading.values()):
-            n = -(-max(r.reserved, r.known) // ps)
+            n = -(-max(r.reserved, r.known, r.computed) // ps)
             if expected:
                 n += self._expected_extra_pages(r)
             out[r.ns] = out.get(r.ns, 0) + n
@@ -696,7 +775,7 @@ class Scheduler:
                 if len(mine) <= 1:
                     break  # one request alone may use the pool; the ceiling holds admissions back
                 victim = min(mine, key=lambda r: (r.priority, -r.order))
-                held[ns] -= -(-max(victim.reserved, victim.known) // self.page_size)
+                held[ns] -= -(-max(victim.reserved, victim.known, victim.computed) // self.page_size)
                 self._preempt(victim, now)
 
     def _expected_extra_pages(self, r: _Req) -> int:
@@ -818,6 +897,8 @@ class Scheduler:
 
     def _end(self, r: _Req, reason: str, now: float) -> None:
         rid = r.rid
+        if self._decoding.pop(rid, None) is not None:
+            self._dec_version += 1
         if r.state in (_RUNNING, _LOADING):
             self.cache.free_sequence(rid)
             self._running.pop(rid, None)
@@ -851,38 +932,47 @@ class Scheduler:
         m, ps = self.cache, self.page_size
         rejected.extend(self._rejected_in_step)
         self._rejected_in_step.clear()
-        n = len(rows)
-        ids = np.fromiter((r.rid for r in rows), np.int64, n)
-        st = np.asarray(starts, np.int32)
-        nt = np.asarray(counts, np.int32)
+        d = self._decode_rows
+        nd, npf = len(d), len(rows)
+        n = nd + npf
+        d_ids, d_st, d_tok = self._decode_arrays_now
+        if d_ids is None or not nd:
+            d_ids, d_st, d_tok = np.zeros(0, np.int64), _EMPTY_I32, np.zeros(0, np.uint32)
+        if npf:
+            ids = np.concatenate([d_ids, np.fromiter([r.rid for r in rows], np.int64, npf)])
+            st = np.concatenate([d_st, np.asarray(starts, np.int32)])
+            nt = np.ones(n, np.int32)
+            nt[nd:] = counts
+        else:
+            ids, st = d_ids, d_st
+            nt = np.ones(n, np.int32)
         ends = st + nt
-        q_indptr = np.zeros(n + 1, np.int32)
-        np.cumsum(nt, out=q_indptr[1:])
+        q_indptr = np.arange(n + 1, dtype=np.int32)
+        if npf:
+            np.cumsum(nt, out=q_indptr[1:])
         total = int(q_indptr[-1])
-        sample = np.fromiter((e == len(r.tokens) for r, e in zip(rows, ends.tolist(), strict=True)), bool, n)
-        is_prefill = np.fromiter(
-            (
-                c > 1 or not r.generated or s < len(r.tokens) - 1
-                for r, s, c in zip(rows, starts, counts, strict=True)
-            ),
-            bool,
-            n,
-        )
+        sample = np.ones(n, bool)
+        is_prefill = np.zeros(n, bool)
+        if npf:
+            is_prefill[nd:] = True
+            sample[nd:] = [e == len(r.tokens) for r, e in zip(rows, ends[nd:].tolist(), strict=True)]
         if n:
             pt = m.page_table(ids, num_tokens=ends)
-            # positions [total]: start + 0..count-1 for each row
-            row_of = np.repeat(np.arange(n), nt)
-            offsets = np.arange(total, dtype=np.int64) - q_indptr[:-1][row_of]
-            positions = (offsets + st[row_of]).astype(np.int32)
-            page_idx = pt.kv_indptr[:-1][row_of] + positions // ps
-            slots = pt.kv_indices[page_idx].astype(np.int64) * ps + positions % ps
-            if total == n:  # decodes only: one token per row
-                tok = np.fromiter((r.tokens[s] for r, s in zip(rows, starts, strict=True)), np.uint32, n)
+            if not npf:  # decodes only: each row's token sits in its table's last page
+                positions = st
+                last = pt.kv_indices[pt.kv_indptr[1:] - 1].astype(np.int64)
+                slots = last * ps + st % ps
+                tok = d_tok
             else:
-                flat: list[int] = []
-                for r, s, c in zip(rows, starts, counts, strict=True):
-                    flat += r.tokens[s : s + c]
-                tok = np.asarray(flat, np.uint32)
+                row_of = np.repeat(np.arange(n), nt)  # [total] the row of each token
+                offsets = np.arange(total, dtype=np.int64) - q_indptr[:-1][row_of]
+                positions = (offsets + st[row_of]).astype(np.int32)
+                page_idx = pt.kv_indptr[:-1][row_of] + positions // ps
+                slots = pt.kv_indices[page_idx].astype(np.int64) * ps + positions % ps
+                tok_l: list[int] = d_tok.tolist()
+                for r, s0, c in zip(rows, starts, counts, strict=True):
+                    tok_l += r.tokens[s0 : s0 + c]
+                tok = np.array(tok_l, np.uint32)
         else:
             pt = PageTable(np.zeros(1, np.int32), _EMPTY_I32, _EMPTY_I32)
             positions = _EMPTY_I32
