@@ -206,6 +206,30 @@ def register(subparsers: Any) -> None:
         metavar="S",
         help="timed: seconds a request may wait before it is refused",
     )
+    pr = p.add_argument_group(
+        "memory pressure (--pressure): the trace through kvcore.scheduler, step by step, at each --load; "
+        "--prefill-rate is then the engine's tokens/s and --decode-rate its decode steps/s"
+    )
+    pr.add_argument(
+        "--pressure",
+        metavar="MODES",
+        help="compare pressure modes, comma-separated: none (the scheduler alone), graduated "
+        "(with the PressureController)",
+    )
+    pr.add_argument(
+        "--load", metavar="X,X,...", default="1", help="arrival-rate multipliers (default 1; e.g. 1,2,3)"
+    )
+    pr.add_argument(
+        "--ttft-target",
+        type=float_arg(0, strict=True),
+        default=10.0,
+        metavar="S",
+        help="a request is good when served with its first token within S seconds (default 10)",
+    )
+    pr.add_argument(
+        "--max-num-batched-tokens", type=int_arg(1), default=2048, metavar="N", help="tokens per step"
+    )
+    pr.add_argument("--max-num-seqs", type=int_arg(1), default=256, metavar="N", help="running requests")
     out = p.add_argument_group("output")
     out.add_argument(
         "--out",
@@ -317,6 +341,8 @@ def _run(args: argparse.Namespace) -> int:
     from kvcore.sizing import parse_bytes
 
     shared = _shared(args)
+    if args.pressure is not None:
+        return _run_pressure(args)
     text = args.policy if args.policy is not None else ("lru" if shared else ",".join(POLICIES))
     policies = [p.strip().lower() for p in text.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
@@ -429,4 +455,121 @@ def _run_instances(args: argparse.Namespace, trace: Trace, config: ReplayConfig,
     else:
         print(format_instances(report))
         print(f"report written: {out_dir / 'report.json'}")
+    return 0
+
+
+def _run_pressure(args: argparse.Namespace) -> int:
+    """``--pressure``: each mode at each load, the table, report.json and pressure.png."""
+    import json
+
+    from kvcore.exceptions import ConfigError
+    from kvcore.replay.capacity import resolve_capacity
+    from kvcore.replay.generator import WorkloadConfig, generate_workload
+    from kvcore.replay.plot import matplotlib_available, plot_pressure
+    from kvcore.replay.pressure import PRESSURE_MODES, PressureReplayConfig, format_pressure, replay_pressure
+    from kvcore.replay.tokens import TokenSource
+    from kvcore.replay.trace import read_trace
+    from kvcore.sizing import parse_bytes
+
+    modes = [m.strip().lower() for m in args.pressure.split(",") if m.strip()]
+    if not modes or any(m not in PRESSURE_MODES for m in modes):
+        raise ConfigError(f"--pressure: expected some of {', '.join(PRESSURE_MODES)}, got {args.pressure!r}")
+    loads: list[float] = []
+    for item in args.load.split(","):
+        try:
+            x = float(item)
+        except ValueError:
+            raise ConfigError(f"--load: {item.strip()!r} is not a number") from None
+        if not (x > 0 and x < float("inf")):
+            raise ConfigError(f"--load: expected numbers > 0, got {item.strip()!r}")
+        loads.append(x)
+    conflicts = [
+        flag
+        for flag, value in (
+            ("--policy", args.policy),
+            ("--sweep", args.sweep or None),
+            ("--sweep-tokens", args.sweep_tokens),
+            ("--host-tier-tokens", args.host_tier_tokens),
+            ("--disk-tier-tokens", args.disk_tier_tokens),
+            ("--instances", args.instances),
+            ("--remote", args.remote),
+            ("--mode", args.mode if args.mode == "sequential" else None),
+        )
+        if value is not None
+    ]
+    if conflicts:
+        raise ConfigError(
+            f"--pressure replays one HBM cache in timed mode: {conflicts[0]} is not supported with it"
+        )
+    if args.trace is not None:
+        trace = read_trace(args.trace, block_size=args.trace_block_size, limit=args.limit)
+    else:
+        trace = generate_workload(WorkloadConfig(seed=args.seed, num_requests=args.requests or 4000))
+        if args.limit is not None:
+            trace = trace.head(args.limit)
+    if trace.timestamps_ms is None:
+        raise ConfigError("--pressure needs a trace with timestamps")
+    capacity = resolve_capacity(
+        page_size=args.page_size,
+        capacity_pages=args.capacity_pages,
+        capacity_tokens=_tokens(args.capacity_tokens, "--capacity-tokens") if args.capacity_tokens else None,
+        capacity_bytes=parse_bytes(args.capacity_bytes, "--capacity-bytes") if args.capacity_bytes else None,
+        model=args.model,
+        gpu=args.gpu,
+        kv_dtype=args.kv_dtype,
+        tp=args.tp,
+    )
+    config = PressureReplayConfig(
+        capacity_pages=capacity.pages,
+        page_size=capacity.page_size,
+        prefill_rate=args.prefill_rate,
+        decode_rate=args.decode_rate,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs,
+        max_queue_wait_s=args.max_queue_wait,
+        ttft_target_s=args.ttft_target,
+    )
+    src = TokenSource(trace)
+    results = [
+        replay_pressure(trace, config, pressure=mode, load=load, tokens=src)
+        for load in loads
+        for mode in modes
+    ]
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = {
+        "workload": trace.name,
+        "capacity": capacity.source,
+        "capacity_pages": capacity.pages,
+        "page_size": capacity.page_size,
+        "settings": {
+            "prefill_rate": config.prefill_rate,
+            "decode_rate": config.decode_rate,
+            "max_num_batched_tokens": config.max_num_batched_tokens,
+            "max_num_seqs": config.max_num_seqs,
+            "max_queue_wait_s": config.max_queue_wait_s,
+            "ttft_target_s": config.ttft_target_s,
+        },
+        "results": [r.to_dict() for r in results],
+        "plots": [],
+    }
+    notes: list[str] = []
+    if not args.no_plot:
+        if matplotlib_available():
+            report["plots"] = [str(plot_pressure(results, out_dir / "pressure.png"))]
+        else:
+            notes.append("no plot: matplotlib is not installed (pip install 'kvcore[plot]')")
+    text = json.dumps(report, indent=2, allow_nan=False)
+    (out_dir / "report.json").write_text(text + "\n", encoding="utf-8")
+    if args.json:
+        print(text)
+    else:
+        print(
+            f"kvcore replay --pressure: {trace.num_requests:,} requests, {capacity.pages:,} pages of "
+            f"{capacity.page_size} tokens, TTFT target {config.ttft_target_s:g} s"
+        )
+        print(format_pressure(results))
+        print(f"report written: {out_dir / 'report.json'}")
+    for note in notes:
+        print(note, file=sys.stderr)
     return 0

@@ -16,7 +16,7 @@ from typing import Any
 
 from kvcore.replay.report import ReplayReport
 
-__all__ = ["matplotlib_available", "plot_sweep", "plot_timeline"]
+__all__ = ["matplotlib_available", "plot_pressure", "plot_sweep", "plot_timeline"]
 
 
 def matplotlib_available() -> bool:
@@ -93,5 +93,32 @@ def plot_timeline(report: ReplayReport, path: str | os.PathLike[str]) -> Path:
     fig.tight_layout()
     out = Path(path)
     fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_pressure(results: list[Any], path: str | os.PathLike[str]) -> Path:
+    """``kvcore replay --pressure``: goodput, p99 time to first token and refusals against load, one
+    line per pressure mode (:class:`kvcore.replay.pressure.PressureResult` rows); returns the path."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    for mode in sorted({r.pressure for r in results}):
+        rows = sorted((r for r in results if r.pressure == mode), key=lambda r: r.load)
+        loads = [r.load for r in rows]
+        axes[0].plot(loads, [r.goodput_rps for r in rows], marker="o", label=mode)
+        axes[1].plot(loads, [r.ttft_p99_s for r in rows], marker="o", label=mode)
+        axes[2].plot(loads, [r.num_refused / max(r.num_submitted, 1) for r in rows], marker="o", label=mode)
+    for ax, title in zip(
+        axes,
+        ("goodput (requests/s within target)", "p99 time to first token (s)", "refused fraction"),
+        strict=True,
+    ):
+        ax.set_title(title)
+        ax.set_xlabel("load (x trace rate)")
+        ax.grid(alpha=0.3)
+    axes[0].legend()
+    fig.tight_layout()
+    out = Path(path)
+    fig.savefig(out, dpi=110)
     plt.close(fig)
     return out

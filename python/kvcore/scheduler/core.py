@@ -313,6 +313,15 @@ class Scheduler:
         if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
             self._reject(rid, "queue_full", self._retry_after(), pages, now, "the waiting queue is full")
         d = self._decision
+        if d is not None and d.refuse_all:
+            self._reject(
+                rid,
+                "overloaded",
+                d.retry_after_s,
+                pages,
+                now,
+                "the queue is past its latency target: new requests are refused until it drains",
+            )
         if d is not None and d.refuse_long_tokens is not None and request.prompt_len > d.refuse_long_tokens:
             self._reject(
                 rid,
@@ -677,7 +686,7 @@ class Scheduler:
             tier_usage = used / total if total else None
         sig = Signals(usage, self._failed_this_step, p95, tier_usage, demand)
         self._failed_this_step = 0
-        d = c.observe(sig, len(self._running))
+        d = c.observe(sig, len(self._running), now)
         for old, new, trig in c.take_transitions():
             self._event("pressure", None, now, **{"from": old, "to": new, "trigger": trig})
         if d.scale_out_pages is not None:

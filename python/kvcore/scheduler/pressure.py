@@ -1,14 +1,23 @@
 """Memory-pressure control: signals in, graduated responses out (the seed's F9).
 
 The controller reads four signals each step (:class:`Signals`): usage (pages in use / usable, what the
-scheduler admits against), reservations that failed since the last step, the p95 wait of the queue, and
-optionally the lower tiers' usage. When one crosses its *high* threshold the pressure level rises one
-step at a time (after ``escalate_after`` consecutive high readings); it falls one step after
-``relax_after`` consecutive readings with every signal under its *low* threshold. The gap between the
-two thresholds is the hysteresis: a cache at 91 % does not flap between two levels every step.
+scheduler admits against), reservations that failed since the last step (each one a preemption or a
+request left waiting), the p95 wait of the queue, and optionally the lower tiers' usage.
 
-Each level adds one response to the ones below it, in the seed's order; each can be switched off, and
-each application is counted with the signal that triggered it (``counts``):
+Two tracks, because memory and compute overloads need different answers:
+
+- **memory** (usage, failed reservations, tier usage): when one is over its *high* threshold the level
+  rises one step at a time (after ``escalate_after`` consecutive high readings spanning at least
+  ``escalate_after_s`` seconds); it falls one step after ``relax_after`` readings (and
+  ``relax_after_s`` seconds) with every memory signal under its *low* threshold. The gap between the
+  thresholds is the hysteresis: a cache at 91 % does not flap between two levels every step.
+- **queue** (the p95 wait): over its high threshold, on the same escalation rule, the controller starts
+  refusing (level 4) whatever the memory level, since new requests would miss their latency target
+  anyway: a shed request gets a 503 and a ``Retry-After`` at once instead of a timeout a minute later.
+  Shrinking the batch would only slow a compute-bound engine down further, so the queue never does.
+
+Each memory level adds one response to those below it, in the seed's order; each can be switched off,
+and each application is counted with the signal that triggered it (``counts``):
 
 1. ``shrink_batch``: the running cap drops to ``shrink_factor`` of the requests running then.
 2. ``evict_harder``: cached pages are evicted until ``free_target`` of the usable pages is free (room
@@ -17,9 +26,10 @@ each application is counted with the signal that triggered it (``counts``):
 3. ``truncate``: requests that opt in (``Request.window``) are admitted with their prompt cut to its
    ``sink`` first tokens and its most recent ones.
 4. ``refuse``: requests whose prompt is longer than ``long_request_tokens`` are refused at ``submit``
-   with ``RequestRejected("overloaded", retry_after_s, needed_pages)`` (HTTP 503); shorter ones queue.
-5. ``scale_out``: a signal (an event and a counter) with the pages that would have been needed, for an
-   autoscaler; nothing changes inside.
+   with ``RequestRejected("overloaded", retry_after_s, needed_pages)`` (HTTP 503); while the queue
+   track is high, every new request is.
+5. ``scale_out``: while refusing, a signal (an event and a counter) with the pages the queue needs
+   beyond what is free, for an autoscaler; nothing changes inside.
 """
 
 from __future__ import annotations
@@ -61,6 +71,8 @@ class PressureConfig:
     tier_usage_low: float = 0.80
     escalate_after: int = 2  # consecutive high readings before the level rises by one
     relax_after: int = 20  # consecutive low readings before it falls by one
+    escalate_after_s: float = 0.0  # ... and for at least this long (the caller's clock)
+    relax_after_s: float = 0.0
     max_level: int = 5  # highest level used (0..5); responses above it never apply
     shrink_batch: bool = True
     shrink_factor: float = 0.75
@@ -83,7 +95,13 @@ class PressureConfig:
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and 0.0 < v <= 1.0):
                 raise ConfigError(f"{name} must be in (0, 1], got {v!r}")
-        for name in ("queue_wait_high_s", "queue_wait_low_s", "retry_after_s"):
+        for name in (
+            "queue_wait_high_s",
+            "queue_wait_low_s",
+            "retry_after_s",
+            "escalate_after_s",
+            "relax_after_s",
+        ):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0):
                 raise ConfigError(f"{name} must be finite and >= 0, got {v!r}")
@@ -120,44 +138,92 @@ class PressureDecision:
     evict_to_free: float | None  # keep this fraction of usable pages free (None: evict on demand)
     truncate: bool  # admit opted-in requests with their prompt cut to a window
     refuse_long_tokens: int | None  # refuse prompts longer than this at submit (None: refuse none)
+    refuse_all: bool  # refuse every new request at submit (the queue is past its latency target)
     retry_after_s: float
     scale_out_pages: int | None  # pages an autoscaler should add (None: no signal)
     pin_ttl_scale: float  # multiply the TTL of new pins by this (1.0: unchanged)
 
 
+class _Track:
+    """Hysteresis of one track: consecutive high / low readings and when each run began."""
+
+    __slots__ = ("high_run", "high_since", "low_run", "low_since")
+
+    def __init__(self) -> None:
+        self.high_run = self.low_run = 0
+        self.high_since = self.low_since = 0.0
+
+    def reading(self, high: bool, low: bool, now: float) -> None:
+        if high:
+            if not self.high_run:
+                self.high_since = now
+            self.high_run += 1
+            self.low_run = 0
+        elif low:
+            if not self.low_run:
+                self.low_since = now
+            self.low_run += 1
+            self.high_run = 0
+        else:
+            self.high_run = self.low_run = 0
+
+    def escalates(self, steps: int, seconds: float, now: float) -> bool:
+        if self.high_run >= steps and now - self.high_since >= seconds:
+            self.high_run = 0
+            return True
+        return False
+
+    def relaxes(self, steps: int, seconds: float, now: float) -> bool:
+        if self.low_run >= steps and now - self.low_since >= seconds:
+            self.low_run = 0
+            return True
+        return False
+
+
 @dataclass
 class PressureController:
-    """Graduated responses to memory pressure, with hysteresis (see the module docstring)."""
+    """Graduated responses to memory pressure, with hysteresis (see the module docstring).
+
+    ``level`` is what is applied: the memory track's level (0..3), 4 while refusing (either track), 5
+    while refusing and still high after another escalation period (the scale-out signal).
+    """
 
     config: PressureConfig = field(default_factory=PressureConfig)
     level: int = 0
     trigger: str | None = None
     #: ``{response: {signal: times applied}}``: each response counted with the signal that triggered it.
     counts: dict[str, dict[str, int]] = field(default_factory=dict)
-    _high_run: int = 0
-    _low_run: int = 0
+    mem_level: int = 0
+    refusing: str | None = None  # the signal that started the refusals (None: not refusing)
+    scaling_out: bool = False
+    _mem: _Track = field(default_factory=_Track)
+    _queue: _Track = field(default_factory=_Track)
     _cap: int | None = None
     _transitions: list[tuple[int, int, str | None]] = field(default_factory=list)
 
-    def high_signal(self, s: Signals) -> str | None:
-        """The first signal over its high threshold, or None."""
+    def memory_signal(self, s: Signals) -> str | None:
+        """The first memory signal over its high threshold, or None."""
         c = self.config
         if s.usage >= c.usage_high:
             return "usage"
         if s.failed_reservations >= c.failed_reservations_high:
             return "failed_reservations"
-        if s.queue_wait_p95_s >= c.queue_wait_high_s:
-            return "queue_wait"
         if s.tier_usage is not None and s.tier_usage >= c.tier_usage_high:
             return "tier_usage"
         return None
 
-    def all_low(self, s: Signals) -> bool:
+    def high_signal(self, s: Signals) -> str | None:
+        """The first signal over its high threshold (memory first), or None."""
+        mem = self.memory_signal(s)
+        if mem is not None:
+            return mem
+        return "queue_wait" if s.queue_wait_p95_s >= self.config.queue_wait_high_s else None
+
+    def _memory_low(self, s: Signals) -> bool:
         c = self.config
         return (
             s.usage <= c.usage_low
             and s.failed_reservations == 0
-            and s.queue_wait_p95_s <= c.queue_wait_low_s
             and (s.tier_usage is None or s.tier_usage <= c.tier_usage_low)
         )
 
@@ -165,53 +231,77 @@ class PressureController:
         per = self.counts.setdefault(response, {})
         per[signal] = per.get(signal, 0) + 1
 
-    def observe(self, s: Signals, num_running: int) -> PressureDecision:
-        """Read one step's signals; returns what to apply (escalating or relaxing one level at most)."""
+    def observe(self, s: Signals, num_running: int, now: float = 0.0) -> PressureDecision:
+        """Read one step's signals at time ``now``; returns what to apply (each track moves one level
+        at most per reading)."""
         c = self.config
-        high = self.high_signal(s)
-        if high is not None:
-            self._low_run = 0
-            self._high_run += 1
-            if self._high_run >= c.escalate_after and self.level < c.max_level:
-                self._high_run = 0
-                self._transitions.append((self.level, self.level + 1, high))
-                self.level += 1
-                self.trigger = high
-                response = LEVELS[self.level]
+        old = self.level
+        mem = self.memory_signal(s)
+        self._mem.reading(mem is not None, self._memory_low(s), now)
+        queue_high = s.queue_wait_p95_s >= c.queue_wait_high_s
+        self._queue.reading(queue_high, s.queue_wait_p95_s <= c.queue_wait_low_s, now)
+        top = min(c.max_level, 3)
+        if mem is not None and self._mem.escalates(c.escalate_after, c.escalate_after_s, now):
+            if self.mem_level < top:
+                self.mem_level += 1
+                response = LEVELS[self.mem_level]
                 if c.enabled(response):
-                    self._count(response, high)
+                    self._count(response, mem)
                 if response == "shrink_batch":
                     self._cap = max(c.min_running, int(num_running * c.shrink_factor))
-        else:
-            self._high_run = 0
-            if self.all_low(s):
-                self._low_run += 1
-                if self._low_run >= c.relax_after and self.level > 0:
-                    self._low_run = 0
-                    self._transitions.append((self.level, self.level - 1, None))
-                    self.level -= 1
-                    if self.level == 0:
-                        self.trigger = None
-                    if self.level < 1:
-                        self._cap = None
-            else:
-                self._low_run = 0
-        lvl = self.level
+                self.trigger = mem
+            elif self.refusing is None and c.max_level >= 4:
+                self._start_refusing(mem)  # the memory responses are spent: refuse next
+            elif self.refusing is not None and not self.scaling_out and c.max_level >= 5:
+                self.scaling_out = True  # refusing and still high: more capacity is needed
+                if c.enabled("scale_out"):
+                    self._count("scale_out", mem)
+        elif mem is None and self._mem.relaxes(c.relax_after, c.relax_after_s, now) and self.mem_level > 0:
+            self.mem_level -= 1
+            if self.mem_level == 0:
+                self._cap = None
+        if queue_high and self._queue.escalates(c.escalate_after, c.escalate_after_s, now):
+            if self.refusing is None and c.max_level >= 4:
+                self._start_refusing("queue_wait")
+            elif self.refusing is not None and not self.scaling_out and c.max_level >= 5:
+                self.scaling_out = True
+                if c.enabled("scale_out"):
+                    self._count("scale_out", "queue_wait")
+        if self.refusing is not None:
+            if self.refusing == "queue_wait":  # until the queue is low again, for the relax period
+                stop = not queue_high and self._queue.relaxes(c.relax_after, c.relax_after_s, now)
+            else:  # memory: until its level has come down one step
+                stop = self.mem_level < top
+            if stop:
+                self.refusing = None
+                self.scaling_out = False
+        self.level = 5 if self.scaling_out else 4 if self.refusing is not None else self.mem_level
+        if self.level == 0:
+            self.trigger = None
+        if self.level != old:
+            self._transitions.append((old, self.level, self.trigger if self.level > old else None))
+        lvl = self.mem_level
         scale_out = None
-        if lvl >= 5 and c.enabled("scale_out") and high is not None:
+        if self.scaling_out and c.enabled("scale_out"):
             scale_out = max(s.demand_pages, 1)
-            self._count("scale_out_signal", high)
         return PressureDecision(
-            level=lvl,
+            level=self.level,
             trigger=self.trigger,
             running_cap=self._cap if lvl >= 1 and c.enabled("shrink_batch") else None,
             evict_to_free=c.free_target if lvl >= 2 and c.enabled("evict_harder") else None,
             truncate=lvl >= 3 and c.enabled("truncate"),
-            refuse_long_tokens=c.long_request_tokens if lvl >= 4 and c.enabled("refuse") else None,
+            refuse_long_tokens=c.long_request_tokens if self.refusing and c.enabled("refuse") else None,
+            refuse_all=self.refusing == "queue_wait" and queue_high and c.enabled("refuse"),
             retry_after_s=c.retry_after_s,
             scale_out_pages=scale_out,
             pin_ttl_scale=c.pin_ttl_scale if lvl >= 2 and c.enabled("evict_harder") else 1.0,
         )
+
+    def _start_refusing(self, signal: str) -> None:
+        self.refusing = signal
+        self.trigger = signal
+        if self.config.enabled("refuse"):
+            self._count("refuse", signal)
 
     def take_transitions(self) -> list[tuple[int, int, str | None]]:
         """Level changes since the last call: ``(from, to, trigger)`` (trigger None when relaxing)."""

@@ -1,0 +1,253 @@
+"""Replay under memory pressure: a trace through :class:`kvcore.scheduler.Scheduler`, with and without the
+:class:`~kvcore.scheduler.PressureController`, at several loads (``kvcore replay --pressure``).
+
+Why: the question an operator asks before an overload is whether it becomes refusals with a reason or
+an engine that thrashes (preempting and recomputing) while every request's latency explodes. This
+replays the arrivals of a trace, compressed by ``load`` (2.0: twice as fast), through the real
+scheduler and manager, in simulated time, stepping the scheduler as an engine would:
+
+- each step computes the plan's prefill tokens at ``prefill_rate`` tokens/s (the whole engine) and its
+  decode rows in ``1 / decode_rate`` s (one token each, a memory-bound step), one after the other;
+- requests arrive at their (compressed) timestamps and are submitted; a refusal at submit
+  (``RequestRejected``) or in the queue (a timeout after ``max_queue_wait_s``) is counted by reason;
+- prompts are the trace's blocks (a shared prefix is a cache hit); answers are ``output_length`` tokens
+  (a request whose answer outgrows the cache ends with reason ``capacity``).
+
+A request is **good** when it is served and its first token came within ``ttft_target_s`` of its
+arrival; **goodput** is good requests per second of the trace. Every request ends served or refused:
+``served + refused == submitted`` is checked, and an engine that lost one raises.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvcore import KVCacheManager
+from kvcore.exceptions import ConfigError, RequestRejected
+from kvcore.replay.tokens import TokenSource
+from kvcore.replay.trace import Trace
+from kvcore.scheduler import PressureConfig, PressureController, Request, Scheduler
+
+__all__ = ["PRESSURE_MODES", "PressureReplayConfig", "PressureResult", "format_pressure", "replay_pressure"]
+
+PRESSURE_MODES = ("none", "graduated")
+
+
+@dataclass(frozen=True)
+class PressureReplayConfig:
+    capacity_pages: int  # usable pages
+    page_size: int = 16
+    prefill_rate: float = 10_000.0  # tokens/s the engine prefills (all requests together)
+    decode_rate: float = 50.0  # decode steps per second (one token per running request each)
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    max_queue_wait_s: float = 60.0
+    ttft_target_s: float = 10.0
+    max_queued_requests: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("capacity_pages", "page_size", "max_num_batched_tokens", "max_num_seqs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"{name} must be an integer >= 1, got {v!r}")
+        for name in ("prefill_rate", "decode_rate", "ttft_target_s"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(f"{name} must be finite and > 0, got {v!r}")
+        if not (math.isfinite(self.max_queue_wait_s) and self.max_queue_wait_s >= 0):
+            raise ConfigError("max_queue_wait_s must be finite and >= 0")
+
+
+@dataclass
+class PressureResult:
+    pressure: str
+    load: float
+    num_submitted: int
+    num_served: int
+    num_good: int  # served with first token within ttft_target_s
+    num_refused: int
+    refused_by_reason: dict[str, int]
+    num_preemptions: int
+    preemptions_by_kind: dict[str, int]
+    preemption_tax: float
+    queue_wait_p50_s: float
+    queue_wait_p99_s: float
+    ttft_p99_s: float
+    goodput_rps: float
+    simulated_s: float
+    num_steps: int
+    peak_usage: float
+    max_level: int
+    controller_counts: dict[str, dict[str, int]] = field(default_factory=dict)
+    elapsed_s: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def replay_pressure(
+    trace: Trace,
+    config: PressureReplayConfig,
+    *,
+    pressure: str = "graduated",
+    load: float = 1.0,
+    controller_config: PressureConfig | None = None,
+    tokens: TokenSource | None = None,
+) -> PressureResult:
+    """Replay ``trace`` at ``load`` through a fresh manager and scheduler (see the module docstring)."""
+    if pressure not in PRESSURE_MODES:
+        raise ConfigError(f"pressure must be one of {', '.join(PRESSURE_MODES)}, got {pressure!r}")
+    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
+        raise ConfigError(f"load must be finite and > 0, got {load!r}")
+    if trace.timestamps_ms is None:
+        raise ConfigError("a pressure replay needs a trace with timestamps")
+    started = time.perf_counter()
+    src = tokens if tokens is not None else TokenSource(trace)
+    cfg = config
+    m = KVCacheManager(cfg.capacity_pages + 1, cfg.page_size)
+    controller = None
+    if pressure == "graduated":
+        cc = controller_config or PressureConfig(
+            queue_wait_high_s=cfg.ttft_target_s * 0.75,
+            queue_wait_low_s=cfg.ttft_target_s / 10,
+            long_request_tokens=max(1, cfg.capacity_pages * cfg.page_size // 8),
+            retry_after_s=cfg.ttft_target_s,
+            escalate_after_s=1.0,
+            relax_after_s=10.0,
+        )
+        controller = PressureController(cc)
+    sched = Scheduler(
+        m,
+        max_num_batched_tokens=cfg.max_num_batched_tokens,
+        max_num_seqs=cfg.max_num_seqs,
+        max_queue_wait_s=cfg.max_queue_wait_s,
+        max_queued_requests=cfg.max_queued_requests,
+        controller=controller,
+    )
+    n = trace.num_requests
+    arrival = (trace.timestamps_ms - trace.timestamps_ms.min()) / 1000.0 / load  # [n] float64 s
+    order = np.argsort(arrival, kind="stable").tolist()
+    arr_list = arrival.tolist()
+    out_lens = np.maximum(trace.output_lens, 1).tolist()
+    prios = trace.priorities.tolist() if trace.priorities is not None else [0] * n
+    first_token = [math.nan] * n
+    refused: dict[str, int] = {}
+    served = 0
+    ended = 0
+    t = 0.0
+    ai = 0
+    steps = 0
+    peak = 0.0
+    max_level = 0
+    usable = cfg.capacity_pages
+    prefill_s = 1.0 / cfg.prefill_rate
+    decode_s = 1.0 / cfg.decode_rate
+
+    ok = np.zeros(n, dtype=bool)  # served (ended by length or stop)
+
+    def note_end(rid: int, reason: str) -> None:
+        nonlocal served, ended
+        ended += 1
+        if reason in ("length", "stop"):
+            served += 1
+            ok[rid] = True
+        else:
+            key = "too_large" if reason == "capacity" else reason
+            refused[key] = refused.get(key, 0) + 1
+
+    while ended < n:
+        while ai < n and arr_list[order[ai]] <= t:
+            i = order[ai]
+            ai += 1
+            try:
+                sched.submit(
+                    Request(i, src.prompt(i), max_new_tokens=int(out_lens[i]), priority=int(prios[i])), t
+                )
+            except RequestRejected as e:
+                note_end(i, e.reason)
+        if not sched.has_work():
+            if ai >= n:
+                break
+            t = max(t, arr_list[order[ai]])  # idle until the next arrival
+            continue
+        plan = sched.step(t)
+        steps += 1
+        for rej in plan.rejected:
+            note_end(rej.request_id if rej.request_id is not None else -1, rej.reason)
+        for rid, reason in plan.finished:
+            note_end(rid, reason)
+        if plan.level > max_level:
+            max_level = plan.level
+        if plan.batch_size == 0:
+            # Nothing computable (loads, or everything queued behind memory): time moves to the next
+            # arrival or a decode step's length, whichever is first.
+            nxt = arr_list[order[ai]] if ai < n else math.inf
+            t = min(nxt, t + decode_s) if math.isfinite(nxt) else t + decode_s
+            continue
+        dt = plan.num_prefill_tokens * prefill_s + (decode_s if plan.num_decode else 0.0)
+        t += dt
+        sample_ids = plan.request_ids[plan.sample].tolist()
+        toks = [rid & 0xFFFF for rid in sample_ids]
+        for rid in sample_ids:
+            if math.isnan(first_token[rid]):
+                first_token[rid] = t
+        for rid, reason in sched.update(plan, toks):
+            note_end(rid, reason)
+        st = m.stats()
+        u = st.num_pages_in_use / usable
+        if u > peak:
+            peak = u
+        if steps > 50_000_000:  # pragma: no cover - a guard against a scheduler bug, not a limit
+            raise AssertionError("pressure replay made no progress")
+    s = sched.stats()
+    if served + sum(refused.values()) != n or s.num_finished + s.num_rejected != n:
+        raise AssertionError(f"pressure replay lost requests: {served} served, {refused} refused of {n}")
+    ttft = np.array(first_token) - arrival  # [n] s; NaN: no first token
+    got = ~np.isnan(ttft)
+    waits_first = ttft[got]
+    good = int(np.sum(ok & got & (np.nan_to_num(ttft, nan=np.inf) <= cfg.ttft_target_s)))
+    span = max(float(arrival.max()) if n else 0.0, 1e-9)
+    return PressureResult(
+        pressure=pressure,
+        load=float(load),
+        num_submitted=n,
+        num_served=served,
+        num_good=good,
+        num_refused=sum(refused.values()),
+        refused_by_reason=refused,
+        num_preemptions=s.num_preemptions,
+        preemptions_by_kind=dict(s.preemptions_by_kind),
+        preemption_tax=s.preemption_tax,
+        queue_wait_p50_s=float(np.percentile(waits_first, 50)) if len(waits_first) else 0.0,
+        queue_wait_p99_s=float(np.percentile(waits_first, 99)) if len(waits_first) else 0.0,
+        ttft_p99_s=float(np.percentile(waits_first, 99)) if len(waits_first) else 0.0,
+        goodput_rps=good / span,
+        simulated_s=t,
+        num_steps=steps,
+        peak_usage=peak,
+        max_level=max_level,
+        controller_counts={k: dict(v) for k, v in controller.counts.items()} if controller else {},
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def format_pressure(results: list[PressureResult]) -> str:
+    """The comparison table: one row per (load, pressure)."""
+    head = (
+        f"{'load':>5} {'pressure':>10} {'served':>7} {'good':>7} {'refused':>8} {'goodput/s':>10} "
+        f"{'ttft p99 s':>11} {'preempt':>8} {'tax':>6} {'level':>5}  refusals"
+    )
+    lines = [head]
+    for r in results:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.refused_by_reason.items())) or "-"
+        lines.append(
+            f"{r.load:>5.1f} {r.pressure:>10} {r.num_served:>7,} {r.num_good:>7,} {r.num_refused:>8,} "
+            f"{r.goodput_rps:>10.3f} {r.ttft_p99_s:>11.1f} {r.num_preemptions:>8,} {r.preemption_tax:>6.3f} "
+            f"{r.max_level:>5}  {reasons}"
+        )
+    return "\n".join(lines)
