@@ -1,12 +1,45 @@
-"""Prometheus text exposition of :class:`~kvcore.manager.CacheStats` (fields: ``docs/api.md``)."""
+"""Prometheus metrics of a cache, its lower tiers and its scheduler, through ``prometheus-client``.
+
+Operators scrape kvcore the way they scrape everything else: :class:`KVCoreCollector` is a
+``prometheus_client`` collector that reads the live objects at each scrape (nothing is kept or updated
+on kvcore's hot paths), and :func:`serve` exposes it over HTTP, on 127.0.0.1 unless told otherwise::
+
+    from kvcore.metrics import KVCoreCollector, serve
+    server = serve(9400, KVCoreCollector(cache, scheduler=sched, mover=mover))
+    ...
+    server.shutdown()
+
+Series (prefix ``kvcore``; fields in ``docs/api.md``):
+
+- ``kvcore_pages{state}``: the HBM usage split (in_use / cached / pinned / free; they sum to the
+  usable pages); ``kvcore_usage`` (in use / usable, what admission sees); ``kvcore_sequences``;
+- ``kvcore_prefix_query_tokens_total``, ``kvcore_prefix_hit_tokens_total``, ``kvcore_prefix_hit_rate``:
+  hit rates in tokens; ``kvcore_evicted_pages_total``, ``kvcore_cow_copies_total``,
+  ``kvcore_refused_total``;
+- per lower tier: ``kvcore_tier_slots{tier,state}``, ``kvcore_tier_*_total{tier}`` (stored, loaded,
+  failed, hit tokens, evictions, restores), ``kvcore_tier_store_skipped_pages_total{tier,reason}``, and
+  with a mover the storage's own counters ``kvcore_tier_storage_*{tier}``;
+- with a scheduler: ``kvcore_requests{state}`` (running / waiting / loading),
+  ``kvcore_requests_rejected_total{reason}``, ``kvcore_requests_finished_total{reason}``,
+  ``kvcore_preemptions_total{kind}`` (swap / recompute), ``kvcore_preemption_tax``,
+  ``kvcore_computed_tokens_total``, ``kvcore_recomputed_tokens_total``, ``kvcore_pressure_level``,
+  ``kvcore_pressure_responses_total{response,signal}``;
+- ``kvcore_tenant_pages{tenant}``: pages held by each tenant's running requests, only with
+  ``tenant_labels=True``: namespace names are the tenants' own, and never leave kvcore unless asked.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
 
 from kvcore.manager import CacheStats
 
-__all__ = ["metrics_text", "tier_metrics_lines"]
+__all__ = ["KVCoreCollector", "metrics_text", "serve"]
 
 _COUNTERS = (
     ("prefix_query_tokens", "Prompt tokens looked up for cached prefixes."),
@@ -15,7 +48,6 @@ _COUNTERS = (
     ("num_cow_copies", "Copy-on-write page copies queued."),
     ("num_refused", "Admissions and appends refused for lack of pages."),
 )
-
 
 _TIER_COUNTERS = (
     ("num_stored_pages", "stored_pages", "Pages stored into the tier (stores completed OK)."),
@@ -28,44 +60,150 @@ _TIER_COUNTERS = (
 )
 
 
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+def _cache_families(stats: CacheStats, prefix: str) -> Iterator[Metric]:
+    pages = GaugeMetricFamily(
+        f"{prefix}_pages", "Pages of the KV pool by state (they sum to the usable pages).", labels=["state"]
+    )
+    for state in ("in_use", "cached", "pinned", "free"):
+        pages.add_metric([state], getattr(stats, f"num_pages_{state}"))
+    yield pages
+    yield GaugeMetricFamily(
+        f"{prefix}_usage", "Pages in use / usable pages (what admission sees).", stats.usage
+    )
+    yield GaugeMetricFamily(f"{prefix}_sequences", "Live sequences.", stats.num_sequences)
+    for name, help_text in _COUNTERS:
+        yield CounterMetricFamily(f"{prefix}_{name.removeprefix('num_')}", help_text, getattr(stats, name))
+    yield GaugeMetricFamily(
+        f"{prefix}_prefix_hit_rate", "Cached fraction of looked-up prompt tokens.", stats.hit_rate
+    )
 
 
-def tier_metrics_lines(
-    tiers: Mapping[str, Mapping[str, int]],
-    storage: Mapping[str, Mapping[str, int]] | None = None,
-    prefix: str = "kvcore",
-) -> list[str]:
-    """Prometheus lines of ``KVCacheManager.tier_stats()`` (and, if given, each storage tier's own
-    ``stats()``: bytes, checksum mismatches, I/O failures by reason), labelled by tier."""
+def _tier_families(
+    tiers: Mapping[str, Mapping[str, int]], storage: Mapping[str, Mapping[str, int]] | None, prefix: str
+) -> Iterator[Metric]:
     if not tiers:
-        return []
-    lines = [
-        f"# HELP {prefix}_tier_slots Slots of each lower tier by state (cached + in_flight + free = all).",
-        f"# TYPE {prefix}_tier_slots gauge",
-    ]
+        return
+    slots = GaugeMetricFamily(
+        f"{prefix}_tier_slots",
+        "Slots of each lower tier by state (cached + in_flight + free = all).",
+        labels=["tier", "state"],
+    )
     for name, t in tiers.items():
-        tier = _label(name)
         for state in ("cached", "in_flight", "free", "bad", "locked"):
-            lines.append(f'{prefix}_tier_slots{{tier="{tier}",state="{state}"}} {t[f"num_slots_{state}"]}')
+            slots.add_metric([name, state], t[f"num_slots_{state}"])
+    yield slots
     for key, metric, help_text in _TIER_COUNTERS:
-        full = f"{prefix}_tier_{metric}_total"
-        lines += [f"# HELP {full} {help_text}", f"# TYPE {full} counter"]
-        lines += [f'{full}{{tier="{_label(name)}"}} {t[key]}' for name, t in tiers.items()]
-    full = f"{prefix}_tier_store_skipped_pages_total"
-    lines += [f"# HELP {full} Pages not stored, by reason (never silently).", f"# TYPE {full} counter"]
+        fam = CounterMetricFamily(f"{prefix}_tier_{metric}", help_text, labels=["tier"])
+        for name, t in tiers.items():
+            fam.add_metric([name], t[key])
+        yield fam
+    skipped = CounterMetricFamily(
+        f"{prefix}_tier_store_skipped_pages",
+        "Pages not stored, by reason (never silently).",
+        labels=["tier", "reason"],
+    )
     for name, t in tiers.items():
-        tier = _label(name)
         for reason in ("no_room", "in_flight"):
-            lines.append(f'{full}{{tier="{tier}",reason="{reason}"}} {t[f"num_store_skipped_{reason}"]}')
+            skipped.add_metric([name, reason], t[f"num_store_skipped_{reason}"])
+    yield skipped
+    by_key: dict[str, GaugeMetricFamily] = {}
     for name, counters in (storage or {}).items():
         for key, value in sorted(counters.items()):
             if isinstance(value, bool) or not isinstance(value, int):
                 continue
-            full = f"{prefix}_tier_storage_{key}"
-            lines.append(f'{full}{{tier="{_label(name)}"}} {value}')
-    return lines
+            fam = by_key.get(key)
+            if fam is None:
+                fam = by_key[key] = GaugeMetricFamily(
+                    f"{prefix}_tier_storage_{key}", f"The storage tier's own {key} counter.", labels=["tier"]
+                )
+            fam.add_metric([name], value)
+    yield from by_key.values()
+
+
+def _scheduler_families(sched: Any, prefix: str, tenant_labels: bool) -> Iterator[Metric]:
+    s = sched.stats()
+    reqs = GaugeMetricFamily(f"{prefix}_requests", "Live requests by state.", labels=["state"])
+    for state in ("running", "waiting", "loading"):
+        reqs.add_metric([state], getattr(s, f"num_{state}"))
+    yield reqs
+    rej = CounterMetricFamily(
+        f"{prefix}_requests_rejected", "Requests refused, by reason.", labels=["reason"]
+    )
+    for reason, n in sorted(s.rejected_by_reason.items()):
+        rej.add_metric([reason], n)
+    yield rej
+    fin = CounterMetricFamily(f"{prefix}_requests_finished", "Requests ended, by reason.", labels=["reason"])
+    for reason, n in sorted(s.finished_by_reason.items()):
+        fin.add_metric([reason], n)
+    yield fin
+    pre = CounterMetricFamily(f"{prefix}_preemptions", "Preemptions, by kind.", labels=["kind"])
+    for kind, n in sorted(s.preemptions_by_kind.items()):
+        pre.add_metric([kind], n)
+    yield pre
+    yield GaugeMetricFamily(
+        f"{prefix}_preemption_tax", "Recomputed tokens / computed tokens since start.", s.preemption_tax
+    )
+    yield CounterMetricFamily(
+        f"{prefix}_computed_tokens", "Tokens the engine was asked to compute.", s.computed_tokens
+    )
+    yield CounterMetricFamily(
+        f"{prefix}_recomputed_tokens", "Computed tokens recomputed after a preemption.", s.recomputed_tokens
+    )
+    yield GaugeMetricFamily(f"{prefix}_pressure_level", "The pressure controller's level (0-5).", s.level)
+    ctl = getattr(sched, "controller", None)
+    resp = CounterMetricFamily(
+        f"{prefix}_pressure_responses",
+        "Pressure responses applied, with the signal that triggered each.",
+        labels=["response", "signal"],
+    )
+    if ctl is not None:
+        for response, per in sorted(ctl.counts.items()):
+            for signal, n in sorted(per.items()):
+                resp.add_metric([response, signal], n)
+    yield resp
+    if tenant_labels:
+        ten = GaugeMetricFamily(
+            f"{prefix}_tenant_pages", "Pages held by each tenant's running requests.", labels=["tenant"]
+        )
+        for ns, n in sorted(sched._tenant_pages().items(), key=lambda kv: str(kv[0])):
+            ten.add_metric(["" if ns is None else ns], n)
+        yield ten
+
+
+class KVCoreCollector:
+    """A ``prometheus_client`` collector of a cache (and optionally its scheduler and mover), read at
+    each scrape. Register it (``REGISTRY.register(c)``) or pass it to :func:`serve`."""
+
+    def __init__(
+        self,
+        cache: Any,
+        *,
+        scheduler: Any = None,
+        mover: Any = None,
+        prefix: str = "kvcore",
+        tenant_labels: bool = False,
+    ) -> None:
+        self.cache = cache
+        self.scheduler = scheduler
+        self.mover = mover
+        self.prefix = prefix
+        self.tenant_labels = tenant_labels
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _cache_families(self.cache.stats(), self.prefix)
+        tiers = self.cache.tier_stats() if self.cache.tier_names else {}
+        storage = self.mover.storage_stats() if self.mover is not None else None
+        yield from _tier_families(tiers, storage, self.prefix)
+        if self.scheduler is not None:
+            yield from _scheduler_families(self.scheduler, self.prefix, self.tenant_labels)
+
+
+class _Snapshot:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
 
 
 def metrics_text(
@@ -75,29 +213,20 @@ def metrics_text(
     storage: Mapping[str, Mapping[str, int]] | None = None,
 ) -> str:
     """Render ``stats`` (and the lower tiers' ``tiers`` / ``storage`` counters, if given) in the
-    Prometheus text format (version 0.0.4)."""
-    lines = [
-        f"# HELP {prefix}_pages Pages of the KV pool by state (they sum to the usable pages).",
-        f"# TYPE {prefix}_pages gauge",
-    ]
-    for state in ("in_use", "cached", "pinned", "free"):
-        lines.append(f'{prefix}_pages{{state="{state}"}} {getattr(stats, f"num_pages_{state}")}')
-    lines += [
-        f"# HELP {prefix}_sequences Live sequences.",
-        f"# TYPE {prefix}_sequences gauge",
-        f"{prefix}_sequences {stats.num_sequences}",
-    ]
-    for name, help_text in _COUNTERS:
-        metric = f"{prefix}_{name.removeprefix('num_')}_total"
-        lines += [
-            f"# HELP {metric} {help_text}",
-            f"# TYPE {metric} counter",
-            f"{metric} {getattr(stats, name)}",
-        ]
-    lines += [
-        f"# HELP {prefix}_prefix_hit_rate Cached fraction of looked-up prompt tokens.",
-        f"# TYPE {prefix}_prefix_hit_rate gauge",
-        f"{prefix}_prefix_hit_rate {stats.hit_rate:.6f}",
-    ]
-    lines += tier_metrics_lines(tiers or {}, storage, prefix)
-    return "\n".join(lines) + "\n"
+    Prometheus text format, as ``prometheus_client`` writes it."""
+    families = [*_cache_families(stats, prefix), *_tier_families(tiers or {}, storage, prefix)]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Snapshot(families))  # type: ignore[arg-type]
+    return generate_latest(registry).decode("utf-8")
+
+
+def serve(port: int, collector: KVCoreCollector, addr: str = "127.0.0.1") -> Any:
+    """Serve ``collector`` at ``http://addr:port/metrics`` from a daemon thread (``port=0``: any free
+    port, ``server.server_port`` tells which). Loopback by default: exposing metrics beyond the host is
+    the operator's choice. Returns the HTTP server (``shutdown()`` stops it)."""
+    from prometheus_client import start_http_server
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    return server

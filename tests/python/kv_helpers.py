@@ -391,3 +391,14 @@ def llama_like(**overrides: object) -> dict[str, object]:
     }
     config.update(overrides)
     return {k: v for k, v in config.items() if v is not None}
+
+
+def metric_value(text: str, name: str, **labels: str) -> float:
+    """The value of sample ``name{labels}`` in Prometheus text (parsed by prometheus_client)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
+    raise AssertionError(f"no sample {name}{labels} in the metrics text")

@@ -7,6 +7,7 @@ import threading
 
 import numpy as np
 import pytest
+from kv_helpers import metric_value
 
 import kvcore
 from kvcore import CacheStats, InvalidArgumentError, KVCacheManager, PageTable
@@ -181,8 +182,9 @@ def test_page_table_and_stats_formats() -> None:
     assert s.prefix_query_tokens == (2 * PS + 3) + (PS + 1) and s.prefix_hit_tokens == PS
     assert 0 < s.hit_rate < 1
     text = m.metrics_text()
-    assert 'kvcore_pages{state="in_use"} ' + str(s.num_pages_in_use) in text
-    assert f"kvcore_prefix_hit_tokens_total {PS}" in text
+    assert metric_value(text, "kvcore_pages", state="in_use") == s.num_pages_in_use
+    assert metric_value(text, "kvcore_prefix_hit_tokens_total") == PS
+    assert metric_value(text, "kvcore_usage") == pytest.approx(s.usage)
 
 
 @pytest.mark.parametrize(

@@ -346,13 +346,27 @@ def test_controller_escalates_in_order_with_hysteresis() -> None:
     assert d.running_cap == 75 and d.evict_to_free == 0.05 and d.truncate and d.refuse_long_tokens == 8192
     assert d.scale_out_pages is not None
     assert [c.observe(mid, 10).level for _ in range(5)] == [5] * 5  # between the thresholds: no change
-    assert [c.observe(low, 10).level for _ in range(6)] == [5, 5, 4, 4, 4, 3]
+    # Memory relaxes one level per relax period; refusing stops once it has come down a level.
+    assert [c.observe(low, 10).level for _ in range(6)] == [5, 5, 2, 2, 2, 1]
     assert c.counts["shrink_batch"] == {"usage": 1} and c.counts["refuse"] == {"usage": 1}
-    c2 = PressureController(PressureConfig(escalate_after=1, max_level=2, refuse=False))
+    assert c.counts["scale_out"] == {"usage": 1}
+    # The queue track never shrinks the batch: it refuses (load shedding), then signals scale-out.
+    c2 = PressureController(PressureConfig(escalate_after=1, relax_after=2))
     assert c2.observe(Signals(0.1, 3, 0.0), 8).trigger == "failed_reservations"
-    assert c2.observe(Signals(0.1, 0, 9.0), 8).level == 2
-    assert c2.observe(Signals(0.1, 0, 9.0), 8).level == 2  # max_level
-    assert c2.counts == {"shrink_batch": {"failed_reservations": 1}, "evict_harder": {"queue_wait": 1}}
+    d = c2.observe(Signals(0.1, 0, 9.0), 8)
+    assert (d.level, d.refuse_all, d.running_cap) == (4, True, 6)
+    assert c2.observe(Signals(0.1, 0, 9.0), 8).level == 5
+    assert c2.observe(Signals(0.1, 0, 3.0), 8).refuse_all is False  # under high: new requests queue
+    levels = [c2.observe(Signals(0.1, 0, 0.5), 8).level for _ in range(4)]
+    assert levels == [5, 0, 0, 0]  # queue low for 2 readings: refusals stop (memory relaxed already)
+    assert c2.counts == {
+        "shrink_batch": {"failed_reservations": 1},
+        "refuse": {"queue_wait": 1},
+        "scale_out": {"queue_wait": 1},
+    }
+    # Time-based hysteresis: high readings must span escalate_after_s of the caller's clock.
+    c3 = PressureController(PressureConfig(escalate_after=1, escalate_after_s=2.0))
+    assert [c3.observe(Signals(0.95, 0, 0.0), 1, now=t).level for t in (0.0, 1.0, 2.5)] == [0, 0, 1]
 
 
 def test_the_scheduler_applies_the_controller() -> None:
