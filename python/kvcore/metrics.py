@@ -111,12 +111,12 @@ def _tier_families(
         for key, value in sorted(counters.items()):
             if isinstance(value, bool) or not isinstance(value, int):
                 continue
-            fam = by_key.get(key)
-            if fam is None:
-                fam = by_key[key] = GaugeMetricFamily(
+            gauge = by_key.get(key)
+            if gauge is None:
+                gauge = by_key[key] = GaugeMetricFamily(
                     f"{prefix}_tier_storage_{key}", f"The storage tier's own {key} counter.", labels=["tier"]
                 )
-            fam.add_metric([name], value)
+            gauge.add_metric([name], value)
     yield from by_key.values()
 
 
