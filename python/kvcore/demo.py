@@ -1,8 +1,15 @@
-"""``kvcore demo``: a short, honest demonstration of what kvcore does today.
+"""``kvcore demo``: a live engine under a burst, on the CPU, in seconds.
 
-Several threads share one lock-free :class:`~kvcore.PageAllocator`: each admits "requests" (allocates
-their pages), shares some pages with a forked sibling (``retain``), and frees them when the request
-finishes. At the end every page must be back, and the demo prints the counts and the throughput.
+The tiny random-weight decoder (:mod:`kvcore.tiny`, NumPy, with the NumPy reference kernels) serves
+a burst of chat requests that share a system prompt, through the whole stack:
+:class:`~kvcore.scheduler.Scheduler` (continuous batching, chunked prefill, admission that predicts
+demand), the :class:`~kvcore.scheduler.PressureController` (it sheds load with 503s when the queue
+passes its target), preemption by swap to a host tier (``kvcore.tiers.HostTier`` + ``Mover``) or by
+recompute, prefix hits, copy-on-write. A live table shows running / queued / refused / usage; the
+summary checks a sample of the answers against a no-cache run of the same model, token for token.
+
+``kvcore demo --allocator`` runs the older demonstration of the lock-free allocator alone: several
+threads share one :class:`~kvcore.PageAllocator`, admit, fork and free, and every page must come back.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import random
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -51,7 +59,7 @@ def _worker(alloc: PageAllocator, seed: int, num_requests: int, page_size: int, 
         alloc.free(pages)
 
 
-def run_demo(num_threads: int, num_requests: int, num_pages: int, page_size: int) -> int:
+def run_allocator_demo(num_threads: int, num_requests: int, num_pages: int, page_size: int) -> int:
     alloc = PageAllocator(num_pages)
     stats = [WorkerStats() for _ in range(num_threads)]
     threads = [
@@ -81,16 +89,191 @@ def run_demo(num_threads: int, num_requests: int, num_pages: int, page_size: int
     return 0 if leaked == 0 else 1
 
 
+def _live_line(t: float, sched: Any, m: Any, refused: int, served: int) -> str:
+    s = sched.stats()
+    st = m.stats()
+    return (
+        f"  {t:5.1f} s  running {s.num_running:>3}  queued {s.num_waiting:>3}  loading {s.num_loading:>2}  "
+        f"served {served:>4}  refused {refused:>3}  usage {st.usage:>4.0%}  hit {st.hit_rate:>4.0%}  "
+        f"preempted {s.num_preemptions:>3}  level {s.level}"
+    )
+
+
+def run_engine_demo(
+    num_requests: int, num_pages: int, page_size: int, seed: int, live: bool | None, check: int = 8
+) -> int:
+    """The live engine demo (module docstring); returns 0 when the checked answers match."""
+    import sys
+
+    from kvcore import KVCacheManager
+    from kvcore.exceptions import RequestRejected
+    from kvcore.scheduler import PressureConfig, PressureController, Request, Scheduler, SwapCost
+    from kvcore.tiers import HostTier, Mover
+    from kvcore.tiny import TinyDecoder, TinyEngine
+
+    out = sys.stdout
+    live = out.isatty() if live is None else live
+    rng = np.random.default_rng(seed)
+    model = TinyDecoder(seed, "fp16")
+    vocab = model.config.vocab
+    pool = TinyEngine.make_pool(model, num_pages, page_size)
+    host = HostTier(pool, num_pages * 2)
+    cache = KVCacheManager(num_pages, page_size, lower_tiers=[host])
+    mover = Mover(cache, pool, [host])
+    engine = TinyEngine(model, pool, mover)
+    controller = PressureController(
+        PressureConfig(queue_wait_high_s=1.5, queue_wait_low_s=0.3, escalate_after_s=0.2, relax_after_s=1.0)
+    )
+    page_bytes = (
+        2 * model.config.num_layers * model.config.num_kv_heads * model.config.head_dim * 2 * page_size
+    )
+    sched = Scheduler(
+        cache,
+        max_num_batched_tokens=256,
+        max_num_seqs=32,
+        max_queue_wait_s=5.0,
+        controller=controller,
+        swap=SwapCost(page_bytes=page_bytes, prefill_tokens_per_s=5e3, bandwidth_gbps=1.0),
+        target_preemption_prob=0.2,
+    )
+    system = rng.integers(0, vocab, 3 * page_size).tolist()  # shared by every request: prefix hits
+    prompts = [
+        system + rng.integers(0, vocab, int(rng.integers(4, 40))).tolist() for _ in range(num_requests)
+    ]
+    # Chat-like answers: most short, one in six long (the ones that outgrow the admission's plan).
+    max_new = [
+        int(rng.integers(120, 240)) if rng.random() < 1 / 6 else int(rng.integers(8, 32)) for _ in prompts
+    ]
+    # A burst: half the requests at once, the rest over the next two seconds.
+    arrivals = sorted(
+        [0.0] * (num_requests // 2) + rng.uniform(0, 2.0, num_requests - num_requests // 2).tolist()
+    )
+    outputs: dict[int, list[int]] = {i: [] for i in range(num_requests)}
+    served: list[int] = []
+    refused: dict[int, int] = {}  # HTTP status -> count
+    print(
+        f"kvcore demo: {num_requests} requests (a burst) on a {model.config.num_layers}-layer tiny decoder, "
+        f"{num_pages - 1} pages of {page_size} tokens, host tier {host.num_slots} slots (NumPy)",
+        file=out,
+    )
+    start = time.perf_counter()
+    nxt = 0
+    last_draw = -1.0
+    while nxt < num_requests or sched.has_work():
+        now = time.perf_counter() - start
+        while nxt < num_requests and arrivals[nxt] <= now:
+            try:
+                sched.submit(Request(nxt, prompts[nxt], max_new_tokens=max_new[nxt]), now)
+            except RequestRejected as e:
+                refused[e.http_status] = refused.get(e.http_status, 0) + 1
+            nxt += 1
+        if not sched.has_work():
+            time.sleep(min(0.01, max(0.0, arrivals[nxt] - now)) if nxt < num_requests else 0)
+            continue
+        plan = sched.step(now)
+        for rej in plan.rejected:
+            refused[rej.http_status] = refused.get(rej.http_status, 0) + 1
+        for rid, _ in plan.finished:
+            refused[503] = refused.get(503, 0) + 1
+            outputs.pop(rid, None)
+        tokens = engine.forward(plan)
+        for rid, tok in tokens.items():
+            outputs[rid].append(tok)
+        for rid, reason in sched.update(plan, tokens):
+            if reason in ("length", "stop"):
+                served.append(rid)
+        if live and now - last_draw >= 0.1:
+            last_draw = now
+            print(
+                "\r" + _live_line(now, sched, cache, sum(refused.values()), len(served)),
+                end="",
+                file=out,
+                flush=True,
+            )
+        elif not live and now - last_draw >= 1.0:
+            last_draw = now
+            print(_live_line(now, sched, cache, sum(refused.values()), len(served)), file=out)
+    elapsed = time.perf_counter() - start
+    if live:
+        print("\r" + _live_line(elapsed, sched, cache, sum(refused.values()), len(served)), file=out)
+    s = sched.stats()
+    st = cache.stats()
+    generated = s.generated_tokens
+    print(
+        f"  served          {len(served):>6} of {num_requests} "
+        f"({generated:,} tokens, {generated / elapsed:,.0f} tokens/s)",
+        file=out,
+    )
+    print(
+        "  refused         "
+        + (", ".join(f"{n} x HTTP {code}" for code, n in sorted(refused.items())) or "none")
+        + f" (reasons: {dict(sorted(s.rejected_by_reason.items())) or '-'})",
+        file=out,
+    )
+    print(
+        f"  preemptions     {s.preemptions_by_kind['swap']:>6} swap, {s.preemptions_by_kind['recompute']} "
+        f"recompute; preemption tax {s.preemption_tax:.1%}",
+        file=out,
+    )
+    print(
+        f"  prefix hits     {st.hit_rate:>6.0%} of prompt tokens; host tier loaded "
+        f"{cache.tier_stats()['host']['num_loaded_pages']} pages",
+        file=out,
+    )
+    print(f"  pressure        {controller.counts or 'no response needed'}", file=out)
+    if len(served) + sum(refused.values()) != num_requests:
+        print(f"  LOST REQUESTS: {num_requests - len(served) - sum(refused.values())}", file=out)
+        return 1
+    sample = rng.choice(served, size=min(check, len(served)), replace=False).tolist() if served else []
+    bad = [i for i in sample if outputs[i] != model.generate_no_cache(prompts[i], max_new[i])]
+    print(
+        f"  checked         {len(sample) - len(bad)}/{len(sample)} answers equal a no-cache run, "
+        f"token for token ({elapsed:.1f} s)",
+        file=out,
+    )
+    leaked = st.num_pages_in_use
+    if leaked:
+        print(f"  LEAKED PAGES: {leaked}", file=out)
+    return 0 if not bad and not leaked else 1
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     from kvcore.cli import int_arg
 
-    parser = subparsers.add_parser("demo", help="threads allocating, sharing and freeing pages")
-    parser.add_argument("--threads", type=int_arg(1, _MAX_THREADS), default=4, help="threads (default 4)")
-    parser.add_argument("--requests", type=int_arg(0), default=20_000, help="requests per thread")
+    parser = subparsers.add_parser(
+        "demo", help="a live engine (tiny model, scheduler, pressure control, swap) under a burst"
+    )
     parser.add_argument(
-        "--num-pages", type=int_arg(2), default=20_001, help="pages of the pool, page 0 included"
+        "--allocator",
+        action="store_true",
+        help="the lock-free allocator alone: threads allocating and freeing",
+    )
+    parser.add_argument(
+        "--requests",
+        type=int_arg(1),
+        default=None,
+        help="requests (default 160; --allocator: per thread, 20,000)",
+    )
+    parser.add_argument(
+        "--num-pages",
+        type=int_arg(2),
+        default=None,
+        help="pages of the pool, page 0 included (default 97; --allocator 20,001)",
     )
     parser.add_argument("--page-size", type=int_arg(1), default=16, help="tokens per page (default 16)")
-    parser.set_defaults(
-        func=lambda a: run_demo(a.threads, a.requests, a.num_pages, a.page_size),
+    parser.add_argument("--seed", type=int_arg(0), default=0, help="random seed (default 0)")
+    parser.add_argument(
+        "--threads", type=int_arg(1, _MAX_THREADS), default=4, help="--allocator: threads (default 4)"
     )
+    live = parser.add_mutually_exclusive_group()
+    live.add_argument(
+        "--live", dest="live", action="store_true", default=None, help="redraw the table in place"
+    )
+    live.add_argument("--no-live", dest="live", action="store_false", help="print a line a second instead")
+    parser.set_defaults(func=_run)
+
+
+def _run(a: argparse.Namespace) -> int:
+    if a.allocator:
+        return run_allocator_demo(a.threads, a.requests or 20_000, a.num_pages or 20_001, a.page_size)
+    return run_engine_demo(a.requests or 400, a.num_pages or 65, a.page_size, a.seed, a.live)

@@ -111,8 +111,9 @@ def test_config_with_1e30_layers(tmp_path: Path, capsys: pytest.CaptureFixture[s
         (["replay", "--instances", "²"], "--instances"),
         (["replay", "--remote-index-pages", "²"], "--remote-index-pages"),
         (["replay", "--remote-lookup-keys", "²"], "--remote-lookup-keys"),
-        (["demo", "--threads", "²"], "--threads"),
+        (["demo", "--allocator", "--threads", "²"], "--threads"),
         (["demo", "--num-pages", "²"], "--num-pages"),
+        (["demo", "--requests", "²"], "--requests"),
     ],
 )
 def test_superscript_digits_in_numeric_flags(
@@ -144,7 +145,9 @@ def test_finite_rates_whose_times_overflow_are_refused(
 
 def test_demo_page_size_zero(capsys: pytest.CaptureFixture[str]) -> None:
     # Was a ZeroDivisionError in every worker thread (one traceback each).
-    refused(["demo", "--threads", "2", "--requests", "5", "--page-size", "0"], capsys, "--page-size")
+    argv = ["demo", "--allocator", "--threads", "2", "--requests", "5", "--page-size", "0"]
+    refused(argv, capsys, "--page-size")
+    refused(["demo", "--page-size", "0"], capsys, "--page-size")
 
 
 # ---- trace lines (kvcore replay) ------------------------------------------------------------------
@@ -262,7 +265,7 @@ def test_memory_error_in_the_job_is_one_line(
         argv = ["replay", "--requests", "10", "--capacity-pages", "2000000000", "--no-plot"]
         argv += ["--out", str(tmp_path)]
     else:
-        argv = ["demo", "--num-pages", "2000000001"]
+        argv = ["demo", "--allocator", "--num-pages", "2000000001"]
     line = refused(argv, capsys, f"kvcore {command}: error:", "out of memory", "2,000,000,001 pages")
     assert "Traceback" not in line
 
@@ -274,7 +277,7 @@ def test_kvcore_errors_of_every_command_are_one_line(
         raise KVCoreError("the core said no")
 
     monkeypatch.setattr(kvcore.demo, "PageAllocator", broken)
-    refused(["demo"], capsys, "kvcore demo: error: the core said no")
+    refused(["demo", "--allocator"], capsys, "kvcore demo: error: the core said no")
 
 
 # ---- end to end: exit status, no traceback, bounded memory ------------------------------------------
