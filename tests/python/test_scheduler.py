@@ -401,3 +401,53 @@ def test_the_scheduler_applies_the_controller() -> None:
     s = sched.stats()
     assert s.num_truncated == 1
     assert ctl.counts["shrink_batch"] and ctl.counts["evict_harder"]
+
+
+def test_past_the_preemption_budget_new_requests_wait() -> None:
+    """With max_preemption_tax=0, the first recompute stops new admissions while anything runs (the
+    tax never falls back to 0 here): each queued request starts alone, once the running ones are done."""
+    m = kvcore.KVCacheManager(12, 4)
+    sched = Scheduler(m, max_num_batched_tokens=32, estimator=optimistic(), max_preemption_tax=0.0)
+    ps = prompts(3, 6, shared=5)
+    for i, p in enumerate(ps):
+        sched.submit(Request(i, p, max_new_tokens=10))
+    admitted_after_tax: list[int] = []
+    t = 0
+    while sched.has_work():
+        taxed = sched.stats().preemption_tax > 0
+        busy = bool(sched.running_ids)
+        plan = sched.step(float(t))
+        if taxed and busy:
+            admitted_after_tax += [
+                e.request_id for e in plan.events if e.kind == "admitted" and not e.detail["resumed"]
+            ]
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+        t += 1
+        assert t < 5000
+    s = sched.stats()
+    assert s.num_preemptions > 0 and s.preemption_tax > 0
+    assert admitted_after_tax == []
+    assert s.num_finished == 6  # the waiting ones still ran, once nothing else was running
+
+
+def test_events_cover_every_decision() -> None:
+    m = kvcore.KVCacheManager(12, 4)
+    sched = Scheduler(m, max_num_batched_tokens=32, estimator=optimistic())
+    for i, p in enumerate(prompts(3, 6, shared=5)):
+        sched.submit(Request(i, p, max_new_tokens=10))
+    kinds: dict[str, int] = {}
+    for ev in sched.take_events():
+        kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
+    t = 0
+    while sched.has_work():
+        plan = sched.step(float(t))
+        for ev in plan.events:
+            kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+        t += 1
+    for ev in sched.take_events():
+        kinds[ev.kind] = kinds.get(ev.kind, 0) + 1
+    s = sched.stats()
+    assert kinds["queued"] == 6 and kinds["finished"] == 6
+    assert kinds["preempted"] == s.num_preemptions > 0
+    assert kinds["admitted"] == 6 + s.num_preemptions  # every resume is an admission again

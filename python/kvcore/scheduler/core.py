@@ -820,8 +820,8 @@ class Scheduler:
             if r is None:
                 break
             resumed = r.started
-            if not resumed and not tax_ok:
-                break  # the preemption budget is spent: new requests wait
+            if not resumed and not tax_ok and (self._running or self._loading):
+                break  # the preemption budget is spent: new requests wait (alone, one may run)
             if not resumed and decision is not None and decision.truncate:
                 self._truncate(r, now)
             tokens = np.asarray(r.tokens, np.uint32)
