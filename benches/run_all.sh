@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every kvcore benchmark behind a figure in BENCHMARKS.md, in one run (about 5 minutes on 2 cores).
+# Every kvcore benchmark behind a figure in BENCHMARKS.md, in one run (about 12 minutes on 2 cores).
 # Not here: the peers (benches/peers/, needs their own venv) and the GPU check (benches/gpu/).
 # Needs the environment `.ci/run` builds (.venv). Prints medians; compare rows of the same run only.
 set -euo pipefail
@@ -22,3 +22,7 @@ echo "== lower tiers: quantize-on-demote error on the tiny decoder"; .venv/bin/p
 echo "== lower tiers: Mooncake conversation replay grid"; .venv/bin/python benches/replay_tiers.py
 echo "== remote tier: RedisTier, redis-py, RespClient, redis-benchmark (own server)"; .venv/bin/python benches/tiers_remote.py --repeats 5
 echo "== remote tier: instances sharing it (replay grid, ~2 min)"; .venv/bin/python benches/replay_instances.py
+echo "== scheduler: one step of 256 decoding requests (Python), with same-run baselines"
+.venv/bin/python -m pytest -q benches/python/bench_scheduler.py $cols
+echo "== scheduler under pressure: the conversation trace at 1x, 2x, 3x (~5 min)"; .venv/bin/python benches/replay_pressure.py --out /tmp/kvcore-replay-pressure
+echo "== kvcore demo (the live engine, wall time)"; /usr/bin/time -f "%e s" .venv/bin/kvcore demo --no-live | tail -8
