@@ -25,4 +25,4 @@ echo "== remote tier: instances sharing it (replay grid, ~2 min)"; .venv/bin/pyt
 echo "== scheduler: one step of 256 decoding requests (Python), with same-run baselines"
 .venv/bin/python -m pytest -q benches/python/bench_scheduler.py $cols
 echo "== scheduler under pressure: the conversation trace at 1x, 2x, 3x (~5 min)"; .venv/bin/python benches/replay_pressure.py --out /tmp/kvcore-replay-pressure
-echo "== kvcore demo (the live engine, wall time)"; /usr/bin/time -f "%e s" .venv/bin/kvcore demo --no-live | tail -8
+echo "== kvcore demo (the live engine, wall time)"; TIMEFORMAT="%R s"; time (.venv/bin/kvcore demo --no-live | tail -8)
