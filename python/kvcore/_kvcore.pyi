@@ -197,6 +197,11 @@ class KVCacheManager:
     def append_batch(self, seq_ids: _Ids, tokens: _Tokens) -> int:
         """One generated token per sequence, in order (a decode step): how many were appended
         before the first that found no room (nothing changed for it and after it)."""
+    @property
+    def store_policy(self) -> tuple[str, dict[str, float]]:
+        """``(name, options)`` of the store policy in force (``set_store_policy(*p)`` restores it)."""
+    def set_store_policy(self, store_policy: str, store_options: dict[str, float] | None = None) -> None:
+        """Replace the store policy (as in the constructor); queued stores are not affected."""
     def offload(self, seq_id: int) -> int:
         """Store the sequence's cached full pages to the lower tiers whatever the store policy (a
         swap-out before ``free_sequence``); pages stored or in flight in the first tier."""

@@ -236,25 +236,7 @@ impl KVCacheManager {
         if config.lower_tiers.len() > 255 {
             return Err(KvError::InvalidArgument("at most 255 lower tiers".into()));
         }
-        if let StorePolicy::Value(m) = &config.store_policy {
-            let fields = [
-                m.page_bytes,
-                m.prefill_us_per_token,
-                m.attention_us_per_token_per_1k,
-                m.prior_hits,
-                m.prior_misses,
-                m.depth_scale_tokens,
-            ];
-            if fields.iter().any(|x| !x.is_finite() || *x < 0.0)
-                || m.prior_misses <= 0.0
-                || m.depth_scale_tokens <= 0.0
-            {
-                return Err(KvError::InvalidArgument(format!(
-                    "store policy 'value': every parameter must be finite and >= 0 (prior_misses and \
-                     depth_scale_tokens > 0), got {m:?}"
-                )));
-            }
-        }
+        check_store_policy(&config.store_policy)?;
         let tiers = config
             .lower_tiers
             .iter()
@@ -941,6 +923,20 @@ impl KVCacheManager {
         Ok(pinned)
     }
 
+    /// The store policy in force (which pages go down to the lower tiers).
+    pub fn store_policy(&self) -> StorePolicy {
+        self.state.lock().store_policy.clone()
+    }
+
+    /// Replace the store policy (a pressure controller making stores more selective, and back).
+    /// Stores already queued are not affected. `InvalidArgument` (nothing changed) for a policy
+    /// the constructor would refuse.
+    pub fn set_store_policy(&self, policy: StorePolicy) -> KvResult<()> {
+        check_store_policy(&policy)?;
+        self.state.lock().store_policy = policy;
+        Ok(())
+    }
+
     /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
     pub fn unpin(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
         let mut guard = self.state.lock();
@@ -1114,6 +1110,30 @@ fn loading(seq_id: SeqId) -> KvError {
 
 /// A live sequence whose prefix is in HBM (its table valid): `UnknownSequence` or
 /// `InvalidArgument` (loading) otherwise.
+/// A store policy's parameters are usable: `InvalidArgument` otherwise.
+fn check_store_policy(policy: &StorePolicy) -> KvResult<()> {
+    if let StorePolicy::Value(m) = policy {
+        let fields = [
+            m.page_bytes,
+            m.prefill_us_per_token,
+            m.attention_us_per_token_per_1k,
+            m.prior_hits,
+            m.prior_misses,
+            m.depth_scale_tokens,
+        ];
+        if fields.iter().any(|x| !x.is_finite() || *x < 0.0)
+            || m.prior_misses <= 0.0
+            || m.depth_scale_tokens <= 0.0
+        {
+            return Err(KvError::InvalidArgument(format!(
+                "store policy 'value': every parameter must be finite and >= 0 (prior_misses and \
+                 depth_scale_tokens > 0), got {m:?}"
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What `append` requires of a sequence: live, ready, and its whole known prompt reserved.
 fn check_appendable(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<()> {
     let seq = ready(seqs, seq_id)?;

@@ -407,6 +407,30 @@ impl PyKVCacheManager {
         })?)
     }
 
+    /// `(name, options)` of the store policy in force (`set_store_policy(*cache.store_policy)`
+    /// restores it).
+    #[getter]
+    fn store_policy<'py>(
+        &self,
+        py: Python<'py>,
+    ) -> PyResult<(String, Bound<'py, pyo3::types::PyDict>)> {
+        let policy = self.run(py, false, |m| m.store_policy());
+        super::tiers::store_policy_view(py, &policy)
+    }
+
+    /// Replace the store policy (`"all"`, `"selective"`, `"value"` and its options, as in the
+    /// constructor); queued stores are not affected. Nothing changes on a bad policy.
+    #[pyo3(signature = (store_policy, store_options = None))]
+    fn set_store_policy(
+        &self,
+        py: Python<'_>,
+        store_policy: &Bound<'_, PyAny>,
+        store_options: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let policy = super::tiers::store_policy(Some(store_policy), store_options)?;
+        Ok(self.run(py, false, |m| m.set_store_policy(policy))?)
+    }
+
     /// Store the sequence's cached full pages to the lower tiers whatever the store policy (a
     /// swap-out before ``free_sequence``); returns the pages stored or in flight in the first tier.
     fn offload(&self, py: Python<'_>, seq_id: &Bound<'_, PyAny>) -> PyResult<usize> {

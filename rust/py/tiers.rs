@@ -214,3 +214,35 @@ pub(crate) fn batch_to_python<'py>(
 pub(crate) fn namespace_of(obj: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
     namespace_arg(Some(obj))
 }
+
+/// `(name, options)` of a store policy: what `store_policy(name, options)` parses back to it.
+pub(crate) fn store_policy_view<'py>(
+    py: Python<'py>,
+    policy: &StorePolicy,
+) -> PyResult<(String, Bound<'py, PyDict>)> {
+    let d = PyDict::new(py);
+    let name = match policy {
+        StorePolicy::All => "all",
+        StorePolicy::Selective {
+            min_hits,
+            min_priority,
+        } => {
+            d.set_item("min_hits", *min_hits)?;
+            d.set_item("min_priority", *min_priority)?;
+            "selective"
+        }
+        StorePolicy::Value(m) => {
+            d.set_item("page_bytes", m.page_bytes)?;
+            d.set_item("prefill_us_per_token", m.prefill_us_per_token)?;
+            d.set_item(
+                "attention_us_per_token_per_1k",
+                m.attention_us_per_token_per_1k,
+            )?;
+            d.set_item("prior_hits", m.prior_hits)?;
+            d.set_item("prior_misses", m.prior_misses)?;
+            d.set_item("depth_scale_tokens", m.depth_scale_tokens)?;
+            "value"
+        }
+    };
+    Ok((name.to_string(), d))
+}

@@ -451,3 +451,42 @@ def test_events_cover_every_decision() -> None:
     assert kinds["queued"] == 6 and kinds["finished"] == 6
     assert kinds["preempted"] == s.num_preemptions > 0
     assert kinds["admitted"] == 6 + s.num_preemptions  # every resume is an admission again
+
+
+def test_store_policy_can_be_read_and_replaced() -> None:
+    m = kvcore.KVCacheManager(20, 4, lower_tiers=[("host", 8)], store_policy="value")
+    name, options = m.store_policy
+    assert name == "value" and options["page_bytes"] > 0
+    m.set_store_policy("selective", {"min_hits": 4})
+    assert m.store_policy == ("selective", {"min_hits": 4, "min_priority": 2**31 - 1})
+    with pytest.raises(InvalidArgumentError):
+        m.set_store_policy("value", {"prior_misses": 0.0})
+    with pytest.raises(InvalidArgumentError):
+        m.set_store_policy("fifo")
+    assert m.store_policy[0] == "selective"  # a refused policy changed nothing
+    m.set_store_policy(name, options)
+    assert m.store_policy == (name, options)
+
+
+def test_evict_harder_makes_stores_more_selective_and_restores_them() -> None:
+    m = kvcore.KVCacheManager(33, 4, lower_tiers=[("host", 64)], store_policy="all")
+    ctl = PressureController(
+        PressureConfig(escalate_after=1, relax_after=3, usage_high=0.5, usage_low=0.3, max_level=2)
+    )
+    sched = Scheduler(m, controller=ctl, max_num_batched_tokens=4096)
+    for i in range(4):
+        sched.submit(Request(i, [i, *range(1, 16)], max_new_tokens=4))
+    seen: list[str] = []
+    t = 0
+    while sched.has_work() or t < 60:
+        plan = sched.step(float(t))
+        seen += [e.detail["policy"] for e in plan.events if e.kind == "store_policy"]
+        if plan.level >= 2:
+            assert m.store_policy == ("selective", {"min_hits": 3, "min_priority": 2**31 - 1})
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+        t += 1
+        b = m.take_transfers()  # no bytes move here: every transfer simply succeeds
+        if b:
+            m.complete_transfers(np.unique(b.store_ops).tolist() + b.load_ops.tolist(), True)
+    assert seen == ["selective", "all"] and m.store_policy == ("all", {})
+    assert ctl.counts["evict_harder"] == {"usage": 1}

@@ -285,6 +285,7 @@ class Scheduler:
         self._dec_version = 0
         self._dec_cache: tuple[int, Any, Any, Any] | None = None
         self._plan_dec_version = -1
+        self._saved_store_policy: tuple[str, dict[str, Any]] | None = None
         self._last_plan: StepPlan | None = None
 
     # ---- requests in ------------------------------------------------------------------------------
@@ -691,6 +692,8 @@ class Scheduler:
             self._event("pressure", None, now, **{"from": old, "to": new, "trigger": trig})
         if d.scale_out_pages is not None:
             self._event("scale_out", None, now, pages=d.scale_out_pages)
+        if self._tiered:
+            self._apply_store_policy(d.stricter_stores, now)
         if d.evict_to_free is not None:
             target = int(d.evict_to_free * self.usable_pages)
             short = target - st.num_pages_free
@@ -712,6 +715,22 @@ class Scheduler:
         st = np.fromiter([r.computed for r in rows], np.int32, n)
         tok = np.fromiter([r.tokens[-1] for r in rows], np.uint32, n)
         return ids, st, tok
+
+    def _apply_store_policy(self, stricter: bool, now: float) -> None:
+        """Make the lower tiers' stores more selective under pressure (one more use required), and
+        restore the policy the cache had once the pressure falls back."""
+        m = self.cache
+        if stricter and self._saved_store_policy is None:
+            name, options = m.store_policy
+            self._saved_store_policy = (name, options)
+            min_hits = int(options["min_hits"]) + 1 if name == "selective" else 3
+            m.set_store_policy("selective", {"min_hits": min_hits})
+            self._event("store_policy", None, now, policy="selective", min_hits=min_hits)
+        elif not stricter and self._saved_store_policy is not None:
+            name, options = self._saved_store_policy
+            self._saved_store_policy = None
+            m.set_store_policy(name, options or None)
+            self._event("store_policy", None, now, policy=name, **options)
 
     def _victim(self) -> _Req:
         """Lowest priority first, then the youngest."""

@@ -21,8 +21,9 @@ and each application is counted with the signal that triggered it (``counts``):
 
 1. ``shrink_batch``: the running cap drops to ``shrink_factor`` of the requests running then.
 2. ``evict_harder``: cached pages are evicted until ``free_target`` of the usable pages is free (room
-   for the next admissions without evicting on their path), and ``pin_ttl_scale`` tells the engine to
-   shorten the TTL of the pins it makes.
+   for the next admissions without evicting on their path), the lower tiers' store policy becomes
+   more selective (``selective`` with one more use required, ``stricter_stores``; restored when the
+   level falls back), and ``pin_ttl_scale`` tells the engine to shorten the TTL of the pins it makes.
 3. ``truncate``: requests that opt in (``Request.window``) are admitted with their prompt cut to its
    ``sink`` first tokens and its most recent ones.
 4. ``refuse``: requests whose prompt is longer than ``long_request_tokens`` are refused at ``submit``
@@ -80,6 +81,7 @@ class PressureConfig:
     evict_harder: bool = True
     free_target: float = 0.05
     pin_ttl_scale: float = 0.25
+    stricter_stores: bool = True
     truncate: bool = True
     refuse: bool = True
     long_request_tokens: int = 8192  # prompts longer than this are refused at level 4
@@ -142,6 +144,7 @@ class PressureDecision:
     retry_after_s: float
     scale_out_pages: int | None  # pages an autoscaler should add (None: no signal)
     pin_ttl_scale: float  # multiply the TTL of new pins by this (1.0: unchanged)
+    stricter_stores: bool = False  # make the lower tiers' store policy more selective
 
 
 class _Track:
@@ -295,6 +298,7 @@ class PressureController:
             retry_after_s=c.retry_after_s,
             scale_out_pages=scale_out,
             pin_ttl_scale=c.pin_ttl_scale if lvl >= 2 and c.enabled("evict_harder") else 1.0,
+            stricter_stores=lvl >= 2 and c.enabled("evict_harder") and c.stricter_stores,
         )
 
     def _start_refusing(self, signal: str) -> None:

@@ -85,6 +85,7 @@ EVENT_KINDS = (
     "pressure",  # the controller changed level (detail: from, to, trigger)
     "evicted",  # the controller evicted cached pages (detail: pages)
     "scale_out",  # the controller's scale-out signal (detail: pages)
+    "store_policy",  # the controller changed the lower tiers' store policy (detail: policy, options)
 )
 
 
