@@ -3,9 +3,10 @@
 
 Run: ``.venv/bin/python benches/replay_pressure.py [--limit N] [--capacity-pages P] [--out DIR]``
 
-The cache (15,000 pages of 16 tokens, 240k tokens) holds about 20 of the trace's 12k-token prompts at
-once, and the engine prefills 200k tokens/s: the trace at its own rate already overloads it at times,
-and 3x is far past it. Prints the table and writes report.json and pressure.png to ``--out``.
+The defaults (40,000 pages of 16 tokens, 640k tokens, about 50 of the trace's 12k-token prompts at
+once; the engine prefilling 400k tokens/s) fit the trace at its own rate: 2x and 3x overload it.
+``--capacity-pages 15000 --prefill-rate 200000`` overloads it even at 1x. Prints the table and
+writes report.json and pressure.png to ``--out``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ TRACE = Path(__file__).resolve().parents[2] / "shared" / "data" / "traces" / "co
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--capacity-pages", type=int, default=15_000)
-    p.add_argument("--prefill-rate", default="200000")
+    p.add_argument("--capacity-pages", type=int, default=40_000)
+    p.add_argument("--prefill-rate", default="400000")
     p.add_argument("--out", default="kvcore-replay-pressure")
     a = p.parse_args()
     argv = ["replay", str(TRACE), "--capacity-pages", str(a.capacity_pages), "--prefill-rate", a.prefill_rate]

@@ -24,5 +24,5 @@ echo "== remote tier: RedisTier, redis-py, RespClient, redis-benchmark (own serv
 echo "== remote tier: instances sharing it (replay grid, ~2 min)"; .venv/bin/python benches/replay_instances.py
 echo "== scheduler: one step of 256 decoding requests (Python), with same-run baselines"
 .venv/bin/python -m pytest -q benches/python/bench_scheduler.py $cols
-echo "== scheduler under pressure: the conversation trace at 1x, 2x, 3x (~5 min)"; .venv/bin/python benches/replay_pressure.py --out /tmp/kvcore-replay-pressure
+echo "== scheduler under pressure: the conversation trace at 1x, 2x, 3x (~10 min)"; .venv/bin/python benches/replay_pressure.py --out /tmp/kvcore-replay-pressure
 echo "== kvcore demo (the live engine, wall time)"; TIMEFORMAT="%R s"; time (.venv/bin/kvcore demo --no-live | tail -8)
