@@ -4,7 +4,7 @@ Run: ``.venv/bin/python -m pytest benches/python/bench_allocator.py --benchmark-
 
 ``bench_alloc_free_1`` and ``bench_alloc_free_256`` time one ``allocate(n)`` + ``free`` round trip
 (targets: 0.6 µs and 1.5 µs median). ``bench_pure_python_free_list_256`` is the same round trip on a
-bare Python list, the floor quoted in SPEC.md, measured in the same run. ``bench_contention_*``: T
+bare Python list, the floor of the project's targets, measured in the same run. ``bench_contention_*``: T
 threads each do 2,000 ``allocate(1)`` + ``free`` pairs on one allocator; the figure is the wall time
 of the whole batch.
 """

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m pytest benches/python/bench_manager.py --benchmark-columns=median,mean,ops``
 
-Targets (SPEC.md / issue 3): add_sequence of a 2,048-token prompt whose first 1,920 tokens are cached
+Targets: add_sequence of a 2,048-token prompt whose first 1,920 tokens are cached
 ≤ 5 µs; append of one token ≤ 0.5 µs; page_table for 256 running sequences of 2,048 tokens ≤ 50 µs;
 evict(1000) ≤ 50 µs. free_sequence is measured alone (its admission runs in the untimed setup) and
 paired with add_sequence.

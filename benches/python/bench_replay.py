@@ -5,7 +5,7 @@ Run: ``.venv/bin/python -m pytest benches/python/bench_replay.py --benchmark-col
 ``bench_conversation_sequential``: the whole conversation trace (12,031 requests, 144.8 M prompt tokens,
 12,031 x ``add_sequence`` + ``free_sequence``) in sequential mode at 16-token pages, LRU, at 10,000 and
 50,000 blocks' worth of pages. Each round builds every token id from the hash ids (a fresh
-:class:`~kvcore.replay.TokenSource`) and builds a fresh manager. Target (SPEC.md): 1.5 s. Reading the
+:class:`~kvcore.replay.TokenSource`) and builds a fresh manager. Target: 1.5 s. Reading the
 JSONL is not timed here (``bench_read_conversation``: about 0.25 s, ``json`` bound).
 ``bench_builtin_timed``: the default ``kvcore replay`` workload (4,000 requests), timed mode, one policy.
 

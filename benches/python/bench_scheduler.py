@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m pytest benches/python/bench_scheduler.py --benchmark-columns=median,mean,ops``
 
-Target (SPEC.md): a step with 256 running sequences ≤ 100 µs of kvcore time, that is ``step()`` (the
+Target: a step with 256 running sequences ≤ 100 µs of kvcore time, that is ``step()`` (the
 batched append, the page table cut to the step, the slot mapping and the token ids) plus ``update()``
 (the sampled tokens recorded, the pages that filled committed), with no model in between. Baselines in
 the same run: the manager calls alone that such a step cannot avoid (one ``append`` per sequence, one

@@ -2,7 +2,7 @@
 
 Run: ``.venv/bin/python -m pytest benches/python/bench_tiers.py --benchmark-columns=median,mean,ops``
 
-Target (issue 12): matching across tiers costs ≤ 2× HBM-only matching per token. The same
+Target: matching across tiers costs ≤ 2× HBM-only matching per token. The same
 2,048-token prompt, its first 1,920 tokens cached, is admitted and freed:
 
 - ``hbm``: cached in HBM, on a manager without tiers (the baseline);

@@ -41,7 +41,7 @@ class _Sequence:
 
 
 class EmulatedKVCacheManager:
-    """A Python stand-in for ``kvcore.KVCacheManager`` (SPEC API): prefix sharing, fork, CoW, LRU eviction.
+    """A Python stand-in for ``kvcore.KVCacheManager``: prefix sharing, fork, CoW, LRU eviction.
 
     Pages come from a real ``kvcore.PageAllocator``. Full pages are registered in a prefix cache keyed by
     every token up to the page's end (page-aligned matching); the cache holds one reference on each, so
@@ -81,7 +81,7 @@ class EmulatedKVCacheManager:
                 self._cache[key] = seq.pages[i]
                 self.alloc.retain(np.array([seq.pages[i]], dtype=np.int32))
 
-    # ---------------------------------------------------------------- SPEC API
+    # ---------------------------------------------------------------- the API
 
     def add_sequence(
         self, seq_id: int, prompt_tokens: Any, namespace: Any = None, priority: int = 0

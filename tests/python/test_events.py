@@ -1,4 +1,4 @@
-"""KV events (issue 11, item 6): in order, keyed as page_keys computes them, off by default."""
+"""KV events: in order, keyed as page_keys computes them, off by default."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Hostile callers of KVCacheManager and PageAllocator (issue 10): callbacks that mutate arguments,
+"""Hostile callers of KVCacheManager and PageAllocator: callbacks that mutate arguments,
 stale copy-on-write pairs, forks of half-computed sequences, racing double frees, pools larger than
 memory, namespaces that must not pile up, and arguments of every wrong type."""
 

@@ -1,4 +1,4 @@
-"""The prefix cache driven directly (issue 11, items 4 and 7): match_prefix without side effects,
+"""The prefix cache driven directly: match_prefix without side effects,
 pages loaded elsewhere inserted into the tree, and reset_prefix_cache."""
 
 from __future__ import annotations

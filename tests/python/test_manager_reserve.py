@@ -1,4 +1,4 @@
-"""Allocation per chunk (issue 11, item 1): add_sequence(reserve=...) and reserve()."""
+"""Allocation per chunk: add_sequence(reserve=...) and reserve()."""
 
 from __future__ import annotations
 

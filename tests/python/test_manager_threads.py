@@ -1,4 +1,4 @@
-"""Threads and the interpreter (issue 11, item 9): long manager calls release it, and no call waits
+"""Threads and the interpreter: long manager calls release it, and no call waits
 for the manager while holding it, so a Python thread (a transfer-completion thread, say) is never
 stalled by the scheduler's large evictions, resets or tables."""
 

@@ -1,4 +1,4 @@
-"""Page keys (issue 11, item 5): the Rust keys equal an independent hashlib implementation of the
+"""Page keys: the Rust keys equal an independent hashlib implementation of the
 documented format, chain over parents, and separate fingerprints and namespaces."""
 
 from __future__ import annotations

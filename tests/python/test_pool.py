@@ -1,4 +1,4 @@
-"""KVPool and its precisions: layout, byte sizes (SPEC formula), scales, DLPack, bit-exact conversions."""
+"""KVPool and its precisions: layout, byte sizes (sizing), scales, DLPack, bit-exact conversions."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Replays of the real Mooncake FAST'25 traces against an independent brute-force model (issue 3).
+"""Replays of the real Mooncake FAST'25 traces against an independent brute-force model.
 
 Each 512-token block is 32 pages of 16 tokens whose ids come from its hash id; requests are fed in
 order and freed after their prompt; LRU at 10,000 and 50,000 blocks' worth of pages. The model is an
