@@ -224,16 +224,17 @@ def test_append_kv_rejects_bad_input_and_changes_nothing() -> None:
     for slots, err in (
         (np.array([3, 3]), InvalidArgumentError),  # duplicate slot
         (np.array([3, 8]), InvalidArgumentError),  # past the pool
-        (np.array([-2, 1]), InvalidArgumentError),
-        (np.array([1.0, 2.0]), InvalidDTypeError),
-        (np.array([1]), InvalidDTypeError),  # length mismatch
+        (np.array([-2, 3]), InvalidArgumentError),
+        (np.array([1, 3]), InvalidArgumentError),  # slot 1 is in the null page 0
+        (np.array([2.0, 3.0]), InvalidDTypeError),
+        (np.array([3]), InvalidDTypeError),  # length mismatch
     ):
         with pytest.raises(err):
             K.append_kv(pool, 0, slots, k, k)
     with pytest.raises(InvalidDTypeError):
-        K.append_kv(pool, 0, np.array([1, 2]), k, np.ones((2, 1, 4), np.float32))
+        K.append_kv(pool, 0, np.array([2, 3]), k, np.ones((2, 1, 4), np.float32))
     with pytest.raises(InvalidArgumentError):
-        K.append_kv(pool, 3, np.array([1, 2]), k, k)
+        K.append_kv(pool, 3, np.array([2, 3]), k, k)
     assert not pool.data.any()
 
 

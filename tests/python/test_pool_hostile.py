@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from kv_helpers import assert_refused, random_pool
 
+import kvcore
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
-from kvcore.pool import dtypes
+from kvcore.pool import KVPool, dtypes
 
 NAN, INF = float("nan"), float("inf")
 
@@ -146,3 +147,9 @@ def test_quantizing_conversions_refuse_a_bad_scale(kv_dtype: str, scale: Any) ->
         dtypes.encode(x, kv_dtype, scale)
     with pytest.raises(InvalidArgumentError, match="scale"):
         dtypes.decode(stored, kv_dtype, scale)
+
+
+def test_a_pool_too_large_for_memory_is_an_out_of_memory_error() -> None:
+    """NumPy's own _ArrayMemoryError never reaches the caller: kvcore's OutOfMemoryError (a MemoryError)."""
+    with pytest.raises(kvcore.OutOfMemoryError, match="cannot allocate"):
+        KVPool(num_layers=80, num_pages=10**6, num_kv_heads=8, head_dim=128, page_size=16)

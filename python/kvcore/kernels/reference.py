@@ -80,6 +80,10 @@ def check_slots(pool: KVPool, slot_mapping: Any, *, device_ok: bool = False) -> 
         hint=" (-1 skips a row)",
     )
     used = s[s >= 0]
+    if used.shape[0] and int(used.min()) < pool.page_size:
+        raise InvalidArgumentError(
+            f"slot_mapping: slots 0..{pool.page_size - 1} are the null page 0, which is never written"
+        )
     if np.unique(used).shape[0] != used.shape[0]:
         raise InvalidArgumentError("slot_mapping: a slot appears twice in one call")
     return s

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError
+from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError, OutOfMemoryError
 from kvcore.pool import checks, dtypes
 from kvcore.pool.backend import Backend, get_backend
 
@@ -102,7 +102,13 @@ class KVPool:
             token=D if layout == "HND" else H * D,
         )
         # [num_layers, 2, num_pages, *inner] storage_dtype: every K/V byte of the pool.
-        self.data: Any = self.backend.zeros((L, 2, self.num_pages, *inner), self.storage_dtype)
+        try:
+            self.data: Any = self.backend.zeros((L, 2, self.num_pages, *inner), self.storage_dtype)
+        except MemoryError as e:  # NumPy's and CuPy's out-of-memory errors are MemoryErrors
+            raise OutOfMemoryError(
+                f"KVPool: cannot allocate {self.num_pages * page_bytes:,} bytes "
+                f"({self.num_pages:,} pages of {page_bytes:,} bytes) on {self.backend.name}"
+            ) from e
         # [num_layers, num_kv_heads] float32: dequantization scales (x = stored * scale); 1.0 by default.
         self.k_scale: Any = self.backend.xp.ones((L, H), dtype=np.float32)
         self.v_scale: Any = self.backend.xp.ones((L, H), dtype=np.float32)
