@@ -38,6 +38,15 @@ def decoding_scheduler(max_new_tokens: int = 1024) -> tuple[Scheduler, dict[int,
     return sched, tokens
 
 
+def decoding_manager() -> KVCacheManager:
+    """The same 256 sequences admitted straight into a manager (the baselines' state)."""
+    m = KVCacheManager(BATCH * (PROMPT // PS + 64) + 1, PS)
+    rng = np.random.default_rng(0)
+    for i in range(BATCH):
+        m.add_sequence(i, rng.integers(0, 32_000, PROMPT).astype(np.int32))
+    return m
+
+
 def test_bench_scheduler_step_256_decoding(benchmark: Any) -> None:
     sched, tokens = decoding_scheduler()
 
@@ -52,11 +61,7 @@ def test_bench_scheduler_step_256_decoding(benchmark: Any) -> None:
 
 def test_bench_baseline_manager_calls_of_a_decode_step(benchmark: Any) -> None:
     """What any engine pays the manager per step: 256 appends (one call each) and a table."""
-    pages = BATCH * (PROMPT // PS + 64) + 1
-    m = KVCacheManager(pages, PS)
-    rng = np.random.default_rng(0)
-    for i in range(BATCH):
-        m.add_sequence(i, rng.integers(0, 32_000, PROMPT).astype(np.int32))
+    m = decoding_manager()
     ids = np.arange(BATCH, dtype=np.int64)
     one = [7]
     append, table = m.append, m.page_table
@@ -71,11 +76,7 @@ def test_bench_baseline_manager_calls_of_a_decode_step(benchmark: Any) -> None:
 
 def test_bench_baseline_batched_append_and_table(benchmark: Any) -> None:
     """The floor under the scheduler: one append_batch and one table (no Python per sequence)."""
-    pages = BATCH * (PROMPT // PS + 64) + 1
-    m = KVCacheManager(pages, PS)
-    rng = np.random.default_rng(0)
-    for i in range(BATCH):
-        m.add_sequence(i, rng.integers(0, 32_000, PROMPT).astype(np.int32))
+    m = decoding_manager()
     ids = np.arange(BATCH, dtype=np.int64)
     toks = np.full(BATCH, 7, np.uint32)
 

@@ -330,32 +330,18 @@ def _shared(args: argparse.Namespace) -> bool:
     return False
 
 
-def _run(args: argparse.Namespace) -> int:
+def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
+    """The workload (TRACE, or the built-in one) and the capacity the flags give.
+
+    Raises:
+        ConfigError: ``--requests`` with a TRACE, or a capacity the flags do not describe.
+    """
     from kvcore.exceptions import ConfigError
     from kvcore.replay.capacity import resolve_capacity
-    from kvcore.replay.engine import POLICIES, ReplayConfig, default_sweep_pages, run_replay
     from kvcore.replay.generator import WorkloadConfig, generate_workload
-    from kvcore.replay.plot import matplotlib_available, plot_sweep, plot_timeline
-    from kvcore.replay.report import format_report
-    from kvcore.replay.trace import read_trace, write_trace
+    from kvcore.replay.trace import read_trace
     from kvcore.sizing import parse_bytes
 
-    shared = _shared(args)
-    if args.pressure is not None:
-        return _run_pressure(args)
-    text = args.policy if args.policy is not None else ("lru" if shared else ",".join(POLICIES))
-    policies = [p.strip().lower() for p in text.split(",") if p.strip()]
-    bad = [p for p in policies if p not in POLICIES]
-    if bad or not policies:
-        raise ConfigError(f"--policy: expected some of {', '.join(POLICIES)}, got {text!r}")
-    if shared and len(policies) > 1:
-        raise ConfigError(f"--instances replays one policy: give one of {', '.join(POLICIES)} to --policy")
-    if shared and (args.sweep or args.sweep_tokens):
-        raise ConfigError("--instances and --sweep cannot be combined: sweep one instance")
-    if args.remote is not None:  # before the trace is read: a bad scheme costs nothing
-        from kvcore.replay.shared import check_store
-
-        check_store(args.remote)
     if args.trace is not None:
         if args.requests is not None:
             raise ConfigError("--requests sizes the built-in workload; with a TRACE use --limit")
@@ -374,6 +360,33 @@ def _run(args: argparse.Namespace) -> int:
         kv_dtype=args.kv_dtype,
         tp=args.tp,
     )
+    return trace, capacity
+
+
+def _run(args: argparse.Namespace) -> int:
+    from kvcore.exceptions import ConfigError
+    from kvcore.replay.engine import POLICIES, ReplayConfig, default_sweep_pages, run_replay
+    from kvcore.replay.plot import matplotlib_available, plot_sweep, plot_timeline
+    from kvcore.replay.report import format_report
+    from kvcore.replay.trace import write_trace
+
+    shared = _shared(args)
+    if args.pressure is not None:
+        return _run_pressure(args)
+    text = args.policy if args.policy is not None else ("lru" if shared else ",".join(POLICIES))
+    policies = [p.strip().lower() for p in text.split(",") if p.strip()]
+    bad = [p for p in policies if p not in POLICIES]
+    if bad or not policies:
+        raise ConfigError(f"--policy: expected some of {', '.join(POLICIES)}, got {text!r}")
+    if shared and len(policies) > 1:
+        raise ConfigError(f"--instances replays one policy: give one of {', '.join(POLICIES)} to --policy")
+    if shared and (args.sweep or args.sweep_tokens):
+        raise ConfigError("--instances and --sweep cannot be combined: sweep one instance")
+    if args.remote is not None:  # before the trace is read: a bad scheme costs nothing
+        from kvcore.replay.shared import check_store
+
+        check_store(args.remote)
+    trace, capacity = _trace_and_capacity(args)
     mode = args.mode or ("timed" if trace.timestamps_ms is not None else "sequential")
     if mode == "timed" and trace.timestamps_ms is None:
         raise ConfigError("--mode timed needs a trace with timestamps")
@@ -463,13 +476,9 @@ def _run_pressure(args: argparse.Namespace) -> int:
     import json
 
     from kvcore.exceptions import ConfigError
-    from kvcore.replay.capacity import resolve_capacity
-    from kvcore.replay.generator import WorkloadConfig, generate_workload
     from kvcore.replay.plot import matplotlib_available, plot_pressure
     from kvcore.replay.pressure import PRESSURE_MODES, PressureReplayConfig, format_pressure, replay_pressure
     from kvcore.replay.tokens import TokenSource
-    from kvcore.replay.trace import read_trace
-    from kvcore.sizing import parse_bytes
 
     modes = [m.strip().lower() for m in args.pressure.split(",") if m.strip()]
     if not modes or any(m not in PRESSURE_MODES for m in modes):
@@ -501,24 +510,9 @@ def _run_pressure(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"--pressure replays one HBM cache in timed mode: {conflicts[0]} is not supported with it"
         )
-    if args.trace is not None:
-        trace = read_trace(args.trace, block_size=args.trace_block_size, limit=args.limit)
-    else:
-        trace = generate_workload(WorkloadConfig(seed=args.seed, num_requests=args.requests or 4000))
-        if args.limit is not None:
-            trace = trace.head(args.limit)
+    trace, capacity = _trace_and_capacity(args)
     if trace.timestamps_ms is None:
         raise ConfigError("--pressure needs a trace with timestamps")
-    capacity = resolve_capacity(
-        page_size=args.page_size,
-        capacity_pages=args.capacity_pages,
-        capacity_tokens=_tokens(args.capacity_tokens, "--capacity-tokens") if args.capacity_tokens else None,
-        capacity_bytes=parse_bytes(args.capacity_bytes, "--capacity-bytes") if args.capacity_bytes else None,
-        model=args.model,
-        gpu=args.gpu,
-        kv_dtype=args.kv_dtype,
-        tp=args.tp,
-    )
     config = PressureReplayConfig(
         capacity_pages=capacity.pages,
         page_size=capacity.page_size,
