@@ -152,6 +152,9 @@ struct State {
     namespace_names: HashMap<Namespace, String>,
     /// Live sequences per interned namespace (entries at zero are removed).
     namespace_seqs: HashMap<Namespace, usize>,
+    /// Tenant floors by namespace name (`None`: the default namespace), applied to the tree
+    /// whenever the name is interned.
+    tenant_floors: HashMap<Option<String>, usize>,
     /// The next namespace id: ids are never reused, so a forgotten name never aliases a new one.
     next_namespace: Namespace,
     stats: CacheStats,
@@ -257,6 +260,7 @@ impl KVCacheManager {
                 namespaces: HashMap::new(),
                 namespace_names: HashMap::new(),
                 namespace_seqs: HashMap::new(),
+                tenant_floors: HashMap::new(),
                 next_namespace: DEFAULT_NAMESPACE + 1,
                 stats: CacheStats {
                     num_pages_total: config.num_pages - 1,
@@ -921,6 +925,49 @@ impl KVCacheManager {
             )?;
         }
         Ok(pinned)
+    }
+
+    /// Keep at least `num_pages` cached pages of `namespace` (`None`: the default one) in HBM
+    /// while other pages can go: eviction takes a tenant's pages at or below its floor only when
+    /// nothing else is evictable (0 removes the floor). The floor outlives the namespace's name:
+    /// it applies again whenever the name comes back. `InvalidArgument` for the public namespace.
+    pub fn set_tenant_floor(&self, namespace: Option<&str>, num_pages: usize) -> KvResult<()> {
+        if namespace == Some(PUBLIC_NAMESPACE_NAME) {
+            return Err(KvError::InvalidArgument(
+                "the public namespace has no floor (it is every tenant's)".into(),
+            ));
+        }
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if let Some(ns) = st.known_namespace(namespace) {
+            st.tree.set_floor(ns, num_pages)?;
+        }
+        let key = namespace.map(str::to_owned);
+        if num_pages == 0 {
+            st.tenant_floors.remove(&key);
+        } else {
+            st.tenant_floors.insert(key, num_pages);
+        }
+        Ok(())
+    }
+
+    /// `(namespace, floor, cached pages)` of every tenant floor (cached pages: 0 for a name not
+    /// interned now).
+    pub fn tenant_floors(&self) -> Vec<(Option<String>, usize, usize)> {
+        let st = self.state.lock();
+        let mut out: Vec<_> = st
+            .tenant_floors
+            .iter()
+            .map(|(name, &floor)| {
+                let cached = st
+                    .known_namespace(name.as_deref())
+                    .and_then(|ns| st.tree.floor(ns))
+                    .map_or(0, |(_, c)| c);
+                (name.clone(), floor, cached)
+            })
+            .collect();
+        out.sort();
+        out
     }
 
     /// The store policy in force (which pages go down to the lower tiers).

@@ -18,6 +18,11 @@ impl State {
         self.next_namespace += 1;
         self.namespaces.insert(name.to_owned(), ns);
         self.namespace_names.insert(ns, name.to_owned());
+        if let Some(&floor) = self.tenant_floors.get(&Some(name.to_owned())) {
+            // A fresh id holds nothing yet: the floor starts at 0 cached pages.
+            let set = self.tree.set_floor(ns, floor).is_ok();
+            debug_assert!(set, "a named namespace is never the public one");
+        }
         ns
     }
 
@@ -53,6 +58,9 @@ impl State {
         }
         if let Some(name) = self.namespace_names.remove(&ns) {
             self.namespaces.remove(&name);
+            // The name's floor waits for its next id (removing one never fails).
+            let removed = self.tree.set_floor(ns, 0).is_ok();
+            debug_assert!(removed);
         }
     }
 

@@ -407,6 +407,25 @@ impl PyKVCacheManager {
         })?)
     }
 
+    /// Keep at least `num_pages` cached pages of `namespace` (None: the default one) while other
+    /// pages can be evicted (0 removes the floor); see docs/api.md, "Tenant floors".
+    #[pyo3(signature = (namespace, num_pages))]
+    fn set_tenant_floor(
+        &self,
+        py: Python<'_>,
+        namespace: Option<&Bound<'_, PyAny>>,
+        num_pages: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
+        let namespace = namespace_arg(namespace)?;
+        let n = count_arg(num_pages, "num_pages")?;
+        Ok(self.run(py, false, |m| m.set_tenant_floor(namespace.as_deref(), n))?)
+    }
+
+    /// `[(namespace, floor, cached pages)]` of every tenant floor, sorted.
+    fn tenant_floors(&self, py: Python<'_>) -> Vec<(Option<String>, usize, usize)> {
+        self.run(py, false, |m| m.tenant_floors())
+    }
+
     /// `(name, options)` of the store policy in force (`set_store_policy(*cache.store_policy)`
     /// restores it).
     #[getter]

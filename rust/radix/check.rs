@@ -212,6 +212,13 @@ pub(super) fn check(t: &RadixTree) -> Result<(), String> {
         t.num_cached_pages,
         evictable + locked + pinned
     );
+    for (&ns, &(_, cached)) in &t.floors {
+        let counted = t.namespace_cached_pages(ns);
+        ensure!(
+            cached == counted,
+            "floor of namespace {ns}: {cached} cached pages kept, {counted} counted"
+        );
+    }
     ensure!(
         t.num_pin_covered_pages == covered,
         "pin-covered {} != {covered}",

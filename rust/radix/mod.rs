@@ -289,6 +289,10 @@ pub struct RadixTree {
     next_pin_seq: u64,
     /// `pins.first().0`, or `u64::MAX` when there is none: a cheap "anything to expire?".
     next_pin_expiry: u64,
+    /// Tenant floors: `namespace -> (floor, cached pages of the namespace)`. Eviction takes the
+    /// pages of a namespace at or below its floor only when no other page is evictable. Empty
+    /// (the common case): eviction is the index order, and no count is kept.
+    floors: HashMap<Namespace, (usize, usize)>,
 }
 
 impl fmt::Debug for RadixTree {
@@ -341,6 +345,7 @@ impl RadixTree {
             pins: BTreeSet::new(),
             next_pin_seq: 0,
             next_pin_expiry: u64::MAX,
+            floors: HashMap::new(),
         })
     }
 
@@ -575,6 +580,7 @@ impl RadixTree {
                 n.pages.extend_from_slice(suffix);
                 self.num_locked_pages += suffix.len();
                 self.num_cached_pages += suffix.len();
+                self.floor_count(ns, suffix.len() as isize);
             } else {
                 end = self.add_child(end, ns, &tokens[cut..], suffix);
             }
@@ -694,16 +700,25 @@ impl RadixTree {
         self.expire_pins(now);
         let mut remaining = num_pages;
         while remaining > 0 {
-            let Some(victim) = self.index.peek() else {
-                break;
+            let (victim, limit) = if self.floors.is_empty() {
+                match self.index.peek() {
+                    Some(v) => (v, usize::MAX),
+                    None => break,
+                }
+            } else {
+                match self.floor_victim() {
+                    Some(v) => v,
+                    None => break,
+                }
             };
             let n = &self.nodes[victim as usize];
             debug_assert!(n.num_children == 0 && n.class() == Class::Evictable);
             let len = n.pages.len();
-            if len > remaining {
-                self.trim_leaf(victim, len - remaining, out);
-                remaining = 0;
-                break;
+            let take = remaining.min(limit);
+            if len > take {
+                self.trim_leaf(victim, len - take, out);
+                remaining -= take;
+                continue;
             }
             let parent = n.parent;
             self.leave_index(victim);
@@ -713,6 +728,68 @@ impl RadixTree {
         }
         debug_assert!(remaining == 0 || self.num_evictable_pages == 0);
         num_pages - remaining
+    }
+
+    /// The next victim with floors: the first leaf in eviction order whose namespace is above its
+    /// floor (with the pages it may give before reaching it), else the index's front (nothing
+    /// else is evictable: a floor yields only then).
+    fn floor_victim(&self) -> Option<(NodeId, usize)> {
+        let front = self.index.peek()?;
+        for id in self.index.iter() {
+            let n = &self.nodes[id as usize];
+            if n.num_children != 0 {
+                continue;
+            }
+            match self.floors.get(&n.ns) {
+                None => return Some((id, usize::MAX)),
+                Some(&(floor, cached)) if cached > floor => return Some((id, cached - floor)),
+                Some(_) => {}
+            }
+        }
+        Some((front, usize::MAX))
+    }
+
+    /// Keep the cached-page count of a floored namespace (a no-op without floors).
+    #[inline]
+    fn floor_count(&mut self, ns: Namespace, delta: isize) {
+        if !self.floors.is_empty() {
+            if let Some(f) = self.floors.get_mut(&ns) {
+                f.1 = f.1.wrapping_add_signed(delta);
+            }
+        }
+    }
+
+    /// Set namespace `ns`'s floor to `pages` cached pages (0 removes it): its pages are evicted
+    /// only when no page of another namespace (or of its own above the floor) is evictable. The
+    /// public namespace has no floor (InvalidArgument).
+    pub fn set_floor(&mut self, ns: Namespace, pages: usize) -> KvResult<()> {
+        if ns == PUBLIC_NAMESPACE {
+            return Err(KvError::InvalidArgument(
+                "the public namespace has no floor (it is every tenant's)".into(),
+            ));
+        }
+        if pages == 0 {
+            self.floors.remove(&ns);
+            return Ok(());
+        }
+        let cached = self.namespace_cached_pages(ns);
+        self.floors.insert(ns, (pages, cached));
+        Ok(())
+    }
+
+    /// `(floor, cached pages)` of `ns` if it has a floor.
+    pub fn floor(&self, ns: Namespace) -> Option<(usize, usize)> {
+        self.floors.get(&ns).copied()
+    }
+
+    /// Cached pages of `ns` (any class), counted over the live nodes: O(nodes).
+    pub fn namespace_cached_pages(&self, ns: Namespace) -> usize {
+        self.nodes
+            .iter()
+            .enumerate()
+            .filter(|&(i, n)| i as NodeId != ROOT && n.live && n.ns == ns)
+            .map(|(_, n)| n.pages.len())
+            .sum()
     }
 
     /// Frees node `v`, already out of the index and of its parent's child count.
@@ -725,6 +802,7 @@ impl RadixTree {
         let num = n.pages.len();
         let ns = n.ns;
         self.uncount_node(ns);
+        self.floor_count(ns, -(num as isize));
         self.num_evictable_pages -= num;
         self.num_cached_pages -= num;
         self.unlink_child(v);
@@ -741,8 +819,10 @@ impl RadixTree {
         }
         out.extend(n.pages[keep..].iter().rev());
         let num = n.pages.len() - keep;
+        let ns = n.ns;
         n.pages.truncate(keep);
         n.tokens.truncate(keep * page_size);
+        self.floor_count(ns, -(num as isize));
         self.num_evictable_pages -= num;
         self.num_cached_pages -= num;
     }
@@ -1398,6 +1478,7 @@ impl RadixTree {
         n.pages.extend_from_slice(pages);
         self.link_child(c);
         self.count_node(ns);
+        self.floor_count(ns, pages.len() as isize);
         self.nodes[parent as usize].num_children += 1;
         self.num_cached_pages += pages.len();
         self.num_evictable_pages += pages.len();

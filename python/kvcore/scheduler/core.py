@@ -33,7 +33,9 @@ decides is an event (:class:`SchedulerEvent`) in the next plan, and counted in :
    until the tax falls back; preempted ones still return.
 
 **Tenant quotas** (``tenant_max_pages``, ``tenant_min_pages``): a tenant's running requests hold at most
-its ceiling, and no admission of another tenant eats into the part of a tenant's floor it does not use.
+its ceiling, and no admission of another tenant eats into the part of a tenant's floor it does not use;
+the floor is also the cache's (``KVCacheManager.set_tenant_floor``): the tenant's cached pages up to it
+are evicted only when nothing else can be.
 """
 
 from __future__ import annotations
@@ -202,7 +204,7 @@ class Scheduler:
         swap: the cost model that chooses swap over recompute (None: always recompute). Swap needs a
             lower tier in the manager, and the engine to run its transfers (``kvcore.tiers.Mover``).
         tenant_max_pages / tenant_min_pages: per-namespace ceiling and floor of pages held by running
-            requests (``None`` is the default namespace).
+            requests (``None`` is the default namespace); each floor is set on the cache too.
     """
 
     def __init__(
@@ -258,6 +260,8 @@ class Scheduler:
         self.swap = swap
         self.tenant_max = dict(tenant_max_pages or {})
         self.tenant_min = dict(tenant_min_pages or {})
+        for ns, floor in self.tenant_min.items():  # and its cached pages go last in the cache
+            cache.set_tenant_floor(ns, floor)
         self._reqs: dict[int, _Req] = {}  # every live request (waiting, loading or running)
         self._running: dict[int, _Req] = {}  # in admission order
         self._loading: dict[int, _Req] = {}

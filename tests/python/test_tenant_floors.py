@@ -1,0 +1,148 @@
+"""Tenant floors in the prefix cache (KVCacheManager.set_tenant_floor): a noisy tenant cannot push a
+quiet tenant's cached pages below its floor while anything else is evictable; the floor yields only
+when nothing else is; the books stay exact (checked after every call)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcore import InvalidArgumentError, InvalidDTypeError, KVCacheManager
+
+PS = 4
+
+
+def cache_prompts(m: KVCacheManager, ns: str | None, first: int, count: int, pages: int) -> None:
+    """``count`` distinct prompts of ``pages`` full pages each, admitted and freed (left cached)."""
+    for i in range(count):
+        sid = first + i
+        base = (first + i) * 1000
+        assert m.add_sequence(sid, np.arange(base, base + pages * PS), namespace=ns) is not None
+        m.free_sequence(sid)
+        m._check_invariants()
+
+
+def cached_of(m: KVCacheManager, ns: str) -> int:
+    return {name: cached for name, _, cached in m.tenant_floors()}[ns]
+
+
+@pytest.mark.parametrize("eviction", ["lru", "lfu", "priority"])
+def test_a_noisy_tenant_cannot_push_a_quiet_one_below_its_floor(eviction: str) -> None:
+    m = KVCacheManager(41, PS, eviction)  # 40 pages
+    m.set_tenant_floor("quiet", 12)
+    cache_prompts(m, "quiet", 0, 4, 4)  # 16 cached pages, the oldest
+    cache_prompts(m, "noisy", 100, 60, 4)  # far more than the cache holds
+    assert cached_of(m, "quiet") == 12  # the 4 pages above the floor went, not one more
+    assert m.stats().num_pages_cached == 40
+    # The control: without the floor, the flood takes every quiet page.
+    m2 = KVCacheManager(41, PS, eviction)
+    cache_prompts(m2, "quiet", 0, 4, 4)
+    cache_prompts(m2, "noisy", 100, 60, 4)
+    assert m2.peek_prefix_len(np.arange(0, 16), namespace="quiet") == 0
+
+
+def test_the_quiet_tenants_own_pages_above_the_floor_go_in_order_and_the_floor_yields_last() -> None:
+    m = KVCacheManager(21, PS)  # 20 pages
+    m.set_tenant_floor("quiet", 8)
+    cache_prompts(m, "quiet", 0, 3, 4)  # 12 pages: prompts 0, 1, 2 (0 least recent)
+    cache_prompts(m, "noisy", 100, 2, 4)  # 8 pages: the cache is full
+    assert m.evict(4) == 4  # the least recent page that may go: quiet prompt 0 (above the floor)
+    assert m.peek_prefix_len(np.arange(0, 16), namespace="quiet") == 0
+    assert m.peek_prefix_len(np.arange(1000, 1016), namespace="quiet") == 16
+    assert cached_of(m, "quiet") == 8
+    assert m.evict(8) == 8  # now the noisy pages, though more recent than quiet's
+    assert m.peek_prefix_len(np.arange(100_000, 100_016), namespace="noisy") == 0
+    assert cached_of(m, "quiet") == 8
+    # Nothing else is evictable: an admission that needs room takes floor pages (it never fails
+    # for a floor), and the books stay exact.
+    assert m.add_sequence(7, np.arange(50_000, 50_000 + 4 * 4 * PS), namespace="noisy") is not None
+    assert cached_of(m, "quiet") < 8
+    m._check_invariants()
+
+
+def test_a_floor_outlives_its_name_and_applies_again() -> None:
+    m = KVCacheManager(9, PS)  # 8 pages
+    m.set_tenant_floor("vip", 4)
+    assert m.tenant_floors() == [("vip", 4, 0)]  # set before the name exists
+    cache_prompts(m, "vip", 0, 1, 4)
+    assert m.tenant_floors() == [("vip", 4, 4)]
+    assert m.evict(100) == 4  # only floor pages left: they go when asked
+    assert m.num_namespaces() == 0  # the name is forgotten (nothing of it is left)
+    cache_prompts(m, "vip", 10, 1, 4)  # it comes back under a new id: the floor too
+    cache_prompts(m, "other", 20, 3, 4)
+    assert m.tenant_floors() == [("vip", 4, 4)]
+    m.set_tenant_floor("vip", 0)
+    assert m.tenant_floors() == []
+    m._check_invariants()
+
+
+def test_the_default_namespace_may_have_a_floor_and_the_public_one_may_not() -> None:
+    m = KVCacheManager(21, PS)
+    m.set_tenant_floor(None, 8)
+    cache_prompts(m, None, 0, 2, 4)
+    cache_prompts(m, "noisy", 100, 10, 4)
+    assert [(ns, f) for ns, f, _ in m.tenant_floors()] == [(None, 8)]
+    assert m.tenant_floors()[0][2] == 8
+    with pytest.raises(InvalidArgumentError):
+        m.set_tenant_floor("*", 4)
+    with pytest.raises(InvalidArgumentError):
+        m.set_tenant_floor("a", -1)
+    with pytest.raises(InvalidDTypeError):
+        m.set_tenant_floor("a", "4")
+    with pytest.raises(InvalidDTypeError):
+        m.set_tenant_floor(3, 4)
+    assert [(ns, f) for ns, f, _ in m.tenant_floors()] == [(None, 8)]
+
+
+def test_random_traffic_with_floors_keeps_the_books_exact() -> None:
+    rng = np.random.default_rng(0)
+    m = KVCacheManager(65, PS, "lru")
+    m.set_tenant_floor("a", 10)
+    m.set_tenant_floor("b", 6)
+    live: list[int] = []
+    for step in range(600):
+        op = rng.integers(0, 5)
+        if op <= 1 or not live:
+            ns = ["a", "b", "c", None][int(rng.integers(0, 4))]
+            base = int(rng.integers(0, 40)) * 8  # shared prefixes now and then
+            n = int(rng.integers(1, 30))
+            if m.add_sequence(step, np.arange(base, base + n), namespace=ns) is not None:
+                live.append(step)
+        elif op == 2:
+            m.free_sequence(live.pop(int(rng.integers(0, len(live)))))
+        elif op == 3:
+            sid = live[int(rng.integers(0, len(live)))]
+            m.append(sid, [int(rng.integers(0, 1000))])
+        else:
+            m.evict(int(rng.integers(1, 20)))
+        m._check_invariants()
+    for sid in live:
+        m.free_sequence(sid)
+    m._check_invariants()
+    assert m.stats().num_pages_in_use == 0
+
+
+def test_through_the_scheduler_a_vip_keeps_its_prefix_under_a_noisy_flood() -> None:
+    """tenant_min_pages sets the cache's floor: the VIP's system prompt (12 pages) survives 200 noisy
+    requests through a 40-page cache, and the VIP's next request hits it; the noisy ones all ran."""
+    from kvcore.scheduler import Request, Scheduler
+
+    def run(floor: bool) -> tuple[int, int]:
+        m = KVCacheManager(41, PS)
+        sched = Scheduler(m, max_num_batched_tokens=256, tenant_min_pages={"vip": 12} if floor else None)
+        system = list(range(5000, 5048))  # 12 pages
+        sched.submit(Request(0, [*system, 1], max_new_tokens=1, namespace="vip"))
+        for i in range(1, 201):
+            sched.submit(
+                Request(i, [i % 97, *range(i * 50, i * 50 + 20)], max_new_tokens=3, namespace="noisy")
+            )
+        t = 0
+        while sched.has_work():
+            plan = sched.step(float(t))
+            sched.update(plan, {int(r): 9 for r in plan.request_ids[plan.sample]})
+            t += 1
+        served = sched.stats().finished_by_reason.get("length", 0)
+        return m.peek_prefix_len([*system, 2], namespace="vip"), served
+
+    assert run(floor=True) == (48, 201)
+    assert run(floor=False)[0] == 0  # the control: the flood evicts it
