@@ -197,11 +197,12 @@ class KVCacheManager:
     def append_batch(self, seq_ids: _Ids, tokens: _Tokens) -> int:
         """One generated token per sequence, in order (a decode step): how many were appended
         before the first that found no room (nothing changed for it and after it)."""
-    def set_tenant_floor(self, namespace: str | None, num_pages: int) -> None:
-        """Keep at least ``num_pages`` cached pages of ``namespace`` while other pages can be
-        evicted (0 removes the floor)."""
-    def tenant_floors(self) -> list[tuple[str | None, int, int]]:
-        """``[(namespace, floor, cached pages)]`` of every tenant floor, sorted."""
+    def set_tenant_floor(self, namespace: str | None, num_pages: int, tier: str | None = None) -> None:
+        """Keep at least ``num_pages`` cached pages of ``namespace`` in HBM (or slots of lower tier
+        ``tier``) while other pages can be evicted (0 removes the floor)."""
+    def tenant_floors(self) -> list[tuple[str | None, str, int, int]]:
+        """``[(namespace, tier, floor, cached pages)]`` of every tenant floor (tier ``"hbm"`` or a
+        lower tier's name), sorted."""
     @property
     def store_policy(self) -> tuple[str, dict[str, float]]:
         """``(name, options)`` of the store policy in force (``set_store_policy(*p)`` restores it)."""

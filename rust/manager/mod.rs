@@ -152,9 +152,9 @@ struct State {
     namespace_names: HashMap<Namespace, String>,
     /// Live sequences per interned namespace (entries at zero are removed).
     namespace_seqs: HashMap<Namespace, usize>,
-    /// Tenant floors by namespace name (`None`: the default namespace), applied to the tree
-    /// whenever the name is interned.
-    tenant_floors: HashMap<Option<String>, usize>,
+    /// Tenant floors by (namespace name, `None`: the default namespace; lower tier index,
+    /// `None`: HBM), applied to that tier's tree whenever the name is interned.
+    tenant_floors: HashMap<(Option<String>, Option<usize>), usize>,
     /// The next namespace id: ids are never reused, so a forgotten name never aliases a new one.
     next_namespace: Namespace,
     stats: CacheStats,
@@ -927,11 +927,17 @@ impl KVCacheManager {
         Ok(pinned)
     }
 
-    /// Keep at least `num_pages` cached pages of `namespace` (`None`: the default one) in HBM
-    /// while other pages can go: eviction takes a tenant's pages at or below its floor only when
-    /// nothing else is evictable (0 removes the floor). The floor outlives the namespace's name:
-    /// it applies again whenever the name comes back. `InvalidArgument` for the public namespace.
-    pub fn set_tenant_floor(&self, namespace: Option<&str>, num_pages: usize) -> KvResult<()> {
+    /// Keep at least `num_pages` cached pages of `namespace` (`None`: the default one) in HBM, or
+    /// slots in lower tier `tier`, while other pages can go: eviction takes a tenant's pages at or
+    /// below its floor only when nothing else is evictable (0 removes the floor). The floor
+    /// outlives the namespace's name: it applies again whenever the name comes back.
+    /// `InvalidArgument` (nothing changed) for the public namespace or an unknown tier.
+    pub fn set_tenant_floor(
+        &self,
+        namespace: Option<&str>,
+        num_pages: usize,
+        tier: Option<&str>,
+    ) -> KvResult<()> {
         if namespace == Some(PUBLIC_NAMESPACE_NAME) {
             return Err(KvError::InvalidArgument(
                 "the public namespace has no floor (it is every tenant's)".into(),
@@ -939,10 +945,14 @@ impl KVCacheManager {
         }
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        let t = match tier {
+            None => None,
+            Some(name) => Some(Self::tier_index(st, name, "set_tenant_floor")?),
+        };
         if let Some(ns) = st.known_namespace(namespace) {
-            st.tree.set_floor(ns, num_pages)?;
+            st.floor_tree(t).set_floor(ns, num_pages)?;
         }
-        let key = namespace.map(str::to_owned);
+        let key = (namespace.map(str::to_owned), t);
         if num_pages == 0 {
             st.tenant_floors.remove(&key);
         } else {
@@ -951,19 +961,24 @@ impl KVCacheManager {
         Ok(())
     }
 
-    /// `(namespace, floor, cached pages)` of every tenant floor (cached pages: 0 for a name not
-    /// interned now).
-    pub fn tenant_floors(&self) -> Vec<(Option<String>, usize, usize)> {
-        let st = self.state.lock();
-        let mut out: Vec<_> = st
+    /// `(namespace, tier, floor, cached pages)` of every tenant floor (`tier`: `"hbm"` or a lower
+    /// tier's name; cached pages: 0 for a name not interned now), sorted.
+    pub fn tenant_floors(&self) -> Vec<(Option<String>, String, usize, usize)> {
+        let mut st = self.state.lock();
+        let floors: Vec<_> = st
             .tenant_floors
             .iter()
-            .map(|(name, &floor)| {
+            .map(|(k, &f)| (k.clone(), f))
+            .collect();
+        let mut out: Vec<_> = floors
+            .into_iter()
+            .map(|((name, t), floor)| {
                 let cached = st
                     .known_namespace(name.as_deref())
-                    .and_then(|ns| st.tree.floor(ns))
+                    .and_then(|ns| st.floor_tree(t).floor(ns))
                     .map_or(0, |(_, c)| c);
-                (name.clone(), floor, cached)
+                let tier = t.map_or_else(|| "hbm".to_owned(), |i| st.tiers[i].config.name.clone());
+                (name, tier, floor, cached)
             })
             .collect();
         out.sort();

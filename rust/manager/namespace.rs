@@ -18,12 +18,28 @@ impl State {
         self.next_namespace += 1;
         self.namespaces.insert(name.to_owned(), ns);
         self.namespace_names.insert(ns, name.to_owned());
-        if let Some(&floor) = self.tenant_floors.get(&Some(name.to_owned())) {
-            // A fresh id holds nothing yet: the floor starts at 0 cached pages.
-            let set = self.tree.set_floor(ns, floor).is_ok();
-            debug_assert!(set, "a named namespace is never the public one");
+        if !self.tenant_floors.is_empty() {
+            let floors: Vec<(Option<usize>, usize)> = self
+                .tenant_floors
+                .iter()
+                .filter(|((n, _), _)| n.as_deref() == Some(name))
+                .map(|(&(_, t), &f)| (t, f))
+                .collect();
+            for (t, floor) in floors {
+                // A fresh id holds nothing yet: the floor starts at 0 cached pages.
+                let set = self.floor_tree(t).set_floor(ns, floor).is_ok();
+                debug_assert!(set, "a named namespace is never the public one");
+            }
         }
         ns
+    }
+
+    /// The tree a floor applies to: HBM's (`None`) or lower tier `t`'s.
+    pub(super) fn floor_tree(&mut self, t: Option<usize>) -> &mut crate::radix::RadixTree {
+        match t {
+            None => &mut self.tree,
+            Some(i) => &mut self.tiers[i].tree,
+        }
     }
 
     /// A live sequence of `ns` was added.
@@ -58,8 +74,11 @@ impl State {
         }
         if let Some(name) = self.namespace_names.remove(&ns) {
             self.namespaces.remove(&name);
-            // The name's floor waits for its next id (removing one never fails).
-            let removed = self.tree.set_floor(ns, 0).is_ok();
+            // The name's floors wait for its next id (removing one never fails).
+            let mut removed = self.tree.set_floor(ns, 0).is_ok();
+            for t in &mut self.tiers {
+                removed &= t.tree.set_floor(ns, 0).is_ok();
+            }
             debug_assert!(removed);
         }
     }

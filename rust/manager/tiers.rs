@@ -1123,7 +1123,7 @@ impl KVCacheManager {
         Ok(())
     }
 
-    fn tier_index(st: &State, tier_name: &str, op: &str) -> KvResult<usize> {
+    pub(super) fn tier_index(st: &State, tier_name: &str, op: &str) -> KvResult<usize> {
         st.tiers
             .iter()
             .position(|x| x.config.name == tier_name)

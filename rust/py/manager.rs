@@ -407,22 +407,31 @@ impl PyKVCacheManager {
         })?)
     }
 
-    /// Keep at least `num_pages` cached pages of `namespace` (None: the default one) while other
-    /// pages can be evicted (0 removes the floor); see docs/api.md, "Tenant floors".
-    #[pyo3(signature = (namespace, num_pages))]
+    /// Keep at least `num_pages` cached pages of `namespace` (None: the default one) in HBM, or
+    /// slots of lower tier `tier`, while other pages can be evicted (0 removes the floor); see
+    /// docs/api.md, "Tenant floors".
+    #[pyo3(signature = (namespace, num_pages, tier = None))]
     fn set_tenant_floor(
         &self,
         py: Python<'_>,
         namespace: Option<&Bound<'_, PyAny>>,
         num_pages: &Bound<'_, PyAny>,
+        tier: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let namespace = namespace_arg(namespace)?;
         let n = count_arg(num_pages, "num_pages")?;
-        Ok(self.run(py, false, |m| m.set_tenant_floor(namespace.as_deref(), n))?)
+        let tier = match tier.filter(|t| !t.is_none()) {
+            Some(t) => Some(str_arg(t, "tier")?),
+            None => None,
+        };
+        Ok(self.run(py, false, |m| {
+            m.set_tenant_floor(namespace.as_deref(), n, tier.as_deref())
+        })?)
     }
 
-    /// `[(namespace, floor, cached pages)]` of every tenant floor, sorted.
-    fn tenant_floors(&self, py: Python<'_>) -> Vec<(Option<String>, usize, usize)> {
+    /// `[(namespace, tier, floor, cached pages)]` of every tenant floor (`tier`: "hbm" or a lower
+    /// tier's name), sorted.
+    fn tenant_floors(&self, py: Python<'_>) -> Vec<(Option<String>, String, usize, usize)> {
         self.run(py, false, |m| m.tenant_floors())
     }
 

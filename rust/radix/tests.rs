@@ -105,3 +105,30 @@ fn lru_touch_moves_the_path_behind_its_descendants() {
     assert_eq!(order, [vec![4], vec![5], vec![2], vec![1]]);
     t.check_invariants().unwrap();
 }
+
+#[test]
+fn a_floor_keeps_a_namespace_last_in_eviction_order() {
+    let mut t = RadixTree::new(1, EvictionPolicy::Lru).unwrap();
+    let (quiet, noisy) = (7, 8);
+    t.set_floor(quiet, 3).unwrap();
+    // Quiet's 5 pages first (least recent), then noisy's 4.
+    t.insert(quiet, &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5], 0, 0).unwrap();
+    t.insert(noisy, &[9, 8, 7, 6], &[6, 7, 8, 9], 0, 1).unwrap();
+    assert_eq!(t.floor(quiet), Some((3, 5)));
+    let mut out = Vec::new();
+    // Quiet above its floor goes first (LRU), down to the floor exactly; then noisy's pages.
+    assert_eq!(t.evict(4, 2, &mut out), 4);
+    assert_eq!(t.floor(quiet), Some((3, 3)));
+    assert_eq!(out[..2], [5, 4]);
+    assert_eq!(out[2..], [9, 8]);
+    t.check_invariants().unwrap();
+    // Only floor pages and 2 noisy pages are left: the noisy ones first, then the floor yields.
+    out.clear();
+    assert_eq!(t.evict(3, 3, &mut out), 3);
+    assert_eq!(out, [7, 6, 3]);
+    assert_eq!(t.floor(quiet), Some((3, 2)));
+    t.check_invariants().unwrap();
+    assert!(t.set_floor(PUBLIC_NAMESPACE, 1).is_err());
+    t.set_floor(quiet, 0).unwrap();
+    assert_eq!(t.floor(quiet), None);
+}

@@ -22,8 +22,8 @@ def cache_prompts(m: KVCacheManager, ns: str | None, first: int, count: int, pag
         m._check_invariants()
 
 
-def cached_of(m: KVCacheManager, ns: str) -> int:
-    return {name: cached for name, _, cached in m.tenant_floors()}[ns]
+def cached_of(m: KVCacheManager, ns: str, tier: str = "hbm") -> int:
+    return {(name, t): cached for name, t, _, cached in m.tenant_floors()}[(ns, tier)]
 
 
 @pytest.mark.parametrize("eviction", ["lru", "lfu", "priority"])
@@ -63,14 +63,14 @@ def test_the_quiet_tenants_own_pages_above_the_floor_go_in_order_and_the_floor_y
 def test_a_floor_outlives_its_name_and_applies_again() -> None:
     m = KVCacheManager(9, PS)  # 8 pages
     m.set_tenant_floor("vip", 4)
-    assert m.tenant_floors() == [("vip", 4, 0)]  # set before the name exists
+    assert m.tenant_floors() == [("vip", "hbm", 4, 0)]  # set before the name exists
     cache_prompts(m, "vip", 0, 1, 4)
-    assert m.tenant_floors() == [("vip", 4, 4)]
+    assert m.tenant_floors() == [("vip", "hbm", 4, 4)]
     assert m.evict(100) == 4  # only floor pages left: they go when asked
     assert m.num_namespaces() == 0  # the name is forgotten (nothing of it is left)
     cache_prompts(m, "vip", 10, 1, 4)  # it comes back under a new id: the floor too
     cache_prompts(m, "other", 20, 3, 4)
-    assert m.tenant_floors() == [("vip", 4, 4)]
+    assert m.tenant_floors() == [("vip", "hbm", 4, 4)]
     m.set_tenant_floor("vip", 0)
     assert m.tenant_floors() == []
     m._check_invariants()
@@ -81,8 +81,8 @@ def test_the_default_namespace_may_have_a_floor_and_the_public_one_may_not() -> 
     m.set_tenant_floor(None, 8)
     cache_prompts(m, None, 0, 2, 4)
     cache_prompts(m, "noisy", 100, 10, 4)
-    assert [(ns, f) for ns, f, _ in m.tenant_floors()] == [(None, 8)]
-    assert m.tenant_floors()[0][2] == 8
+    assert [(ns, f) for ns, _, f, _ in m.tenant_floors()] == [(None, 8)]
+    assert m.tenant_floors()[0][3] == 8
     with pytest.raises(InvalidArgumentError):
         m.set_tenant_floor("*", 4)
     with pytest.raises(InvalidArgumentError):
@@ -91,7 +91,9 @@ def test_the_default_namespace_may_have_a_floor_and_the_public_one_may_not() -> 
         m.set_tenant_floor("a", "4")
     with pytest.raises(InvalidDTypeError):
         m.set_tenant_floor(3, 4)
-    assert [(ns, f) for ns, f, _ in m.tenant_floors()] == [(None, 8)]
+    with pytest.raises(InvalidArgumentError):
+        m.set_tenant_floor("a", 4, tier="nvme")  # no such tier
+    assert [(ns, f) for ns, _, f, _ in m.tenant_floors()] == [(None, 8)]
 
 
 def test_random_traffic_with_floors_keeps_the_books_exact() -> None:
@@ -146,3 +148,24 @@ def test_through_the_scheduler_a_vip_keeps_its_prefix_under_a_noisy_flood() -> N
 
     assert run(floor=True) == (48, 201)
     assert run(floor=False)[0] == 0  # the control: the flood evicts it
+
+
+def test_a_floor_on_a_lower_tier_keeps_the_tenants_slots() -> None:
+    """Stores making room in a full host tier evict other tenants' slots before a floored tenant's."""
+    m = KVCacheManager(41, PS, lower_tiers=[("host", 12)], store_policy="all")
+    m.set_tenant_floor("vip", 8, tier="host")
+
+    def settle() -> None:
+        b = m.take_transfers()
+        if b:
+            m.complete_transfers(np.unique(b.store_ops).tolist() + b.load_ops.tolist(), True)
+
+    cache_prompts(m, "vip", 0, 2, 4)  # 8 pages, stored to the host tier
+    settle()
+    assert cached_of(m, "vip", "host") == 8
+    for i in range(10):  # noisy prompts, each stored in turn: the tier must make room
+        cache_prompts(m, "noisy", 100 + i, 1, 4)
+        settle()
+        m._check_invariants()
+    assert cached_of(m, "vip", "host") == 8
+    assert m.tier_stats()["host"]["num_evicted_slots"] > 0
