@@ -1,6 +1,7 @@
 """``kvcore demo``: a live engine under a burst, on the CPU, in seconds.
 
-The tiny random-weight decoder (:mod:`kvcore.tiny`, NumPy, with the NumPy reference kernels) serves
+The tiny random-weight decoder (:mod:`kvcore.tiny`, NumPy; its pool and kernels on CuPy when a GPU
+answers, else the NumPy references) serves
 a burst of chat requests that share a system prompt, through the whole stack:
 :class:`~kvcore.scheduler.Scheduler` (continuous batching, chunked prefill, admission that predicts
 demand), the :class:`~kvcore.scheduler.PressureController` (it sheds load with 503s when the queue
@@ -116,7 +117,7 @@ def run_engine_demo(
     rng = np.random.default_rng(seed)
     model = TinyDecoder(seed, "fp16")
     vocab = model.config.vocab
-    pool = TinyEngine.make_pool(model, num_pages, page_size)
+    pool = TinyEngine.make_pool(model, num_pages, page_size, backend="auto")  # CuPy when a GPU answers
     host = HostTier(pool, num_pages * 2)
     cache = KVCacheManager(num_pages, page_size, lower_tiers=[host])
     mover = Mover(cache, pool, [host])
@@ -153,7 +154,8 @@ def run_engine_demo(
     refused: dict[int, int] = {}  # HTTP status -> count
     print(
         f"kvcore demo: {num_requests} requests (a burst) on a {model.config.num_layers}-layer tiny decoder, "
-        f"{num_pages - 1} pages of {page_size} tokens, host tier {host.num_slots} slots (NumPy)",
+        f"{num_pages - 1} pages of {page_size} tokens, host tier {host.num_slots} slots, "
+        f"pool on {'CuPy (CUDA kernels)' if pool.backend.name == 'cupy' else 'NumPy (reference kernels)'}",
         file=out,
     )
     start = time.perf_counter()

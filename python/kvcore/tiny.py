@@ -8,6 +8,9 @@ K/V written at the plan's slots (``kernels.append_kv``) and attention over the p
 sampling of the rows that sample. With lower tiers it runs their transfers (``kvcore.tiers.Mover``)
 after each step, so a swapped-out request comes back with its own K/V.
 
+The pool may live on CuPy (``make_pool(..., backend="auto")``): K/V then go through the CUDA kernels
+(fp16 activations), the model itself staying in NumPy.
+
 It exists to prove the scheduler end to end (a preempted-and-resumed request generates exactly what an
 uninterrupted one does) and for ``kvcore demo``; :meth:`TinyDecoder.no_cache_logits` recomputes a
 sequence from scratch, the reference every cached result is checked against.
@@ -172,7 +175,9 @@ class TinyEngine:
                 pool.set_scales(layer, model.k_scale[layer], model.v_scale[layer])
 
     @staticmethod
-    def make_pool(model: TinyDecoder, num_pages: int, page_size: int) -> KVPool:
+    def make_pool(model: TinyDecoder, num_pages: int, page_size: int, backend: str = "numpy") -> KVPool:
+        """A pool shaped for ``model``: on NumPy (the reference kernels), or ``"cupy"`` / ``"auto"``
+        (the CUDA kernels when a device is usable; the model itself stays in NumPy)."""
         c = model.config
         return KVPool(
             num_layers=c.num_layers,
@@ -181,6 +186,7 @@ class TinyEngine:
             head_dim=c.head_dim,
             page_size=page_size,
             kv_dtype=model.kv_dtype,
+            backend=backend,
         )
 
     def forward(self, plan: Any) -> dict[int, int]:
@@ -201,10 +207,16 @@ class TinyEngine:
             )
             x = self.model.embed[plan.token_ids.astype(np.int64)]
             pos = plan.positions.astype(np.float64)
+            backend = self.pool.backend
+            on_gpu = backend.name == "cupy"
             for layer in range(c.num_layers):
                 q, k, v = self.model.qkv(layer, x, pos)
+                if on_gpu:  # the CUDA kernels take fp16 activations on the device
+                    q, k, v = (backend.asarray(a.astype(np.float16)) for a in (q, k, v))
                 K.append_kv(self.pool, layer, plan.slot_mapping, k, v)
                 attn = K.paged_prefill_attention(q, self.pool, layer, pt, plan.q_indptr, plan=attn_plan)
+                if on_gpu:
+                    attn = backend.asnumpy(attn).astype(np.float64)
                 x = self.model.finish_layer(layer, x, attn)
             rows = np.flatnonzero(plan.sample)
             if len(rows):
