@@ -44,7 +44,7 @@ import copy
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -474,32 +474,38 @@ class Scheduler:
         reqs, dec = self._reqs, self._decoding
         ended: list[tuple[int, str]] = []
         now = plan.time_s
-        ids, starts = plan.request_ids.tolist(), plan.starts.tolist()
         nd = plan.num_decode  # the decode rows lead the plan, and each samples
         void = 0
-        # The hot loop: a decode row's request is live and decoding unless it ended (gone) or was
-        # preempted (computed reset) since the plan. While decoding, ``known`` and ``reserved`` are
-        # not kept up to date: they equal ``computed`` (see _tenant_pages).
-        get = reqs.get
-        for rid, start, tok in zip(ids[:nd], starts[:nd], toks[:nd], strict=True):
-            r = get(rid)
-            if r is None or r.computed != start:
+        # The hot loop: a decode row's request is live and decoding unless it ended since the plan
+        # (finish) or was preempted (computed reset). The latest plan's rows are its requests
+        # themselves (no lookup); an older plan's go through their ids. While decoding, ``known``
+        # and ``reserved`` are not kept up to date: they equal ``computed`` (see _tenant_pages).
+        if plan is self._last_plan:
+            drows: Sequence[_Req | None] = self._decode_rows
+        else:
+            drows = [reqs.get(rid) for rid in plan.request_ids[:nd].tolist()]
+        for r, start, tok in zip(drows, plan.starts[:nd].tolist(), toks[:nd], strict=True):
+            if r is None or r.state != _RUNNING or r.computed != start:
                 void += 1
                 continue
             end = r.computed = start + 1
             if not end % ps:
-                m.commit(rid, end)
+                m.commit(r.rid, end)
                 r.committed_pages = end // ps
             r.tokens.append(tok)
             g = r.generated = r.generated + 1
             if r.stop and tok in r.stop:
-                ended.append((rid, "stop"))
+                ended.append((r.rid, "stop"))
             elif g >= r.max_new:
-                ended.append((rid, "length"))
+                ended.append((r.rid, "length"))
         gen = nd - void
         it = iter(toks[nd:])
         rows = zip(
-            ids[nd:], starts[nd:], plan.num_tokens[nd:].tolist(), plan.sample[nd:].tolist(), strict=True
+            plan.request_ids[nd:].tolist(),
+            plan.starts[nd:].tolist(),
+            plan.num_tokens[nd:].tolist(),
+            plan.sample[nd:].tolist(),
+            strict=True,
         )
         for rid, start, n, samples in rows:
             tok = next(it) if samples else -1
