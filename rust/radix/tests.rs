@@ -112,7 +112,8 @@ fn a_floor_keeps_a_namespace_last_in_eviction_order() {
     let (quiet, noisy) = (7, 8);
     t.set_floor(quiet, 3).unwrap();
     // Quiet's 5 pages first (least recent), then noisy's 4.
-    t.insert(quiet, &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5], 0, 0).unwrap();
+    t.insert(quiet, &[1, 2, 3, 4, 5], &[1, 2, 3, 4, 5], 0, 0)
+        .unwrap();
     t.insert(noisy, &[9, 8, 7, 6], &[6, 7, 8, 9], 0, 1).unwrap();
     assert_eq!(t.floor(quiet), Some((3, 5)));
     let mut out = Vec::new();
