@@ -504,7 +504,10 @@ impl KVCacheManager {
         }
         let mut guard = self.state.lock();
         let st = &mut *guard;
-        let mut seen = std::collections::HashSet::with_capacity(seq_ids.len());
+        let mut seen = std::collections::HashSet::with_capacity_and_hasher(
+            seq_ids.len(),
+            crate::radix::FxBuildHasher::default(),
+        );
         for &id in seq_ids {
             check_appendable(&st.seqs, id)?;
             if !seen.insert(id) {

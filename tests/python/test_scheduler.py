@@ -490,3 +490,21 @@ def test_evict_harder_makes_stores_more_selective_and_restores_them() -> None:
             m.complete_transfers(np.unique(b.store_ops).tolist() + b.load_ops.tolist(), True)
     assert seen == ["selective", "all"] and m.store_policy == ("all", {})
     assert ctl.counts["evict_harder"] == {"usage": 1}
+
+
+def test_generated_pages_are_cached_as_they_fill() -> None:
+    """Decode rows commit each page their tokens fill: a finished request's prompt and answer are in
+    the prefix cache up to the last full page, and a follow-up turn hits all of it."""
+    m = kvcore.KVCacheManager(64, 4)
+    sched = Scheduler(m)
+    prompt = list(range(10, 17))  # 7 tokens
+    sched.submit(Request(1, prompt, max_new_tokens=10))
+    answer: list[int] = []
+    while sched.has_work():
+        plan = sched.step()
+        toks = {int(r): 40 + len(answer) for r in plan.request_ids[plan.sample]}
+        answer += list(toks.values())
+        sched.update(plan, toks)
+    full = prompt + answer  # 17 tokens; the last sampled one was never computed
+    assert len(answer) == 10
+    assert m.peek_prefix_len(full) == (len(full) - 1) // 4 * 4  # 16: every page the steps filled

@@ -484,20 +484,26 @@ class Scheduler:
             drows: Sequence[_Req | None] = self._decode_rows
         else:
             drows = [reqs.get(rid) for rid in plan.request_ids[:nd].tolist()]
-        for r, start, tok in zip(drows, plan.starts[:nd].tolist(), toks[:nd], strict=True):
-            if r is None or r.state != _RUNNING or r.computed != start:
+        d_starts = plan.starts[:nd]
+        for r, start, tok in zip(drows, d_starts.tolist(), toks[:nd], strict=True):
+            # An ended request's computed is -1, a preempted one's 0: neither matches a decode start.
+            if r is None or r.computed != start:
                 void += 1
                 continue
-            end = r.computed = start + 1
-            if not end % ps:
-                m.commit(r.rid, end)
-                r.committed_pages = end // ps
+            r.computed = start + 1
             r.tokens.append(tok)
             g = r.generated = r.generated + 1
             if r.stop and tok in r.stop:
                 ended.append((r.rid, "stop"))
             elif g >= r.max_new:
                 ended.append((r.rid, "length"))
+        # Rows whose token filled a page: commit it to the prefix cache (one in page_size rows).
+        for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
+            r = drows[i]
+            end = int(d_starts[i]) + 1
+            if r is not None and r.computed == end and r.state == _RUNNING:
+                m.commit(r.rid, end)
+                r.committed_pages = end // ps
         gen = nd - void
         it = iter(toks[nd:])
         rows = zip(
@@ -944,6 +950,7 @@ class Scheduler:
         elif r.state == _WAITING:
             self._take_waiting(r)
         r.state = _DONE
+        r.computed = -1  # a stale plan row of it is void
         del self._reqs[rid]
         s = self._stats
         if reason == "capacity":
@@ -995,7 +1002,8 @@ class Scheduler:
             is_prefill[nd:] = True
             sample[nd:] = [e == len(r.tokens) for r, e in zip(rows, ends[nd:].tolist(), strict=True)]
         if n:
-            pt = m.page_table(ids, num_tokens=ends)
+            # Decode rows end at their sequence's length (no lookahead): the whole table is theirs.
+            pt = m.page_table(ids, num_tokens=ends) if npf else m.page_table(ids)
             if not npf:  # decodes only: each row's token sits in its table's last page
                 positions = st
                 last = pt.kv_indices[pt.kv_indptr[1:] - 1].astype(np.int64)
