@@ -23,7 +23,7 @@ BATCH = 256
 PROMPT = 2048
 
 
-def decoding_scheduler(max_new_tokens: int = 1024) -> tuple[Scheduler, dict[int, int]]:
+def decoding_scheduler(max_new_tokens: int = 1024) -> tuple[Scheduler, np.ndarray]:
     """256 requests of 2,048-token prompts, all prefilled and decoding (room for their answers)."""
     pages = BATCH * ((PROMPT + max_new_tokens) // PS + 1) + 1
     m = KVCacheManager(pages, PS)
@@ -33,9 +33,8 @@ def decoding_scheduler(max_new_tokens: int = 1024) -> tuple[Scheduler, dict[int,
         sched.submit(Request(i, rng.integers(0, 32_000, PROMPT), max_new_tokens=max_new_tokens))
     plan = sched.step(0.0)
     assert plan.batch_size == BATCH and plan.num_prefill_tokens == BATCH * PROMPT
-    tokens = dict.fromkeys(range(BATCH), 7)
-    sched.update(plan, tokens)
-    return sched, tokens
+    sched.update(plan, dict.fromkeys(range(BATCH), 7))
+    return sched, np.full(BATCH, 7, np.int64)  # an engine's argmax in row order (the fast path)
 
 
 def decoding_manager() -> KVCacheManager:
@@ -57,6 +56,32 @@ def test_bench_scheduler_step_256_decoding(benchmark: Any) -> None:
     benchmark.pedantic(step, rounds=300, iterations=1, warmup_rounds=20)  # 320 of the 1,024 tokens
     plan = sched.step(0.0)
     assert plan.batch_size == BATCH and plan.num_decode == BATCH
+
+
+def test_bench_scheduler_step_256_one_ends_one_joins(benchmark: Any) -> None:
+    """Continuous batching as it runs: each step one request samples its stop token and ends, and a
+    new one (a 16-token prompt) is admitted and prefilled beside the 255 decode rows."""
+    pages = BATCH * ((PROMPT + 1024) // PS + 1) + 1024
+    m = KVCacheManager(pages, PS)
+    sched = Scheduler(m, max_num_batched_tokens=BATCH * PROMPT, max_num_seqs=BATCH)
+    rng = np.random.default_rng(0)
+    for i in range(BATCH):
+        sched.submit(Request(i, rng.integers(0, 32_000, PROMPT), max_new_tokens=1024, stop_token_ids={1}))
+    plan = sched.step(0.0)
+    sched.update(plan, np.full(plan.batch_size, 7, np.int64))
+    next_id = [BATCH]
+
+    def step() -> None:
+        rid = next_id[0]
+        next_id[0] += 1
+        sched.submit(Request(rid, rng.integers(2, 32_000, 16), max_new_tokens=1024, stop_token_ids={1}))
+        plan = sched.step(0.0)
+        toks = np.full(int(plan.sample.sum()), 7, np.int64)
+        toks[0] = 1  # the oldest decode row stops
+        sched.update(plan, toks)
+
+    benchmark.pedantic(step, rounds=300, iterations=1, warmup_rounds=20)
+    assert len(sched.running_ids) + sched.num_waiting == BATCH
 
 
 def test_bench_baseline_manager_calls_of_a_decode_step(benchmark: Any) -> None:

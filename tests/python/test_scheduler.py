@@ -508,3 +508,67 @@ def test_generated_pages_are_cached_as_they_fill() -> None:
     full = prompt + answer  # 17 tokens; the last sampled one was never computed
     assert len(answer) == 10
     assert m.peek_prefix_len(full) == (len(full) - 1) // 4 * 4  # 16: every page the steps filled
+
+
+class _SlowScheduler(Scheduler):
+    """The reference: the same scheduler with its steady-state decode cache switched off."""
+
+    def update(self, plan, new_tokens):  # type: ignore[no-untyped-def]
+        out = super().update(plan, new_tokens)
+        self._dec_cache = None
+        return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 10**6),
+    num_pages=st.integers(6, 40),
+    budget=st.integers(1, 40),
+    aborts=st.lists(st.integers(0, 11), max_size=3),
+)
+def test_the_fast_decode_path_plans_exactly_what_the_reference_does(
+    seed: int, num_pages: int, budget: int, aborts: list[int]
+) -> None:
+    """Plans (rows, starts, slots, tables), events and answers of the scheduler equal those of the same
+    scheduler without its steady-state shortcut, step by step, through preemptions, stop tokens and
+    aborts between a step and its update."""
+    rng = np.random.default_rng(seed)
+    reqs = [
+        Request(
+            i,
+            rng.integers(0, 30, int(rng.integers(1, 25))).tolist(),
+            max_new_tokens=int(rng.integers(1, 30)),
+            stop_token_ids=frozenset({29}) if i % 3 == 0 else frozenset(),
+            priority=int(rng.integers(0, 2)),
+        )
+        for i in range(12)
+    ]
+    runs = []
+    for cls in (Scheduler, _SlowScheduler):
+        m = kvcore.KVCacheManager(num_pages, 2)
+        sched = cls(m, max_num_batched_tokens=budget, max_num_seqs=6, estimator=optimistic())
+        for r in reqs:
+            try:
+                sched.submit(r)
+            except RequestRejected:
+                pass
+        trace = []
+        tok_rng = np.random.default_rng(seed + 1)
+        t = 0
+        while sched.has_work():
+            plan = sched.step(float(t))
+            events = [(e.kind, e.request_id) for e in plan.events]
+            rows = (plan.request_ids.tolist(), plan.starts.tolist(), plan.slot_mapping.tolist())
+            trace.append((*rows, plan.page_table.kv_indices.tolist(), events))
+            if t in aborts:
+                live = [rid for rid in plan.request_ids.tolist() if rid in sched._reqs]
+                if live:
+                    sched.finish(live[0], "abort")
+            toks = tok_rng.integers(0, 30, int(plan.sample.sum()))
+            trace.append(sched.update(plan, toks))
+            m._check_invariants()
+            t += 1
+            assert t < 3000
+        trace.append(sorted(sched.stats().to_dict().items()))
+        runs.append(trace)
+    assert runs[0] == runs[1]

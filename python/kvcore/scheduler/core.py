@@ -146,6 +146,7 @@ class _Req:
 
     __slots__ = (
         "arrival",
+        "base",
         "cls",
         "committed_pages",
         "computed",
@@ -177,6 +178,7 @@ class _Req:
         self.max_new = int(request.max_new_tokens)
         self.stop = request.stop_token_ids
         self.generated = 0
+        self.base = len(self.tokens)  # tokens not generated: len(tokens) == base + generated
         self.known = self.reserved = self.computed = 0
         self.committed_pages = 0
         self.ever_computed = 0  # most tokens computed at once (what a preemption throws away)
@@ -184,6 +186,27 @@ class _Req:
         self.started = False  # admitted at least once
         self.state = _WAITING
         self.truncated = False
+
+
+def _stop_groups(
+    stops: list[frozenset[int]], base: int
+) -> list[tuple[frozenset[int], npt.NDArray[np.int64]]]:
+    """Rows (offset by ``base``) grouped by their stop-token set; rows without one are left out."""
+    groups: dict[frozenset[int], list[int]] = {}
+    for i, stop in enumerate(stops):
+        if stop:
+            groups.setdefault(stop, []).append(base + i)
+    return [(stop, np.array(rows, np.int64)) for stop, rows in groups.items()]
+
+
+def _merge_stop_groups(
+    a: list[tuple[frozenset[int], npt.NDArray[np.int64]]],
+    b: list[tuple[frozenset[int], npt.NDArray[np.int64]]],
+) -> list[tuple[frozenset[int], npt.NDArray[np.int64]]]:
+    merged = dict(a)
+    for stop, rows in b:
+        merged[stop] = np.concatenate([merged[stop], rows]) if stop in merged else rows
+    return list(merged.items())
 
 
 class Scheduler:
@@ -287,8 +310,15 @@ class Scheduler:
         # Membership changes of _decoding; (version, ids, starts, tokens) of the next step's decode
         # rows, when the last update saw every decode row through (steady state).
         self._dec_version = 0
-        self._dec_cache: tuple[int, Any, Any, Any] | None = None
+        self._dec_cache: tuple[Any, ...] | None = None
         self._plan_dec_version = -1
+        # Steady-state decode: the cache tuple the current plan's decode rows came from (None: built
+        # afresh), and whether decoding requests' computed / generated counts lag their tokens
+        # (the fast update appends tokens only; _sync_decoding catches the counts up).
+        self._dec_used: tuple[Any, ...] | None = None
+        self._lazy = False
+        self._dirty = False  # finish() ran since the last plan: its rows need checking
+        self._decode_planned = False  # this step's decode rows are chosen (3a is done)
         self._saved_store_policy: tuple[str, dict[str, Any]] | None = None
         self._last_plan: StepPlan | None = None
 
@@ -347,6 +377,7 @@ class Scheduler:
         r = self._reqs.get(request_id)
         if r is None:
             raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
+        self._dirty = True  # a row of the current plan may be this request's
         self._end(r, reason, check_time(now))
 
     def has_work(self) -> bool:
@@ -382,6 +413,8 @@ class Scheduler:
         self._swapping = 0  # pages swapped out in this step (free once the engine stores them)
         if self.tenant_max:
             self._enforce_ceilings(now)
+        self._dec_used = None
+        self._decode_planned = False
         # 3a. decodes: one token each, one batched append. In steady state (the same requests
         # decoding as last step) the arrays come from the last update: no Python per sequence.
         decoding: list[_Req] = []
@@ -392,12 +425,17 @@ class Scheduler:
             cached = self._dec_cache
             if cached is not None and cached[0] == self._dec_version and len(decoding) <= budget:
                 d_ids, d_st, d_tok = cached[1], cached[2], cached[3]
+                self._dec_used = cached
             else:
+                self._sync_decoding()
                 if len(decoding) > budget:
                     decoding = decoding[:budget]
                 d_ids, d_st, d_tok = self._decode_arrays(decoding)
             done = m.append_batch(d_ids, d_tok)
             failed = done < len(decoding)
+            if failed:  # preemptions follow: every count must be current
+                self._dec_used = None
+                self._sync_decoding()
             while done < len(decoding):
                 self._stats.num_failed_reservations += 1
                 self._failed_this_step += 1
@@ -425,6 +463,7 @@ class Scheduler:
         # The decode rows lead the plan; known/reserved of those grew by one (update records it).
         self._decode_rows = decoding
         self._decode_arrays_now = (d_ids, d_st, d_tok)
+        self._decode_planned = True
         # 3b. running prefills (chunked), oldest first.
         prefilling = (
             [r for r in self._running.values() if r.rid not in dec] if len(self._running) > len(dec) else []
@@ -450,24 +489,33 @@ class Scheduler:
         self._plan_dec_version = self._dec_version
         self._last_plan = plan
         self._dec_cache = None
+        self._dirty = False
+        if self._dec_version != self._plan_dec_version or not self._decode_rows:
+            self._dec_used = None
         return plan
 
     def update(self, plan: StepPlan, new_tokens: Mapping[int, int] | Iterable[int]) -> list[tuple[int, str]]:
         """Record a computed plan: its chunks' K/V is written, and each sampling row's next token
-        (``{request_id: token}``, or tokens in the order of the rows with ``plan.sample``). Requests that
-        reach ``max_new_tokens`` or a stop token finish here; returns ``(request_id, reason)`` of those."""
+        (``{request_id: token}``, or tokens in the order of the rows with ``plan.sample``: a 1-D integer
+        array is the fast path). Requests that reach ``max_new_tokens`` or a stop token finish here;
+        returns ``(request_id, reason)`` of those."""
         m, ps = self.cache, self.page_size
-        sampled = plan.request_ids[plan.sample].tolist()
-        if isinstance(new_tokens, Mapping):
+        num_sampled = int(np.count_nonzero(plan.sample))
+        if isinstance(new_tokens, np.ndarray):  # the fast path: an engine's argmax, in row order
+            arr = new_tokens
+            if arr.ndim != 1 or len(arr) != num_sampled:
+                raise InvalidArgumentError(f"update: {arr.shape} tokens for {num_sampled} sampling rows")
+        elif isinstance(new_tokens, Mapping):
             try:
-                given = [new_tokens[rid] for rid in sampled]
+                given = [new_tokens[rid] for rid in plan.request_ids[plan.sample].tolist()]
             except KeyError as e:
                 raise InvalidArgumentError(f"update: no token for sampling request {e.args[0]}") from None
+            arr = np.array(given)
         else:
             given = list(new_tokens)
-            if len(given) != len(sampled):
-                raise InvalidArgumentError(f"update: {len(given)} tokens for {len(sampled)} sampling rows")
-        arr = np.array(given)
+            if len(given) != num_sampled:
+                raise InvalidArgumentError(f"update: {len(given)} tokens for {num_sampled} sampling rows")
+            arr = np.array(given)
         if arr.size and (arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= 2**32):
             raise InvalidArgumentError("update: token ids must be integers in [0, 2**32)")
         toks: list[int] = arr.tolist()
@@ -476,34 +524,71 @@ class Scheduler:
         now = plan.time_s
         nd = plan.num_decode  # the decode rows lead the plan, and each samples
         void = 0
+        ended_rows: list[int] = []  # decode rows that end here
+        joined: list[_Req] = []  # prefill rows that start decoding here
+        # Whether the decode rows were every decoding request, unchanged since the plan: then the
+        # next step's arrays are these, patched for the rows that end and join (no Python pass).
+        steady = plan is self._last_plan and not self._dirty and self._dec_version == self._plan_dec_version
+        steady = steady and nd > 0 and nd == len(dec)
         # The hot loop: a decode row's request is live and decoding unless it ended since the plan
         # (finish) or was preempted (computed reset). The latest plan's rows are its requests
         # themselves (no lookup); an older plan's go through their ids. While decoding, ``known``
         # and ``reserved`` are not kept up to date: they equal ``computed`` (see _tenant_pages).
-        if plan is self._last_plan:
-            drows: Sequence[_Req | None] = self._decode_rows
-        else:
-            drows = [reqs.get(rid) for rid in plan.request_ids[:nd].tolist()]
         d_starts = plan.starts[:nd]
-        for r, start, tok in zip(drows, d_starts.tolist(), toks[:nd], strict=True):
-            # An ended request's computed is -1, a preempted one's 0: neither matches a decode start.
-            if r is None or r.computed != start:
-                void += 1
-                continue
-            r.computed = start + 1
-            r.tokens.append(tok)
-            g = r.generated = r.generated + 1
-            if r.stop and tok in r.stop:
-                ended.append((r.rid, "stop"))
-            elif g >= r.max_new:
-                ended.append((r.rid, "length"))
-        # Rows whose token filled a page: commit it to the prefix cache (one in page_size rows).
-        for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
-            r = drows[i]
-            end = int(d_starts[i]) + 1
-            if r is not None and r.computed == end and r.state == _RUNNING:
+        used = self._dec_used if plan is self._last_plan and not self._dirty else None
+        r: _Req | None
+        if used is not None:
+            # Steady state: the rows are the cached decoding requests, all live. Only their tokens
+            # grow here; their counts lag (self._lazy) and the countdown is one array.
+            drows: Sequence[_Req | None] = self._decode_rows
+            appends, stop_groups = used[5], used[6]
+            d_toks = toks[:nd]
+            for app, tok in zip(appends, d_toks, strict=True):
+                app(tok)
+            rem = used[4] - 1
+            for i in np.flatnonzero(rem <= 0).tolist():
+                ended.append((self._decode_rows[i].rid, "length"))
+                ended_rows.append(i)
+            if stop_groups:
+                tok_arr = arr[:nd]
+                for stop, group in stop_groups:  # rows sharing one stop set (EOS ids, usually one)
+                    hit = group[np.isin(tok_arr[group], list(stop)) & (rem[group] > 0)]
+                    for i in hit.tolist():
+                        ended.append((self._decode_rows[i].rid, "stop"))
+                        ended_rows.append(i)
+            for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
+                r = self._decode_rows[i]
+                end = int(d_starts[i]) + 1
                 m.commit(r.rid, end)
                 r.committed_pages = end // ps
+            self._lazy = True
+        else:
+            self._sync_decoding()
+            if plan is self._last_plan:
+                drows = self._decode_rows
+            else:
+                drows = [reqs.get(rid) for rid in plan.request_ids[:nd].tolist()]
+            for i, (r, start, tok) in enumerate(zip(drows, d_starts.tolist(), toks[:nd], strict=True)):
+                # An ended request's computed is -1, a preempted one's 0: no decode start matches.
+                if r is None or r.computed != start:
+                    void += 1
+                    continue
+                r.computed = start + 1
+                r.tokens.append(tok)
+                r.generated += 1
+                if r.generated >= r.max_new:
+                    ended.append((r.rid, "length"))
+                    ended_rows.append(i)
+                elif r.stop and tok in r.stop:
+                    ended.append((r.rid, "stop"))
+                    ended_rows.append(i)
+            # Rows whose token filled a page: commit it (one in page_size rows).
+            for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
+                r = drows[i]
+                end = int(d_starts[i]) + 1
+                if r is not None and r.computed == end and r.state == _RUNNING:
+                    m.commit(r.rid, end)
+                    r.committed_pages = end // ps
         gen = nd - void
         it = iter(toks[nd:])
         rows = zip(
@@ -528,30 +613,89 @@ class Scheduler:
             r.tokens.append(tok)
             r.generated += 1
             gen += 1
-            if tok in r.stop:
-                ended.append((rid, "stop"))
-            elif r.generated >= r.max_new:
+            if r.generated >= r.max_new:  # as for decode rows: the length first, then a stop token
                 ended.append((rid, "length"))
+            elif tok in r.stop:
+                ended.append((rid, "stop"))
             else:
                 dec[rid] = r
                 self._dec_version += 1
+                joined.append(r)
         self._stats.generated_tokens += gen
-        version = self._dec_version
-        if plan is not self._last_plan:
-            version = -1  # an older plan: its arrays are not the next step's
         for rid, reason in ended:
             self._end(reqs[rid], reason, now)
-        # Steady state: every decode row went through, the decoding set is the plan's, unchanged.
-        if not void and nd and version == self._dec_version == self._plan_dec_version and nd == len(dec):
-            self._dec_cache = (
-                version,
-                plan.request_ids[:nd],
-                plan.starts[:nd] + 1,
-                arr[:nd].astype(np.uint32),
-            )
-        else:
-            self._dec_cache = None
+        self._dec_cache = self._next_decode_cache(
+            plan, nd, arr, used, steady and not void, ended_rows, joined
+        )
         return ended
+
+    def _next_decode_cache(
+        self,
+        plan: StepPlan,
+        nd: int,
+        arr: npt.NDArray[Any],
+        used: tuple[Any, ...] | None,
+        steady: bool,
+        ended_rows: list[int],
+        joined: list[_Req],
+    ) -> tuple[Any, ...] | None:
+        """The next step's decode arrays, in the order of the decoding requests: this plan's decode
+        rows one step on, less the rows that ended, plus the requests that joined (None: rebuild)."""
+        if not steady:
+            return None
+        rows = self._decode_rows
+        if used is not None:
+            rem, appends, stop_groups = used[4] - 1, used[5], used[6]
+            max_new, classes = used[7], used[8]
+        else:  # counts are current after the checked loop
+            rem = np.fromiter([r.max_new - r.generated for r in rows], np.int64, nd)
+            appends = [r.tokens.append for r in rows]
+            stop_groups = _stop_groups([r.stop for r in rows], 0)
+            max_new = np.fromiter([r.max_new for r in rows], np.int64, nd)
+            classes = [r.cls for r in rows]
+        ids, st, tok = plan.request_ids[:nd], plan.starts[:nd] + 1, arr[:nd].astype(np.uint32)
+        if ended_rows:
+            keep = np.ones(nd, bool)
+            keep[ended_rows] = False
+            new_index = np.cumsum(keep) - 1
+            ids, st, tok, rem, max_new = ids[keep], st[keep], tok[keep], rem[keep], max_new[keep]
+            appends, classes = list(appends), list(classes)
+            for i in sorted(ended_rows, reverse=True):  # few rows end per step
+                del appends[i], classes[i]
+            stop_groups = [(stop, new_index[g[keep[g]]]) for stop, g in stop_groups]
+            stop_groups = [(stop, g) for stop, g in stop_groups if len(g)]
+        else:
+            ids = ids.copy()
+        if joined:
+            base = len(ids)
+            n = len(joined)
+            ids = np.concatenate([ids, np.fromiter([r.rid for r in joined], np.int64, n)])
+            st = np.concatenate([st, np.fromiter([r.computed for r in joined], np.int32, n)])
+            tok = np.concatenate([tok, np.fromiter([r.tokens[-1] for r in joined], np.uint32, n)])
+            rem = np.concatenate([rem, np.fromiter([r.max_new - r.generated for r in joined], np.int64, n)])
+            appends = [*appends, *(r.tokens.append for r in joined)]
+            max_new = np.concatenate([max_new, np.fromiter([r.max_new for r in joined], np.int64, n)])
+            classes = [*classes, *(r.cls for r in joined)]
+            stop_groups = _merge_stop_groups(stop_groups, _stop_groups([r.stop for r in joined], base))
+        if len(ids) != len(self._decoding):  # anything else changed the set: rebuild next step
+            return None
+        return (self._dec_version, ids, st, tok, rem, appends, stop_groups, max_new, classes)
+
+    def _sync_decoding(self) -> None:
+        """Catch up the counts of decoding requests after fast updates (their tokens are right)."""
+        if not self._lazy:
+            return
+        for r in self._decoding.values():
+            n = len(r.tokens)
+            r.computed = n - 1
+            r.generated = n - r.base
+        self._lazy = False
+
+    def _sync_one(self, r: _Req) -> None:
+        if self._lazy and r.rid in self._decoding:
+            n = len(r.tokens)
+            r.computed = n - 1
+            r.generated = n - r.base
 
     # ---- views ------------------------------------------------------------------------------------
 
@@ -580,6 +724,7 @@ class Scheduler:
         r = self._reqs.get(request_id)
         if r is None:
             raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
+        self._sync_one(r)
         return r.generated
 
     @property
@@ -721,11 +866,11 @@ class Scheduler:
         self._decision = d
         return d
 
-    @staticmethod
     def _decode_arrays(
-        rows: list[_Req],
+        self, rows: list[_Req]
     ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int32], npt.NDArray[np.uint32]]:
-        """ids, starts and tokens of decode rows (each computes its last token)."""
+        """ids, starts and tokens of decode rows (each computes its last token); counts current."""
+        assert not self._lazy, "decode rows read while their counts lag (call _sync_decoding)"
         n = len(rows)
         ids = np.fromiter([r.rid for r in rows], np.int64, n)
         st = np.fromiter([r.computed for r in rows], np.int32, n)
@@ -753,6 +898,7 @@ class Scheduler:
         return min(self._running.values(), key=lambda r: (r.priority, -r.order))
 
     def _preempt(self, r: _Req, now: float) -> None:
+        self._sync_one(r)
         m, ps = self.cache, self.page_size
         if r.computed > r.ever_computed:  # what the preemption throws away, recomputed on resume
             r.ever_computed = r.computed
@@ -770,8 +916,12 @@ class Scheduler:
             del self._rows[i], self._starts[i], self._counts[i]
         if self._decoding.pop(r.rid, None) is not None:
             self._dec_version += 1
-            if r in self._decode_rows:
+            self._dec_used = None
+            if self._decode_planned and r in self._decode_rows:
+                # A decode row of this step (preempted for a prefill chunk): the arrays follow.
                 self._decode_rows.remove(r)
+                self._sync_decoding()
+                self._decode_arrays_now = self._decode_arrays(self._decode_rows)
         # What the sequence held of tokens past its computed ones (a sampled token) stays in tokens.
         self._event("preempted", r.rid, now, kind=kind, computed_tokens=r.computed)
         self._stats.preemptions_by_kind[kind] += 1
@@ -801,6 +951,7 @@ class Scheduler:
 
     def _tenant_pages(self, expected: bool = False) -> dict[str | None, int]:
         """Pages each tenant's live requests hold (and, ``expected``, will hold with their answers)."""
+        self._sync_decoding()
         ps = self.page_size
         out: dict[str | None, int] = {}
         for r in (*self._running.values(), *self._loading.values()):
@@ -830,6 +981,29 @@ class Scheduler:
         later = have + max(0, total - r.generated)
         return -(-later // ps) - -(-have // ps)
 
+    def _decode_promised(self, used: tuple[Any, ...]) -> int:
+        """``_expected_extra_pages`` summed over the decoding requests, from the cached arrays: each
+        row's tokens are its start + 1, its generated count max_new - remaining (no Python pass)."""
+        ps, est = self.page_size, self.estimator
+        st, rem, max_new, classes = used[2], used[4], used[7], used[8]
+        gen = max_new - rem
+        have = st.astype(np.int64) + 1
+        names = set(classes)
+        if len(names) == 1:
+            (name,) = names
+            q = est.quantile_of(name)
+            planned = np.minimum(max_new, est.clip) if q is None else np.full_like(max_new, q)
+        else:
+            planned = np.empty_like(max_new)
+            cls = np.array(classes, dtype=object)
+            for name in names:
+                mask = cls == name
+                q = est.quantile_of(name)
+                planned[mask] = np.minimum(max_new[mask], est.clip) if q is None else q
+        total = np.minimum(max_new, np.maximum(planned, gen + 1))
+        later = have + np.maximum(0, total - gen)
+        return int((-(-later // ps) - -(-have // ps)).sum())
+
     def _admit(
         self,
         now: float,
@@ -844,7 +1018,17 @@ class Scheduler:
         m, ps = self.cache, self.page_size
         st = m.stats()
         # Pages the running requests' answers still need (expected), kept out of the admissions.
-        promised = sum(self._expected_extra_pages(r) for r in self._running.values())
+        used = self._dec_used
+        if used is not None:  # every decoding request is a row of this step's cached arrays
+            dec = self._decoding
+            promised = self._decode_promised(used)
+            if len(self._running) > len(dec):  # running prefills too
+                promised += sum(
+                    self._expected_extra_pages(r) for r in self._running.values() if r.rid not in dec
+                )
+        else:
+            self._sync_decoding()
+            promised = sum(self._expected_extra_pages(r) for r in self._running.values())
         room = st.num_pages_free + st.num_pages_cached - promised
         quotas = bool(self.tenant_max or self.tenant_min)
         tenants = self._tenant_pages(expected=True) if quotas else {}
@@ -935,11 +1119,13 @@ class Scheduler:
         sink = r.request.sink_tokens
         before = len(r.tokens)
         r.tokens = r.tokens[:sink] + r.tokens[before - (w - sink) :]
+        r.base = len(r.tokens)
         r.truncated = True
         self._stats.num_truncated += 1
         self._event("truncated", r.rid, now, from_len=before, to_len=len(r.tokens))
 
     def _end(self, r: _Req, reason: str, now: float) -> None:
+        self._sync_one(r)
         rid = r.rid
         if self._decoding.pop(rid, None) is not None:
             self._dec_version += 1
@@ -1015,10 +1201,10 @@ class Scheduler:
                 positions = (offsets + st[row_of]).astype(np.int32)
                 page_idx = pt.kv_indptr[:-1][row_of] + positions // ps
                 slots = pt.kv_indices[page_idx].astype(np.int64) * ps + positions % ps
-                tok_l: list[int] = d_tok.tolist()
+                tok_l: list[int] = []
                 for r, s0, c in zip(rows, starts, counts, strict=True):
                     tok_l += r.tokens[s0 : s0 + c]
-                tok = np.array(tok_l, np.uint32)
+                tok = np.concatenate([d_tok, np.array(tok_l, np.uint32)])
         else:
             pt = PageTable(np.zeros(1, np.int32), _EMPTY_I32, _EMPTY_I32)
             positions = _EMPTY_I32
