@@ -70,6 +70,10 @@ pub const MAX_PAGE_SIZE: usize = 1 << 20;
 /// A sequence id chosen by the caller.
 pub type SeqId = i64;
 
+/// Live sequences by id. Fx hashing: ids come from the engine (not from clients), and every call
+/// looks one up, a decode step hundreds.
+type SeqMap = HashMap<SeqId, Sequence, crate::radix::FxBuildHasher>;
+
 /// The namespace name that is visible from every namespace (prefixes declared public).
 pub const PUBLIC_NAMESPACE_NAME: &str = "*";
 
@@ -144,7 +148,7 @@ impl Sequence {
 #[derive(Debug)]
 struct State {
     tree: RadixTree,
-    seqs: HashMap<SeqId, Sequence>,
+    seqs: SeqMap,
     /// Interned namespace names (`None` is [`DEFAULT_NAMESPACE`]), kept only while the namespace
     /// has a live sequence or a cached page (see [`State::forget_if_unused`]).
     namespaces: HashMap<String, Namespace>,
@@ -256,7 +260,7 @@ impl KVCacheManager {
             root_key: root_key(&config.fingerprint),
             state: Mutex::new(State {
                 tree,
-                seqs: HashMap::new(),
+                seqs: SeqMap::default(),
                 namespaces: HashMap::new(),
                 namespace_names: HashMap::new(),
                 namespace_seqs: HashMap::new(),
@@ -1200,7 +1204,7 @@ fn check_store_policy(policy: &StorePolicy) -> KvResult<()> {
 }
 
 /// What `append` requires of a sequence: live, ready, and its whole known prompt reserved.
-fn check_appendable(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<()> {
+fn check_appendable(seqs: &SeqMap, seq_id: SeqId) -> KvResult<()> {
     let seq = ready(seqs, seq_id)?;
     if seq.slots < seq.tokens.len() {
         return Err(KvError::InvalidArgument(format!(
@@ -1213,7 +1217,7 @@ fn check_appendable(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<
     Ok(())
 }
 
-fn ready(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<&Sequence> {
+fn ready(seqs: &SeqMap, seq_id: SeqId) -> KvResult<&Sequence> {
     match seqs.get(&seq_id) {
         None => Err(unknown(seq_id)),
         Some(seq) if seq.loading.is_some() => Err(loading(seq_id)),
@@ -1221,7 +1225,7 @@ fn ready(seqs: &HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<&Sequence> 
     }
 }
 
-fn ready_mut(seqs: &mut HashMap<SeqId, Sequence>, seq_id: SeqId) -> KvResult<&mut Sequence> {
+fn ready_mut(seqs: &mut SeqMap, seq_id: SeqId) -> KvResult<&mut Sequence> {
     match seqs.get_mut(&seq_id) {
         None => Err(unknown(seq_id)),
         Some(seq) if seq.loading.is_some() => Err(loading(seq_id)),

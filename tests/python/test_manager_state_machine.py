@@ -228,6 +228,10 @@ class ManagerMachine(RuleBasedStateMachine):
                 assert self.snapshot() == before
                 return
             raise AssertionError("a bad truncate did not raise")
+        if not seq.manual and seq.written < seq.computable() // self.ps * self.ps:
+            # cache_prompt=True's promise: the step computes the pages cached for it before the
+            # engine can reject any of its tokens (the verify pass comes first), as for free.
+            self.step()
         self.m.truncate(sid, n)
         seq.tokens = seq.tokens[:n]
         seq.slots = min(seq.slots, n)
@@ -285,7 +289,7 @@ class ManagerMachine(RuleBasedStateMachine):
         if child in self.seqs and self.m.append(child, new):
             c = self.seqs[child]
             c.tokens += new
-            c.slots = max(c.slots, len(c.tokens))
+            c.slots = len(c.tokens)  # an append keeps no earlier draft slots
             c.tree_pages &= set(self.m.seq_pages(child).tolist())
             if not self.seqs[child].manual:
                 self.seqs[child].cached_pages = len(self.seqs[child].tokens) // self.ps
