@@ -8,7 +8,7 @@ import pickle
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import kvcore
@@ -519,7 +519,8 @@ class _SlowScheduler(Scheduler):
         return out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@example(seed=5, num_pages=19, budget=5, aborts=[])  # a stop and a length ending in one step
 @given(
     seed=st.integers(0, 10**6),
     num_pages=st.integers(6, 40),

@@ -546,16 +546,16 @@ class Scheduler:
             for app, tok in zip(appends, d_toks, strict=True):
                 app(tok)
             rem = used[4] - 1
-            for i in np.flatnonzero(rem <= 0).tolist():
-                ended.append((self._decode_rows[i].rid, "length"))
-                ended_rows.append(i)
+            done_rows = [(i, "length") for i in np.flatnonzero(rem <= 0).tolist()]
             if stop_groups:
                 tok_arr = arr[:nd]
                 for stop, group in stop_groups:  # rows sharing one stop set (EOS ids, usually one)
                     hit = group[np.isin(tok_arr[group], list(stop)) & (rem[group] > 0)]
-                    for i in hit.tolist():
-                        ended.append((self._decode_rows[i].rid, "stop"))
-                        ended_rows.append(i)
+                    done_rows += [(i, "stop") for i in hit.tolist()]
+                done_rows.sort()  # row order, as the checked loop ends them
+            for i, reason in done_rows:
+                ended.append((self._decode_rows[i].rid, reason))
+                ended_rows.append(i)
             for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
                 r = self._decode_rows[i]
                 end = int(d_starts[i]) + 1
