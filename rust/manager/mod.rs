@@ -1006,6 +1006,12 @@ impl KVCacheManager {
         Ok(())
     }
 
+    /// Shorten every pin that would outlive `now + max_ttl` to expire then; returns the pins
+    /// shortened (a pressure controller's "shorter TTLs").
+    pub fn cap_pins(&self, max_ttl: u64, now: u64) -> usize {
+        self.state.lock().tree.cap_pins(max_ttl, now)
+    }
+
     /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
     pub fn unpin(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
         let mut guard = self.state.lock();

@@ -676,6 +676,14 @@ impl PyKVCacheManager {
         })?)
     }
 
+    /// Shorten every pin that would outlive `max_ttl_s` seconds from now to expire then; returns
+    /// the pins shortened.
+    fn cap_pins(&self, py: Python<'_>, max_ttl_s: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let ttl = seconds_to_micros(float_arg(max_ttl_s, "max_ttl_s")?, "max_ttl_s")?;
+        let now = self.now(py)?;
+        Ok(self.run(py, false, |m| m.cap_pins(ttl, now)))
+    }
+
     /// Remove pins on the prefix of `tokens`; returns pages unpinned.
     #[pyo3(signature = (tokens, namespace = None))]
     fn unpin(

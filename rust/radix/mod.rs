@@ -936,6 +936,24 @@ impl RadixTree {
         released
     }
 
+    /// Bring every pin that would outlive `now + max_ttl` down to expire then (memory pressure:
+    /// pinned pages become evictable sooner); returns the pins shortened. Pins already due sooner
+    /// are untouched; expired ones are released first.
+    pub fn cap_pins(&mut self, max_ttl: u64, now: u64) -> usize {
+        self.expire_pins(now);
+        let limit = now.saturating_add(max_ttl);
+        let late: Vec<(u64, u64, NodeId)> = self.pins.range((limit + 1, 0, 0)..).copied().collect();
+        for &(expiry, seq, end) in &late {
+            self.pins.remove(&(expiry, seq, end));
+            self.pins.insert((limit, seq, end));
+            self.nodes[end as usize].pin_expiry = limit;
+        }
+        if !late.is_empty() {
+            self.refresh_next_expiry();
+        }
+        late.len()
+    }
+
     /// Removes the pin ending at `end`; returns the pages no pin covers any more.
     fn release_pin(&mut self, end: NodeId) -> usize {
         let (expiry, seq) = (

@@ -573,3 +573,46 @@ def test_the_fast_decode_path_plans_exactly_what_the_reference_does(
         trace.append(sorted(sched.stats().to_dict().items()))
         runs.append(trace)
     assert runs[0] == runs[1]
+
+
+def test_cap_pins_shortens_only_the_pins_that_outlive_the_cap() -> None:
+    now = [100.0]
+    m = kvcore.KVCacheManager(33, 4, clock=lambda: now[0])
+    for base in (0, 100):
+        m.add_sequence(base, list(range(base, base + 8)))
+        m.free_sequence(base)
+    assert m.pin(list(range(0, 8)), 1000.0) == 2
+    assert m.pin(list(range(100, 108)), 5.0) == 2
+    assert m.cap_pins(30.0) == 1  # only the 1,000 s pin outlives 30 s
+    now[0] += 10.0
+    assert m.stats().num_pages_pinned == 2  # the 5 s pin is gone, the capped one holds
+    now[0] += 25.0  # 35 s on: the 1,000 s pin, capped to 30 s, has expired too
+    assert m.stats().num_pages_pinned == 0
+    m._check_invariants()
+    with pytest.raises(InvalidArgumentError):
+        m.cap_pins(-1.0)
+
+
+def test_evict_harder_caps_the_caches_pins() -> None:
+    now = [0.0]
+    m = kvcore.KVCacheManager(33, 4, clock=lambda: now[0])
+    m.add_sequence(99, list(range(500, 516)))
+    m.free_sequence(99)
+    assert m.pin(list(range(500, 516)), 10_000.0) == 4
+    ctl = PressureController(
+        PressureConfig(
+            escalate_after=1, relax_after=1000, usage_high=0.3, usage_low=0.1, max_level=2, pin_ttl_cap_s=5.0
+        )
+    )
+    sched = Scheduler(m, controller=ctl, max_num_batched_tokens=4096)
+    for i in range(4):
+        sched.submit(Request(i, [i, *range(1, 16)], max_new_tokens=20))
+    kinds: list[str] = []
+    for t in range(8):
+        now[0] = float(t)
+        plan = sched.step(now[0])
+        kinds += [e.kind for e in plan.events]
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+    assert "pins_capped" in kinds
+    now[0] = 20.0
+    assert m.stats().num_pages_pinned == 0  # the 10,000 s pin ended within 5 s of the cap

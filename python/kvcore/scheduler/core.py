@@ -855,6 +855,10 @@ class Scheduler:
             self._event("scale_out", None, now, pages=d.scale_out_pages)
         if self._tiered:
             self._apply_store_policy(d.stricter_stores, now)
+        if d.pin_ttl_cap_s is not None:
+            capped = self.cache.cap_pins(d.pin_ttl_cap_s)
+            if capped:
+                self._event("pins_capped", None, now, pins=capped, ttl_s=d.pin_ttl_cap_s)
         if d.evict_to_free is not None:
             target = int(d.evict_to_free * self.usable_pages)
             short = target - st.num_pages_free

@@ -23,7 +23,9 @@ and each application is counted with the signal that triggered it (``counts``):
 2. ``evict_harder``: cached pages are evicted until ``free_target`` of the usable pages is free (room
    for the next admissions without evicting on their path), the lower tiers' store policy becomes
    more selective (``selective`` with one more use required, ``stricter_stores``; restored when the
-   level falls back), and ``pin_ttl_scale`` tells the engine to shorten the TTL of the pins it makes.
+   level falls back), the cache's pins are capped to expire within ``pin_ttl_cap_s``
+   (``KVCacheManager.cap_pins``), and ``pin_ttl_scale`` tells the engine to shorten the TTL of the
+   pins it makes from then on.
 3. ``truncate``: requests that opt in (``Request.window``) are admitted with their prompt cut to its
    ``sink`` first tokens and its most recent ones.
 4. ``refuse``: requests whose prompt is longer than ``long_request_tokens`` are refused at ``submit``
@@ -81,6 +83,7 @@ class PressureConfig:
     evict_harder: bool = True
     free_target: float = 0.05
     pin_ttl_scale: float = 0.25
+    pin_ttl_cap_s: float = 30.0  # under evict_harder, no pin outlives this many seconds from now
     stricter_stores: bool = True
     truncate: bool = True
     refuse: bool = True
@@ -145,6 +148,7 @@ class PressureDecision:
     scale_out_pages: int | None  # pages an autoscaler should add (None: no signal)
     pin_ttl_scale: float  # multiply the TTL of new pins by this (1.0: unchanged)
     stricter_stores: bool = False  # make the lower tiers' store policy more selective
+    pin_ttl_cap_s: float | None = None  # cap the cache's pins at this many seconds from now
 
 
 class _Track:
@@ -299,6 +303,7 @@ class PressureController:
             scale_out_pages=scale_out,
             pin_ttl_scale=c.pin_ttl_scale if lvl >= 2 and c.enabled("evict_harder") else 1.0,
             stricter_stores=lvl >= 2 and c.enabled("evict_harder") and c.stricter_stores,
+            pin_ttl_cap_s=c.pin_ttl_cap_s if lvl >= 2 and c.enabled("evict_harder") else None,
         )
 
     def _start_refusing(self, signal: str) -> None:

@@ -86,6 +86,7 @@ EVENT_KINDS = (
     "evicted",  # the controller evicted cached pages (detail: pages)
     "scale_out",  # the controller's scale-out signal (detail: pages)
     "store_policy",  # the controller changed the lower tiers' store policy (detail: policy, options)
+    "pins_capped",  # the controller shortened the cache's pins (detail: pins, ttl_s)
 )
 
 
