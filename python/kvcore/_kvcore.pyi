@@ -200,6 +200,13 @@ class KVCacheManager:
     def set_tenant_floor(self, namespace: str | None, num_pages: int, tier: str | None = None) -> None:
         """Keep at least ``num_pages`` cached pages of ``namespace`` in HBM (or slots of lower tier
         ``tier``) while other pages can be evicted (0 removes the floor)."""
+    def set_tenant_ceiling(
+        self, namespace: str | None, num_pages: int | None, tier: str | None = None
+    ) -> None:
+        """Past ``num_pages`` cached pages (or slots of lower tier ``tier``), ``namespace``'s pages are
+        evicted before any other tenant's (None removes the ceiling)."""
+    def tenant_quotas(self) -> list[tuple[str | None, str, int, int | None, int]]:
+        """``[(namespace, tier, floor, ceiling, cached pages)]`` of every tenant quota, sorted."""
     def tenant_floors(self) -> list[tuple[str | None, str, int, int]]:
         """``[(namespace, tier, floor, cached pages)]`` of every tenant floor (tier ``"hbm"`` or a
         lower tier's name), sorted."""

@@ -74,6 +74,10 @@ pub type SeqId = i64;
 /// looks one up, a decode step hundreds.
 type SeqMap = HashMap<SeqId, Sequence, crate::radix::FxBuildHasher>;
 
+/// A tenant's (floor, ceiling) in one tree: pages kept while others can go, pages past which its
+/// own go first (`None`: no ceiling).
+type TenantQuota = (usize, Option<usize>);
+
 /// The namespace name that is visible from every namespace (prefixes declared public).
 pub const PUBLIC_NAMESPACE_NAME: &str = "*";
 
@@ -158,7 +162,7 @@ struct State {
     namespace_seqs: HashMap<Namespace, usize>,
     /// Tenant floors by (namespace name, `None`: the default namespace; lower tier index,
     /// `None`: HBM), applied to that tier's tree whenever the name is interned.
-    tenant_floors: HashMap<(Option<String>, Option<usize>), usize>,
+    tenant_floors: HashMap<(Option<String>, Option<usize>), TenantQuota>,
     /// The next namespace id: ids are never reused, so a forgotten name never aliases a new one.
     next_namespace: Namespace,
     stats: CacheStats,
@@ -945,25 +949,51 @@ impl KVCacheManager {
         num_pages: usize,
         tier: Option<&str>,
     ) -> KvResult<()> {
+        self.set_tenant_quota(namespace, tier, "set_tenant_floor", |q| q.0 = num_pages)
+    }
+
+    /// Past `num_pages` cached pages (or slots of lower tier `tier`), `namespace`'s pages are
+    /// evicted before any other tenant's (`None` removes the ceiling): its share, which it may
+    /// exceed only while nothing else needs the room. Otherwise as [`set_tenant_floor`](Self::set_tenant_floor).
+    pub fn set_tenant_ceiling(
+        &self,
+        namespace: Option<&str>,
+        num_pages: Option<usize>,
+        tier: Option<&str>,
+    ) -> KvResult<()> {
+        self.set_tenant_quota(namespace, tier, "set_tenant_ceiling", |q| q.1 = num_pages)
+    }
+
+    fn set_tenant_quota(
+        &self,
+        namespace: Option<&str>,
+        tier: Option<&str>,
+        op: &str,
+        f: impl FnOnce(&mut TenantQuota),
+    ) -> KvResult<()> {
         if namespace == Some(PUBLIC_NAMESPACE_NAME) {
-            return Err(KvError::InvalidArgument(
-                "the public namespace has no floor (it is every tenant's)".into(),
-            ));
+            return Err(KvError::InvalidArgument(format!(
+                "{op}: the public namespace has no quota (it is every tenant's)"
+            )));
         }
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let t = match tier {
             None => None,
-            Some(name) => Some(Self::tier_index(st, name, "set_tenant_floor")?),
+            Some(name) => Some(Self::tier_index(st, name, op)?),
         };
-        if let Some(ns) = st.known_namespace(namespace) {
-            st.floor_tree(t).set_floor(ns, num_pages)?;
-        }
         let key = (namespace.map(str::to_owned), t);
-        if num_pages == 0 {
+        let mut quota = st.tenant_floors.get(&key).copied().unwrap_or((0, None));
+        f(&mut quota);
+        if let Some(ns) = st.known_namespace(namespace) {
+            let tree = st.floor_tree(t);
+            tree.set_floor(ns, quota.0)?;
+            tree.set_ceiling(ns, quota.1)?;
+        }
+        if quota == (0, None) {
             st.tenant_floors.remove(&key);
         } else {
-            st.tenant_floors.insert(key, num_pages);
+            st.tenant_floors.insert(key, quota);
         }
         Ok(())
     }
@@ -971,21 +1001,31 @@ impl KVCacheManager {
     /// `(namespace, tier, floor, cached pages)` of every tenant floor (`tier`: `"hbm"` or a lower
     /// tier's name; cached pages: 0 for a name not interned now), sorted.
     pub fn tenant_floors(&self) -> Vec<(Option<String>, String, usize, usize)> {
+        self.tenant_quotas()
+            .into_iter()
+            .filter(|q| q.2 > 0)
+            .map(|(name, tier, floor, _, cached)| (name, tier, floor, cached))
+            .collect()
+    }
+
+    /// `(namespace, tier, floor, ceiling, cached pages)` of every tenant quota, sorted.
+    #[allow(clippy::type_complexity)]
+    pub fn tenant_quotas(&self) -> Vec<(Option<String>, String, usize, Option<usize>, usize)> {
         let mut st = self.state.lock();
-        let floors: Vec<_> = st
+        let quotas: Vec<_> = st
             .tenant_floors
             .iter()
-            .map(|(k, &f)| (k.clone(), f))
+            .map(|(k, &q)| (k.clone(), q))
             .collect();
-        let mut out: Vec<_> = floors
+        let mut out: Vec<_> = quotas
             .into_iter()
-            .map(|((name, t), floor)| {
+            .map(|((name, t), (floor, ceiling))| {
                 let cached = st
                     .known_namespace(name.as_deref())
-                    .and_then(|ns| st.floor_tree(t).floor(ns))
-                    .map_or(0, |(_, c)| c);
+                    .and_then(|ns| st.floor_tree(t).quota(ns))
+                    .map_or(0, |q| q.cached);
                 let tier = t.map_or_else(|| "hbm".to_owned(), |i| st.tiers[i].config.name.clone());
-                (name, tier, floor, cached)
+                (name, tier, floor, ceiling, cached)
             })
             .collect();
         out.sort();

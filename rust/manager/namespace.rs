@@ -19,15 +19,17 @@ impl State {
         self.namespaces.insert(name.to_owned(), ns);
         self.namespace_names.insert(ns, name.to_owned());
         if !self.tenant_floors.is_empty() {
-            let floors: Vec<(Option<usize>, usize)> = self
+            let quotas: Vec<(Option<usize>, super::TenantQuota)> = self
                 .tenant_floors
                 .iter()
                 .filter(|((n, _), _)| n.as_deref() == Some(name))
-                .map(|(&(_, t), &f)| (t, f))
+                .map(|(&(_, t), &q)| (t, q))
                 .collect();
-            for (t, floor) in floors {
-                // A fresh id holds nothing yet: the floor starts at 0 cached pages.
-                let set = self.floor_tree(t).set_floor(ns, floor).is_ok();
+            for (t, (floor, ceiling)) in quotas {
+                // A fresh id holds nothing yet: the quota starts at 0 cached pages.
+                let tree = self.floor_tree(t);
+                let set =
+                    tree.set_floor(ns, floor).is_ok() && tree.set_ceiling(ns, ceiling).is_ok();
                 debug_assert!(set, "a named namespace is never the public one");
             }
         }
@@ -75,9 +77,10 @@ impl State {
         if let Some(name) = self.namespace_names.remove(&ns) {
             self.namespaces.remove(&name);
             // The name's floors wait for its next id (removing one never fails).
-            let mut removed = self.tree.set_floor(ns, 0).is_ok();
+            let mut removed =
+                self.tree.set_floor(ns, 0).is_ok() && self.tree.set_ceiling(ns, None).is_ok();
             for t in &mut self.tiers {
-                removed &= t.tree.set_floor(ns, 0).is_ok();
+                removed &= t.tree.set_floor(ns, 0).is_ok() && t.tree.set_ceiling(ns, None).is_ok();
             }
             debug_assert!(removed);
         }

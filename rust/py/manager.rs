@@ -429,6 +429,39 @@ impl PyKVCacheManager {
         })?)
     }
 
+    /// Past `num_pages` cached pages (or slots of lower tier `tier`), `namespace`'s pages are
+    /// evicted before any other tenant's (None removes the ceiling); see docs/api.md.
+    #[pyo3(signature = (namespace, num_pages, tier = None))]
+    fn set_tenant_ceiling(
+        &self,
+        py: Python<'_>,
+        namespace: Option<&Bound<'_, PyAny>>,
+        num_pages: Option<&Bound<'_, PyAny>>,
+        tier: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let namespace = namespace_arg(namespace)?;
+        let n = match num_pages.filter(|n| !n.is_none()) {
+            Some(n) => Some(count_arg(n, "num_pages")?),
+            None => None,
+        };
+        let tier = match tier.filter(|t| !t.is_none()) {
+            Some(t) => Some(str_arg(t, "tier")?),
+            None => None,
+        };
+        Ok(self.run(py, false, |m| {
+            m.set_tenant_ceiling(namespace.as_deref(), n, tier.as_deref())
+        })?)
+    }
+
+    /// `[(namespace, tier, floor, ceiling, cached pages)]` of every tenant quota, sorted.
+    #[allow(clippy::type_complexity)]
+    fn tenant_quotas(
+        &self,
+        py: Python<'_>,
+    ) -> Vec<(Option<String>, String, usize, Option<usize>, usize)> {
+        self.run(py, false, |m| m.tenant_quotas())
+    }
+
     /// `[(namespace, tier, floor, cached pages)]` of every tenant floor (`tier`: "hbm" or a lower
     /// tier's name), sorted.
     fn tenant_floors(&self, py: Python<'_>) -> Vec<(Option<String>, String, usize, usize)> {

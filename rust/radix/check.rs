@@ -212,11 +212,12 @@ pub(super) fn check(t: &RadixTree) -> Result<(), String> {
         t.num_cached_pages,
         evictable + locked + pinned
     );
-    for (&ns, &(_, cached)) in &t.floors {
+    for (&ns, q) in &t.floors {
         let counted = t.namespace_cached_pages(ns);
         ensure!(
-            cached == counted,
-            "floor of namespace {ns}: {cached} cached pages kept, {counted} counted"
+            q.cached == counted,
+            "quota of namespace {ns}: {} cached pages kept, {counted} counted",
+            q.cached
         );
     }
     ensure!(

@@ -289,10 +289,22 @@ pub struct RadixTree {
     next_pin_seq: u64,
     /// `pins.first().0`, or `u64::MAX` when there is none: a cheap "anything to expire?".
     next_pin_expiry: u64,
-    /// Tenant floors: `namespace -> (floor, cached pages of the namespace)`. Eviction takes the
-    /// pages of a namespace at or below its floor only when no other page is evictable. Empty
-    /// (the common case): eviction is the index order, and no count is kept.
-    floors: HashMap<Namespace, (usize, usize)>,
+    /// Tenant quotas: `namespace -> (floor, ceiling, cached pages of the namespace)`. Eviction
+    /// takes first the pages of a namespace above its ceiling, then those of namespaces above
+    /// their floor (or without a quota), and those at or below a floor only when nothing else is
+    /// evictable. Empty (the common case): eviction is the index order, and no count is kept.
+    floors: HashMap<Namespace, Quota>,
+}
+
+/// A namespace's share of a tree (see [`RadixTree::set_floor`], [`RadixTree::set_ceiling`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Quota {
+    /// Cached pages kept while anything else can go (0: none).
+    pub floor: usize,
+    /// Cached pages beyond which the namespace's pages go first (`usize::MAX`: none).
+    pub ceiling: usize,
+    /// Cached pages of the namespace now.
+    pub cached: usize,
 }
 
 impl fmt::Debug for RadixTree {
@@ -730,55 +742,96 @@ impl RadixTree {
         num_pages - remaining
     }
 
-    /// The next victim with floors: the first leaf in eviction order whose namespace is above its
-    /// floor (with the pages it may give before reaching it), else the index's front (nothing
-    /// else is evictable: a floor yields only then).
+    /// The next victim with quotas, with the pages it may give: the first leaf in eviction order
+    /// whose namespace is above its ceiling (down to it), else the first whose namespace is above
+    /// its floor or has no quota (down to the floor), else the index's front (nothing else is
+    /// evictable: a floor yields only then).
     fn floor_victim(&self) -> Option<(NodeId, usize)> {
         let front = self.index.peek()?;
+        // Some namespace is over its ceiling now: look for its leaves past the first candidate.
+        let over = self.floors.values().any(|q| q.cached > q.ceiling);
+        let mut second = None;
         for id in self.index.iter() {
             let n = &self.nodes[id as usize];
             if n.num_children != 0 {
                 continue;
             }
             match self.floors.get(&n.ns) {
-                None => return Some((id, usize::MAX)),
-                Some(&(floor, cached)) if cached > floor => return Some((id, cached - floor)),
+                None => {
+                    if second.is_none() {
+                        second = Some((id, usize::MAX));
+                    }
+                }
+                Some(q) if q.cached > q.ceiling => return Some((id, q.cached - q.ceiling)),
+                Some(q) if q.cached > q.floor && second.is_none() => {
+                    second = Some((id, q.cached - q.floor));
+                }
                 Some(_) => {}
             }
+            if second.is_some() && !over {
+                break;
+            }
         }
-        Some((front, usize::MAX))
+        second.or(Some((front, usize::MAX)))
     }
 
-    /// Keep the cached-page count of a floored namespace (a no-op without floors).
+    /// Keep the cached-page count of a namespace with a quota (a no-op without quotas).
     #[inline]
     fn floor_count(&mut self, ns: Namespace, delta: isize) {
         if !self.floors.is_empty() {
-            if let Some(f) = self.floors.get_mut(&ns) {
-                f.1 = f.1.wrapping_add_signed(delta);
+            if let Some(q) = self.floors.get_mut(&ns) {
+                q.cached = q.cached.wrapping_add_signed(delta);
             }
         }
+    }
+
+    fn set_quota(&mut self, ns: Namespace, f: impl FnOnce(&mut Quota)) -> KvResult<()> {
+        if ns == PUBLIC_NAMESPACE {
+            return Err(KvError::InvalidArgument(
+                "the public namespace has no quota (it is every tenant's)".into(),
+            ));
+        }
+        let cached = match self.floors.get(&ns) {
+            Some(q) => q.cached,
+            None => self.namespace_cached_pages(ns),
+        };
+        let mut q = self.floors.get(&ns).copied().unwrap_or(Quota {
+            floor: 0,
+            ceiling: usize::MAX,
+            cached,
+        });
+        f(&mut q);
+        if q.floor == 0 && q.ceiling == usize::MAX {
+            self.floors.remove(&ns);
+        } else {
+            self.floors.insert(ns, q);
+        }
+        Ok(())
     }
 
     /// Set namespace `ns`'s floor to `pages` cached pages (0 removes it): its pages are evicted
     /// only when no page of another namespace (or of its own above the floor) is evictable. The
-    /// public namespace has no floor (InvalidArgument).
+    /// public namespace has no quota (InvalidArgument).
     pub fn set_floor(&mut self, ns: Namespace, pages: usize) -> KvResult<()> {
-        if ns == PUBLIC_NAMESPACE {
-            return Err(KvError::InvalidArgument(
-                "the public namespace has no floor (it is every tenant's)".into(),
-            ));
-        }
-        if pages == 0 {
-            self.floors.remove(&ns);
-            return Ok(());
-        }
-        let cached = self.namespace_cached_pages(ns);
-        self.floors.insert(ns, (pages, cached));
-        Ok(())
+        self.set_quota(ns, |q| q.floor = pages)
+    }
+
+    /// Set namespace `ns`'s ceiling to `pages` cached pages (None removes it): past it, its pages
+    /// are evicted before any other namespace's. The public namespace has no quota.
+    pub fn set_ceiling(&mut self, ns: Namespace, pages: Option<usize>) -> KvResult<()> {
+        self.set_quota(ns, |q| q.ceiling = pages.unwrap_or(usize::MAX))
     }
 
     /// `(floor, cached pages)` of `ns` if it has a floor.
     pub fn floor(&self, ns: Namespace) -> Option<(usize, usize)> {
+        self.floors
+            .get(&ns)
+            .filter(|q| q.floor > 0)
+            .map(|q| (q.floor, q.cached))
+    }
+
+    /// The quota of `ns`, if it has one.
+    pub fn quota(&self, ns: Namespace) -> Option<Quota> {
         self.floors.get(&ns).copied()
     }
 

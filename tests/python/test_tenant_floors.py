@@ -169,3 +169,34 @@ def test_a_floor_on_a_lower_tier_keeps_the_tenants_slots() -> None:
         m._check_invariants()
     assert cached_of(m, "vip", "host") == 8
     assert m.tier_stats()["host"]["num_evicted_slots"] > 0
+
+
+def test_a_tenant_above_its_ceiling_is_evicted_first() -> None:
+    """A ceiling is a share: the tenant may exceed it while there is room, and past it its pages go
+    before anyone's, however recent (the others' least recent pages stay)."""
+    m = KVCacheManager(21, PS)  # 20 pages
+    m.set_tenant_ceiling("greedy", 4)
+    cache_prompts(m, "calm", 0, 2, 4)  # 8 pages, the least recent
+    cache_prompts(m, "greedy", 100, 3, 4)  # 12 pages: 8 over its ceiling
+    assert m.tenant_quotas() == [("greedy", "hbm", 0, 4, 12)]
+    assert m.evict(8) == 8
+    assert m.tenant_quotas() == [("greedy", "hbm", 0, 4, 4)]
+    assert m.peek_prefix_len(np.arange(0, 16), namespace="calm") == 16  # untouched
+    assert m.evict(2) == 2  # at its ceiling now: plain LRU order again (calm's oldest)
+    assert m.peek_prefix_len(np.arange(0, 16), namespace="calm") < 16
+    m.set_tenant_ceiling("greedy", None)
+    assert m.tenant_quotas() == []
+    with pytest.raises(InvalidArgumentError):
+        m.set_tenant_ceiling("*", 3)
+    m._check_invariants()
+
+
+def test_floor_and_ceiling_together_and_through_the_scheduler() -> None:
+    from kvcore.scheduler import Scheduler
+
+    m = KVCacheManager(41, PS, lower_tiers=[("host", 8)])
+    Scheduler(m, tenant_max_pages={"a": 10}, tenant_min_pages={"a": 2, "b": 6})
+    quotas = {(ns, tier): (floor, ceiling) for ns, tier, floor, ceiling, _ in m.tenant_quotas()}
+    assert quotas == {("a", "hbm"): (2, 10), ("b", "hbm"): (6, None)}
+    m.set_tenant_ceiling("a", 3, tier="host")
+    assert ("a", "host", 0, 3, 0) in m.tenant_quotas()

@@ -285,6 +285,8 @@ class Scheduler:
         self.tenant_min = dict(tenant_min_pages or {})
         for ns, floor in self.tenant_min.items():  # and its cached pages go last in the cache
             cache.set_tenant_floor(ns, floor)
+        for ns, ceiling in self.tenant_max.items():  # and past it, first
+            cache.set_tenant_ceiling(ns, ceiling)
         self._reqs: dict[int, _Req] = {}  # every live request (waiting, loading or running)
         self._running: dict[int, _Req] = {}  # in admission order
         self._loading: dict[int, _Req] = {}
