@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 import pytest
-from redis_servers import require_redis_py
+from redis_servers import RedisServer, require_redis_py
 
 import kvcore.cli
 from kvcore.exceptions import ConfigError
@@ -466,3 +466,34 @@ def test_cli_bad_options_are_one_line_exit_2(
     lines = err.splitlines()
     assert len(lines) == 1 and lines[0].startswith("kvcore "), err
     assert needle in lines[0], lines[0]
+
+
+def test_a_server_killed_mid_replay_ends_it_with_one_line(
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    private_redis: RedisServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The shared store dies during the run (the server is killed at the replay's first store): the
+    replay stops with one line naming the store and the call, exit 2, no traceback and no report; its
+    figures would otherwise be wrong without saying so."""
+    require_redis_py()
+    from kvcore.replay import shared
+
+    add = shared.RedisStore.add
+    calls = [0]
+
+    def add_then_die(self: Any, keys: Any, origin: int) -> None:
+        calls[0] += 1
+        if calls[0] == 1:
+            private_redis.kill()
+        add(self, keys, origin)
+
+    monkeypatch.setattr(shared.RedisStore, "add", add_then_die)
+    url = private_redis.url
+    flags = ["--instances", "2", "--remote", url, "--mode", "sequential", "--store-policy", "all", "--json"]
+    code, out, err = cli(tmp_path, capsys, *flags)
+    assert calls[0] == 1 and code == 2 and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "remote store" in lines[0] and "Traceback" not in err
+    assert not (tmp_path / "out" / "report.json").exists()
