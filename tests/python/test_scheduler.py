@@ -616,3 +616,18 @@ def test_evict_harder_caps_the_caches_pins() -> None:
     assert "pins_capped" in kinds
     now[0] = 20.0
     assert m.stats().num_pages_pinned == 0  # the 10,000 s pin ended within 5 s of the cap
+
+
+def test_a_plan_recorded_twice_changes_nothing_the_second_time() -> None:
+    m = kvcore.KVCacheManager(64, 4)
+    sched = Scheduler(m)
+    sched.submit(Request(1, [1, 2, 3], max_new_tokens=5))
+    sched.submit(Request(2, [4, 5, 6], max_new_tokens=5))
+    for step in range(4):  # a prefill, then decode steps: the steady path from the third step
+        plan = sched.step()
+        sched.update(plan, np.full(int(plan.sample.sum()), 8))
+        before = [(sched.request_tokens(r), sched.num_generated(r), m.seq_len(r)) for r in (1, 2)]
+        assert sched.update(plan, np.full(int(plan.sample.sum()), 9)) == []
+        after = [(sched.request_tokens(r), sched.num_generated(r), m.seq_len(r)) for r in (1, 2)]
+        assert after == before, f"step {step}"
+    m._check_invariants()

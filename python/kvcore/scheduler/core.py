@@ -592,6 +592,7 @@ class Scheduler:
                     m.commit(r.rid, end)
                     r.committed_pages = end // ps
         gen = nd - void
+        void_prefill = 0
         it = iter(toks[nd:])
         rows = zip(
             plan.request_ids[nd:].tolist(),
@@ -604,6 +605,7 @@ class Scheduler:
             tok = next(it) if samples else -1
             r = reqs.get(rid)
             if r is None or r.state != _RUNNING or r.computed != start:
+                void_prefill += 1
                 continue  # finished or preempted since the plan: its row is void
             end = start + n
             r.computed = end
@@ -626,9 +628,14 @@ class Scheduler:
         self._stats.generated_tokens += gen
         for rid, reason in ended:
             self._end(reqs[rid], reason, now)
-        self._dec_cache = self._next_decode_cache(
-            plan, nd, arr, used, steady and not void, ended_rows, joined
-        )
+        if plan is self._last_plan or void + void_prefill < plan.batch_size:
+            self._dec_cache = self._next_decode_cache(
+                plan, nd, arr, used, steady and not void, ended_rows, joined
+            )
+        # else: a plan recorded already (every row void): nothing changed, the cache stands.
+        # Recorded: an update of this plan again takes the checked path, where its rows are void.
+        self._last_plan = None
+        self._dec_used = None
         return ended
 
     def _next_decode_cache(
