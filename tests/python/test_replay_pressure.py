@@ -42,6 +42,7 @@ def test_a_tiny_trace_by_hand(tmp_path: Path) -> None:
     # 10 s of arrivals, then request 1: 0.05 s of prefill and 2 decode steps.
     assert r.simulated_s == pytest.approx(10.0 + 0.05 + 0.2)
     assert r.num_preemptions == 0 and r.preemption_tax == 0.0
+    assert r.queue_wait_p50_s == r.queue_wait_p99_s == 0.0  # each admitted on arrival
 
 
 @needs_trace
@@ -67,6 +68,7 @@ def test_graduated_control_beats_none_under_overload() -> None:
     assert none.refused_by_reason.get("timeout", 0) > 0
     assert grad.goodput_rps >= 1.5 * none.goodput_rps  # 2.0x measured on these 600 requests
     assert grad.ttft_p99_s < none.ttft_p99_s
+    assert grad.queue_wait_p99_s < none.queue_wait_p99_s <= none.ttft_p99_s
     assert grad.refused_by_reason.get("overloaded", 0) > 0 and grad.max_level >= 4
     assert "refuse" in grad.controller_counts
 

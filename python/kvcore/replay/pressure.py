@@ -149,6 +149,7 @@ def replay_pressure(
     decode_s = 1.0 / cfg.decode_rate
 
     ok = np.zeros(n, dtype=bool)  # served (ended by length or stop)
+    admitted_at = np.full(n, math.nan)  # [n] first admission time, s (NaN: never admitted)
 
     def note_end(rid: int, reason: str) -> None:
         nonlocal served, ended
@@ -177,6 +178,9 @@ def replay_pressure(
             continue
         plan = sched.step(t)
         steps += 1
+        for ev in plan.events:
+            if ev.kind == "admitted" and not ev.detail["resumed"] and ev.request_id is not None:
+                admitted_at[ev.request_id] = ev.time_s
         for rej in plan.rejected:
             note_end(rej.request_id if rej.request_id is not None else -1, rej.reason)
         for rid, reason in plan.finished:
@@ -210,6 +214,7 @@ def replay_pressure(
     ttft = np.array(first_token) - arrival  # [n] s; NaN: no first token
     got = ~np.isnan(ttft)
     waits_first = ttft[got]
+    queue_waits = (admitted_at - arrival)[~np.isnan(admitted_at)]  # arrival to first admission
     good = int(np.sum(ok & got & (np.nan_to_num(ttft, nan=np.inf) <= cfg.ttft_target_s)))
     span = max(float(arrival.max()) if n else 0.0, 1e-9)
     return PressureResult(
@@ -223,8 +228,8 @@ def replay_pressure(
         num_preemptions=s.num_preemptions,
         preemptions_by_kind=dict(s.preemptions_by_kind),
         preemption_tax=s.preemption_tax,
-        queue_wait_p50_s=float(np.percentile(waits_first, 50)) if len(waits_first) else 0.0,
-        queue_wait_p99_s=float(np.percentile(waits_first, 99)) if len(waits_first) else 0.0,
+        queue_wait_p50_s=float(np.percentile(queue_waits, 50)) if len(queue_waits) else 0.0,
+        queue_wait_p99_s=float(np.percentile(queue_waits, 99)) if len(queue_waits) else 0.0,
         ttft_p99_s=float(np.percentile(waits_first, 99)) if len(waits_first) else 0.0,
         goodput_rps=good / span,
         simulated_s=t,
@@ -240,14 +245,15 @@ def format_pressure(results: list[PressureResult]) -> str:
     """The comparison table: one row per (load, pressure)."""
     head = (
         f"{'load':>5} {'pressure':>10} {'served':>7} {'good':>7} {'refused':>8} {'goodput/s':>10} "
-        f"{'ttft p99 s':>11} {'preempt':>8} {'tax':>6} {'level':>5}  refusals"
+        f"{'wait p99 s':>10} {'ttft p99 s':>11} {'preempt':>8} {'tax':>6} {'level':>5}  refusals"
     )
     lines = [head]
     for r in results:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(r.refused_by_reason.items())) or "-"
         lines.append(
             f"{r.load:>5.1f} {r.pressure:>10} {r.num_served:>7,} {r.num_good:>7,} {r.num_refused:>8,} "
-            f"{r.goodput_rps:>10.3f} {r.ttft_p99_s:>11.1f} {r.num_preemptions:>8,} {r.preemption_tax:>6.3f} "
+            f"{r.goodput_rps:>10.3f} {r.queue_wait_p99_s:>10.1f} {r.ttft_p99_s:>11.1f} "
+            f"{r.num_preemptions:>8,} {r.preemption_tax:>6.3f} "
             f"{r.max_level:>5}  {reasons}"
         )
     return "\n".join(lines)

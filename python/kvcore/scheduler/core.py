@@ -164,7 +164,6 @@ class _Req:
         "state",
         "stop",
         "tokens",
-        "truncated",
     )
 
     def __init__(self, request: Request, arrival: float) -> None:
@@ -185,7 +184,6 @@ class _Req:
         self.order = 0  # admission order (the youngest has the largest)
         self.started = False  # admitted at least once
         self.state = _WAITING
-        self.truncated = False
 
 
 def _stop_groups(
@@ -542,7 +540,6 @@ class Scheduler:
         if used is not None:
             # Steady state: the rows are the cached decoding requests, all live. Only their tokens
             # grow here; their counts lag (self._lazy) and the countdown is one array.
-            drows: Sequence[_Req | None] = self._decode_rows
             appends, stop_groups = used[5], used[6]
             d_toks = toks[:nd]
             for app, tok in zip(appends, d_toks, strict=True):
@@ -566,6 +563,7 @@ class Scheduler:
             self._lazy = True
         else:
             self._sync_decoding()
+            drows: Sequence[_Req | None]
             if plan is self._last_plan:
                 drows = self._decode_rows
             else:
@@ -1133,7 +1131,6 @@ class Scheduler:
         before = len(r.tokens)
         r.tokens = r.tokens[:sink] + r.tokens[before - (w - sink) :]
         r.base = len(r.tokens)
-        r.truncated = True
         self._stats.num_truncated += 1
         self._event("truncated", r.rid, now, from_len=before, to_len=len(r.tokens))
 
