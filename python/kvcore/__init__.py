@@ -26,7 +26,7 @@ from kvcore.exceptions import (
     TraceFormatError,
     UnknownSequenceError,
 )
-from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixMatch, TransferBatch
+from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixHit, PrefixMatch, TransferBatch
 
 __all__ = [
     "PUBLIC_NAMESPACE",
@@ -43,6 +43,7 @@ __all__ = [
     "OutOfMemoryError",
     "PageAllocator",
     "PageTable",
+    "PrefixHit",
     "PrefixMatch",
     "TraceFormatError",
     "TransferBatch",

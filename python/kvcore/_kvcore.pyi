@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcore.events import KVEvent
-from kvcore.manager import PageTable, PrefixMatch, TransferBatch
+from kvcore.manager import PageTable, PrefixHit, PrefixMatch, TransferBatch
 
 __all__ = [
     "CacheStats",
@@ -130,7 +130,20 @@ class KVCacheManager:
         lower_tiers: Sequence[tuple[str, int] | tuple[str, int, float] | _TierLike] | None = None,
         store_policy: str = "selective",
         store_options: dict[str, float] | None = None,
-    ) -> KVCacheManager: ...
+        groups: Sequence[int | None] | None = None,
+    ) -> KVCacheManager:
+        """``groups``: one entry per KV-cache group of layers, each with its own page table per
+        sequence: ``None`` for full attention, an int ``W`` for a sliding window of ``W`` tokens (pages
+        that leave the window are released). All groups share the pool; default: one full group."""
+    @classmethod
+    def for_model(
+        cls, model: object, num_pages: int, page_size: int | None = None, **kwargs: object
+    ) -> KVCacheManager:
+        """A manager with ``model``'s KV-cache groups (a preset name, a config.json path or a
+        ``kvcore.sizing`` spec; see ``kvcore.sizing.kv_cache_groups``)."""
+    @property
+    def groups(self) -> list[int | None]:
+        """Window of each KV-cache group (``None``: full attention), in the order given."""
     def add_sequence(
         self,
         seq_id: int,
@@ -140,11 +153,35 @@ class KVCacheManager:
         *,
         cache_prompt: bool = True,
         reserve: int | None = None,
+        sink_tokens: int | None = None,
+        recent_tokens: int | None = None,
     ) -> int | None:
         """Cached prompt tokens (page aligned, at most len - 1), or None if it cannot fit.
 
         ``reserve``: slots for only that many prompt tokens after the hit (the rest with ``reserve``).
+        ``recent_tokens`` (+ ``sink_tokens``, default 0): StreamingLLM; the full-attention groups keep
+        the pages of the first ``sink_tokens`` and the last ``recent_tokens`` tokens and release the
+        pages between as the sequence grows; its own pages are never cached (only its hit is shared).
         """
+    def prefix_hit(self, seq_id: int) -> PrefixHit:
+        """What the sequence's admission took from the cache, per group, and why not more."""
+    def positions(self, seq_ids: _Ids, *, group: int | None = None) -> npt.NDArray[np.int32]:
+        """Original positions of the kept tokens (batch order): the position map of
+        ``page_table(seq_ids, group=group, compact=True)``."""
+    def compact(
+        self,
+        seq_id: int,
+        scores: Sequence[float] | npt.NDArray[np.float32],
+        max_pages: int,
+        *,
+        sink_tokens: int | None = None,
+        recent_tokens: int | None = None,
+    ) -> int:
+        """Page-level heavy hitters: release the lowest-``scores`` full-attention pages (never the
+        sink or recent ones, never the last) until at most ``max_pages`` are kept; the pages released.
+        ``scores``: one per page of ``seq_pages`` or one per kept page (the compact table's order),
+        e.g. accumulated ``page_scores`` of the attention kernels. Call it after the step that
+        produced them; the sequence's later pages are private (never cached)."""
     @property
     def tier_names(self) -> list[str]:
         """Names of the lower tiers, fastest first (a transfer row's ``tier`` indexes this)."""
@@ -234,14 +271,24 @@ class KVCacheManager:
         out: PageTable
         | tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], npt.NDArray[np.int32]]
         | None = None,
+        *,
+        group: int | None = None,
+        compact: bool | None = None,
     ) -> PageTable:
         """The CSR page table, of each sequence's first ``num_tokens[i]`` tokens if given (a prefill
-        chunk); with ``out`` (reused int32 buffers), views of them are returned."""
-    def block_table(self, seq_ids: _Ids, out: npt.NDArray[np.int32] | None = None) -> npt.NDArray[np.int32]:
+        chunk); with ``out`` (reused int32 buffers), views of them are returned. ``group``: the
+        KV-cache group (released pages are the null page); ``compact``: leave them out (see
+        ``positions``)."""
+    def block_table(
+        self, seq_ids: _Ids, out: npt.NDArray[np.int32] | None = None, *, group: int | None = None
+    ) -> npt.NDArray[np.int32]:
         """Dense ``[batch, max_pages]`` int32 block table padded with the null page (vLLM's format);
         with ``out`` (a reused ``[rows, cols]`` buffer), the view ``out[:batch, :max_pages]``."""
-    def slot_mapping(self, seq_id: int, num_tokens: int, start: int | None = None) -> npt.NDArray[np.int64]:
-        """int64 slots of ``num_tokens`` tokens from ``start`` (default: the last ``num_tokens``)."""
+    def slot_mapping(
+        self, seq_id: int, num_tokens: int, start: int | None = None, *, group: int | None = None
+    ) -> npt.NDArray[np.int64]:
+        """int64 slots of ``num_tokens`` tokens from ``start`` (default: the last ``num_tokens``);
+        a token whose page in ``group`` was released has none (InvalidArgumentError)."""
     def evict(self, num_pages: int) -> int: ...
     def pin(self, tokens: _Tokens, ttl_s: float, namespace: str | None = None) -> int: ...
     def cap_pins(self, max_ttl_s: float) -> int:
@@ -269,7 +316,7 @@ class KVCacheManager:
     def stats(self) -> CacheStats: ...
     def metrics_text(self) -> str: ...
     def seq_len(self, seq_id: int) -> int: ...
-    def seq_pages(self, seq_id: int) -> npt.NDArray[np.int32]: ...
+    def seq_pages(self, seq_id: int, *, group: int | None = None) -> npt.NDArray[np.int32]: ...
     def cached_pages(self) -> npt.NDArray[np.int32]: ...
     def seq_ids(self) -> list[int]: ...
     def num_namespaces(self) -> int:

@@ -14,7 +14,7 @@ import numpy.typing as npt
 
 from kvcore._kvcore import CacheStats
 
-__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable", "PrefixMatch", "TransferBatch"]
+__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable", "PrefixHit", "PrefixMatch", "TransferBatch"]
 
 #: The namespace visible from every namespace: prefixes added or pinned under it are shared by all
 #: tenants (system prompts, tool definitions).
@@ -42,6 +42,31 @@ class PrefixMatch(NamedTuple):
 
     num_tokens: int
     pages: npt.NDArray[np.int32]
+
+
+class PrefixHit(NamedTuple):
+    """What a sequence's admission took from the cache, per KV-cache group
+    (:meth:`KVCacheManager.prefix_hit`).
+
+    ``num_tokens`` is the hit every group allowed (the tokens the engine skips); ``group_tokens[g]`` the
+    longest hit group ``g`` alone would have allowed (a sliding-window group needs only the last
+    ``ceil(window / page_size)`` pages before the hit point, a full-attention group every page before
+    it). ``reason`` says why the hit is not longer: ``"full"`` (every cacheable prompt page hit),
+    ``"primary_miss"`` (the cache holds no longer prefix), ``"window_pages_missing"`` (a longer
+    prefix is cached, but a window group lacks the pages just before every longer hit point) or
+    ``"group_pages_missing"`` (another full-attention group lacks pages of the longer prefix).
+    """
+
+    num_tokens: int
+    group_tokens: list[int]
+    reason: str
+
+
+def _group_windows(model: object) -> list[int | None]:
+    """The ``groups=`` of :meth:`KVCacheManager.for_model` (``kvcore.sizing.kv_cache_groups``)."""
+    from kvcore.sizing import kv_cache_groups
+
+    return [g.window for g in kv_cache_groups(model)]  # type: ignore[arg-type]
 
 
 class TransferBatch(NamedTuple):

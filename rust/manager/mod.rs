@@ -49,6 +49,7 @@ use crate::PageId;
 
 mod copies;
 mod events;
+mod groups;
 mod namespace;
 mod page_table;
 mod prefix;
@@ -56,6 +57,7 @@ mod stats;
 mod tiers;
 
 pub use events::{KvEvent, MEDIUM_HBM};
+pub use groups::{HitReason, PrefixHit, MAX_GROUPS};
 use namespace::UNSEEN_NAMESPACE;
 pub use page_table::PageTable;
 pub use prefix::PrefixMatch;
@@ -101,6 +103,10 @@ pub struct ManagerConfig {
     pub lower_tiers: Vec<TierConfig>,
     /// Which pages are stored to the lower tiers.
     pub store_policy: StorePolicy,
+    /// KV-cache groups of layers, each with its own page table per sequence: `None` for full
+    /// attention, `Some(w)` for a sliding window of `w` tokens (see [`groups`]). Empty: one
+    /// full-attention group.
+    pub groups: Vec<Option<usize>>,
 }
 
 /// One live sequence.
@@ -134,6 +140,10 @@ struct Sequence {
     hit: Vec<usize>,
     /// Page keys of the leading full pages, computed when a lower tier needs them.
     keys: Vec<PageKey>,
+    /// Tables of the other KV-cache groups (internal order from 1), each like `pages`.
+    extra: Vec<Vec<PageId>>,
+    /// Windows, streaming and compaction state (`None`: an unbounded sequence).
+    bounds: Option<Box<groups::Bounds>>,
 }
 
 impl Sequence {
@@ -188,6 +198,8 @@ struct State {
     store_policy: StorePolicy,
     /// Transfers queued and in flight.
     transfers: tiers::Transfers,
+    /// The KV-cache groups and the cache of the non-primary groups' pages.
+    groups: groups::Groups,
 }
 
 /// The KV-cache manager. Every method takes `&self`; see the module docs for concurrency.
@@ -248,6 +260,14 @@ impl KVCacheManager {
             return Err(KvError::InvalidArgument("at most 255 lower tiers".into()));
         }
         check_store_policy(&config.store_policy)?;
+        let groups = groups::Groups::new(&config.groups)?;
+        if groups.active() && !config.lower_tiers.is_empty() {
+            return Err(KvError::InvalidArgument(
+                "lower tiers with sliding-window or several KV-cache groups are not supported \
+                 yet: use one full-attention group, or no lower tiers"
+                    .into(),
+            ));
+        }
         let tiers = config
             .lower_tiers
             .iter()
@@ -283,6 +303,7 @@ impl KVCacheManager {
                 tiers,
                 store_policy: config.store_policy,
                 transfers: tiers::Transfers::default(),
+                groups,
             }),
         })
     }
@@ -345,6 +366,35 @@ impl KVCacheManager {
         reserve: Option<usize>,
         now: u64,
     ) -> KvResult<Option<usize>> {
+        self.add_sequence_with(
+            seq_id,
+            prompt_tokens,
+            namespace,
+            priority,
+            cache_prompt,
+            reserve,
+            None,
+            now,
+        )
+    }
+
+    /// [`add_sequence_reserving`](Self::add_sequence_reserving), optionally as a StreamingLLM
+    /// sequence: `streaming = Some((sink_tokens, recent_tokens))` keeps, in every full-attention
+    /// group, the pages of its first `sink_tokens` tokens and of its last `recent_tokens` tokens,
+    /// and releases the pages between them as it grows (see [`groups`]). `InvalidArgument`
+    /// (nothing changed) for `recent_tokens == 0` or a manager with lower tiers.
+    #[allow(clippy::too_many_arguments)]
+    pub fn add_sequence_with<P: AsRef<[u32]> + Into<Vec<u32>>>(
+        &self,
+        seq_id: SeqId,
+        prompt_tokens: P,
+        namespace: Option<&str>,
+        priority: i32,
+        cache_prompt: bool,
+        reserve: Option<usize>,
+        streaming: Option<(usize, usize)>,
+        now: u64,
+    ) -> KvResult<Option<usize>> {
         let prompt = prompt_tokens.as_ref();
         let mut guard = self.state.lock();
         let st = &mut *guard;
@@ -357,6 +407,27 @@ impl KVCacheManager {
             return Err(KvError::InvalidArgument(format!(
                 "sequence {seq_id}: the prompt is empty"
             )));
+        }
+        if let Some((_, recent)) = streaming {
+            if recent == 0 || !st.tiers.is_empty() {
+                return Err(KvError::InvalidArgument(format!(
+                    "sequence {seq_id}: streaming needs recent_tokens >= 1 (got {recent}) and a \
+                     manager without lower tiers"
+                )));
+            }
+        }
+        if st.groups.active() || streaming.is_some() {
+            return self.add_sequence_bounded(
+                st,
+                seq_id,
+                prompt_tokens.into(),
+                namespace,
+                priority,
+                cache_prompt,
+                reserve,
+                streaming,
+                now,
+            );
         }
         // A name not interned yet sees only the public prefixes; it is interned once admitted, so
         // a refused admission leaves nothing behind.
@@ -460,6 +531,8 @@ impl KVCacheManager {
                 loading,
                 hit: hit_tokens,
                 keys: Vec::new(),
+                extra: Vec::new(),
+                bounds: None,
             },
         );
         if hit.num_pages > 0 {
@@ -563,43 +636,54 @@ impl KVCacheManager {
         };
         let keep_pages = slots.div_ceil(ps);
         let grow = keep_pages.saturating_sub(seq.pages.len());
+        let num_tables = 1 + seq.extra.len();
         // Existing pages this step writes, from the one holding slot `old_len`; shared ones (a
         // queued copy's hold on its source does not count: the copy reads the page before this
-        // step's kernels write it) get a private copy.
+        // step's kernels write it) get a private copy. In every group's table: `(group, index)`.
         let written = old_len / ps..seq.pages.len().min((new_len + num_lookahead).div_ceil(ps));
         let mut cow = Vec::new();
-        for i in written {
-            let page = seq.pages[i];
-            let owners = self.alloc.ref_count(page).map_err(internal)? - st.copy_holds(page);
-            if owners > 1 {
-                cow.push(i);
+        for g in 0..num_tables {
+            for i in written.clone() {
+                let page = seq.table(g)[i];
+                if page == crate::NULL_PAGE {
+                    continue;
+                }
+                let owners = self.alloc.ref_count(page).map_err(internal)? - st.copy_holds(page);
+                if owners > 1 {
+                    cow.push((g, i));
+                }
             }
         }
-        let mut fresh = Vec::with_capacity(grow + cow.len());
-        if !self.allocate(st, grow + cow.len(), now, &mut fresh) {
+        let fresh_count = grow * num_tables;
+        let mut fresh = Vec::with_capacity(fresh_count + cow.len());
+        if !self.allocate(st, fresh_count + cow.len(), now, &mut fresh) {
             st.stats.num_refused += 1;
             return Ok(false);
         }
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let copies: Vec<(PageId, PageId)> = cow
             .iter()
-            .zip(&fresh[grow..])
-            .map(|(&i, &copy)| (std::mem::replace(&mut seq.pages[i], copy), copy))
+            .zip(&fresh[fresh_count..])
+            .map(|(&(g, i), &copy)| (std::mem::replace(&mut seq.table_mut(g)[i], copy), copy))
             .collect();
-        seq.pages.extend_from_slice(&fresh[..grow]);
+        let mut stale = Vec::new();
+        for (g, more) in fresh[..fresh_count].chunks(grow.max(1)).enumerate() {
+            seq.table_mut(g).extend_from_slice(more);
+        }
+        for g in 0..num_tables {
+            // Pages past the slots kept held only draft slots of an earlier call: never cached.
+            let table = seq.table_mut(g);
+            if table.len() > keep_pages {
+                stale.extend(table.split_off(keep_pages));
+            }
+        }
         seq.tokens.extend_from_slice(tokens);
         seq.slots = slots;
-        // Pages past the slots kept held only draft slots of an earlier call: never cached.
-        let stale = if seq.pages.len() > keep_pages {
-            seq.pages.split_off(keep_pages)
-        } else {
-            Vec::new()
-        };
         // A truncate left the sequence locking the cached page it writes into now: the sequence
         // gets its own copy and locks only its cached pages again, while the old lock passes to
         // the queued copy (the cached page it reads must not be evicted before the copy is taken).
         let relock =
-            seq.lock_pages > seq.num_inserted_pages && cow.contains(&seq.num_inserted_pages);
+            seq.lock_pages > seq.num_inserted_pages && cow.contains(&(0, seq.num_inserted_pages));
         let mut released_lock = None;
         if relock {
             let node = st
@@ -611,8 +695,9 @@ impl KVCacheManager {
             seq.lock_pages = seq.num_inserted_pages;
         }
         let auto_cache = seq.auto_cache;
+        let bounded = seq.bounded();
         let cached_at = if relock {
-            cow.iter().position(|&i| i == seq.num_inserted_pages)
+            cow.iter().position(|&gi| gi == (0, seq.num_inserted_pages))
         } else {
             None
         };
@@ -631,14 +716,22 @@ impl KVCacheManager {
         if let Some(node) = released_lock {
             st.tree.unlock(node).map_err(internal)?;
         }
-        for &(old, _) in &copies {
-            self.release(st, &[old])?;
+        if !copies.is_empty() {
+            let olds: Vec<PageId> = copies.iter().map(|&(old, _)| old).collect();
+            self.release_table(st, &olds)?;
         }
         if !stale.is_empty() {
-            self.release(st, &stale)?;
+            self.release_table(st, &stale)?;
+        }
+        if bounded {
+            // Appending says every old token is computed.
+            self.prepare_bounds(st, seq_id, old_len)?;
         }
         if auto_cache {
             self.cache_full_pages(st, seq_id, new_len / ps, now)?;
+        }
+        if bounded {
+            self.drop_bounded(st, seq_id)?;
         }
         Ok(true)
     }
@@ -660,10 +753,22 @@ impl KVCacheManager {
             )));
         }
         let ps = self.page_size;
+        if seq.bounded() {
+            let seq = &st.seqs[&seq_id];
+            self.check_truncate_bounds(st, seq_id, seq, num_tokens)?;
+        }
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.tokens.truncate(num_tokens);
         seq.slots = seq.slots.min(num_tokens);
         seq.num_committed = seq.num_committed.min(num_tokens);
-        let released = seq.pages.split_off(seq.slots.div_ceil(ps));
+        let keep = seq.slots.div_ceil(ps);
+        let mut released = seq.pages.split_off(keep);
+        for t in &mut seq.extra {
+            released.extend(t.split_off(keep));
+        }
+        if let Some(b) = seq.bounds.as_deref_mut() {
+            b.computed = b.computed.min(num_tokens);
+        }
         let full = num_tokens / ps;
         // Cached pages past the cut stay in the tree; the sequence locks only what it keeps: its
         // full pages, and the cached page it now ends inside, if its path holds that one (the
@@ -688,7 +793,7 @@ impl KVCacheManager {
         }
         seq.num_inserted_pages = seq.num_inserted_pages.min(full);
         seq.keys.truncate(full);
-        self.release(st, &released)
+        self.release_table(st, &released)
     }
 
     /// Reserve slots for the next `num_tokens` tokens of `seq_id`'s known prompt (admitted with
@@ -708,19 +813,37 @@ impl KVCacheManager {
         }
         let slots = seq.slots + num_tokens;
         let grow = slots.div_ceil(self.page_size) - seq.pages.len();
-        let mut fresh = Vec::with_capacity(grow);
-        if !self.allocate(st, grow, now, &mut fresh) {
+        let num_tables = 1 + seq.extra.len();
+        let mut fresh = Vec::with_capacity(grow * num_tables);
+        if !self.allocate(st, grow * num_tables, now, &mut fresh) {
             st.stats.num_refused += 1;
             return Ok(false);
         }
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         // The partial last page is the sequence's own: a sequence with unreserved tokens is never
         // forked, and cached pages are full.
-        seq.pages.extend(fresh);
+        let old_slots = seq.slots;
+        for (g, more) in fresh.chunks(grow.max(1)).enumerate() {
+            seq.table_mut(g).extend_from_slice(more);
+        }
         seq.slots = slots;
-        if seq.auto_cache {
-            let full = seq.computable() / self.page_size;
+        let (auto_cache, bounded) = (seq.auto_cache, seq.bounded());
+        if bounded {
+            // The chunks reserved before this one are computed (committed, when not cached as
+            // reserved).
+            let computed = if auto_cache {
+                old_slots
+            } else {
+                seq.num_committed
+            };
+            self.prepare_bounds(st, seq_id, computed)?;
+        }
+        if auto_cache {
+            let full = st.seqs[&seq_id].computable() / self.page_size;
             self.cache_full_pages(st, seq_id, full, now)?;
+        }
+        if bounded {
+            self.drop_bounded(st, seq_id)?;
         }
         Ok(true)
     }
@@ -781,7 +904,14 @@ impl KVCacheManager {
                 seq.slots
             )));
         }
+        let bounded = seq.bounded();
+        if bounded {
+            self.prepare_bounds(st, seq_id, num_tokens)?;
+        }
         self.cache_full_pages(st, seq_id, num_tokens / self.page_size, now)?;
+        if bounded {
+            self.drop_bounded(st, seq_id)?;
+        }
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.num_committed = seq.num_committed.max(num_tokens);
         Ok(seq.num_inserted_pages * self.page_size)
@@ -796,6 +926,32 @@ impl KVCacheManager {
         full: usize,
         now: u64,
     ) -> KvResult<()> {
+        let ps = self.page_size;
+        let mut full = full;
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let done = seq.num_inserted_pages;
+        if let Some(b) = seq.bounds.as_deref() {
+            // Private pages are never cached; nor can a released page be.
+            if let Some(p) = b.private_from {
+                full = full.min(p / ps);
+            }
+            if full > done {
+                if let Some(hole) = seq.pages[done..full]
+                    .iter()
+                    .position(|&p| p == crate::NULL_PAGE)
+                {
+                    full = done + hole;
+                }
+            }
+            if st.groups.primary_windowed() {
+                if full > done {
+                    self.cache_group_pages(st, seq_id, done, full)?;
+                    let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+                    seq.num_inserted_pages = full;
+                }
+                return Ok(());
+            }
+        }
         let State {
             tree,
             seqs,
@@ -804,11 +960,9 @@ impl KVCacheManager {
             ..
         } = st;
         let seq = seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        let done = seq.num_inserted_pages;
         if full <= done {
             return Ok(());
         }
-        let ps = self.page_size;
         let (tokens, pages) = (&seq.tokens[done * ps..full * ps], &seq.pages[done..full]);
         // Extend from the node that ends where the sequence's cached pages end (its locked node,
         // or an ancestor of it after a truncate).
@@ -843,6 +997,9 @@ impl KVCacheManager {
             let ns = seq.ns;
             self.record_stored(st, ins.node, ins.num_adopted_pages, &tokens, ns)?;
         }
+        if st.groups.num_groups() > 1 {
+            self.cache_group_pages(st, seq_id, done, full)?;
+        }
         self.offer_seq_stores(st, seq_id, full, tiers::Trigger::Cached(priority), now)
     }
 
@@ -873,7 +1030,14 @@ impl KVCacheManager {
             )));
         }
         let seq = seq.clone();
-        self.alloc.retain_serialized(&seq.pages).map_err(internal)?;
+        if seq.bounded() || !seq.extra.is_empty() {
+            self.retain_table(st, &seq.pages)?;
+            for t in &seq.extra {
+                self.retain_table(st, t)?;
+            }
+        } else {
+            self.alloc.retain_serialized(&seq.pages).map_err(internal)?;
+        }
         st.tree.lock(seq.node).map_err(internal)?;
         st.add_live(seq.ns);
         st.seqs.insert(child, seq);
@@ -889,7 +1053,7 @@ impl KVCacheManager {
             self.cancel_loads(st, seq_id)?;
         }
         st.tree.unlock(seq.node).map_err(internal)?;
-        self.release(st, &seq.pages)?;
+        self.release_sequence_pages(st, &seq)?;
         st.remove_live(seq.ns);
         Ok(())
     }
@@ -1066,6 +1230,9 @@ impl KVCacheManager {
         let guard = self.state.lock();
         // A namespace never seen has no pages of its own, but sees the public ones.
         let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
+        if guard.groups.active() {
+            return self.peek_group_hit(&guard, ns, tokens).0 * self.page_size;
+        }
         guard.tree.peek_prefix_len(ns, tokens) * self.page_size
     }
 
@@ -1080,7 +1247,7 @@ impl KVCacheManager {
         guard.tree.expire_pins(now);
         let total = self.alloc.num_pages() - 1;
         let free = self.alloc.num_free();
-        let cached = guard.tree.num_evictable_pages();
+        let cached = guard.tree.num_evictable_pages() + guard.groups.num_evictable();
         let pinned = guard.tree.num_pinned_pages();
         CacheStats {
             num_pages_total: total,
@@ -1112,19 +1279,28 @@ impl KVCacheManager {
 
     /// The page table of one sequence (a copy; for tests and debugging).
     pub fn seq_pages(&self, seq_id: SeqId) -> KvResult<Vec<PageId>> {
-        Ok(self
-            .state
-            .lock()
-            .seqs
-            .get(&seq_id)
-            .ok_or_else(|| unknown(seq_id))?
-            .pages
-            .clone())
+        self.seq_group_pages(seq_id, 0)
     }
 
-    /// Every page the tree holds (for invariant checks).
+    /// The page table of one sequence in caller group `group` (released pages are the null page).
+    pub fn seq_group_pages(&self, seq_id: SeqId, group: usize) -> KvResult<Vec<PageId>> {
+        let guard = self.state.lock();
+        let g = guard.groups.internal(group)?;
+        let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        Ok(seq.table(g).to_vec())
+    }
+
+    /// Windows of the KV-cache groups, in the caller's order (`None`: full attention).
+    pub fn group_windows(&self) -> Vec<Option<usize>> {
+        let guard = self.state.lock();
+        let g = &guard.groups;
+        g.to_internal.iter().map(|&i| g.windows[i]).collect()
+    }
+
+    /// Every page the tree and the group caches hold (for invariant checks).
     pub fn cached_pages(&self) -> Vec<PageId> {
-        self.state.lock().tree.pages().collect()
+        let guard = self.state.lock();
+        guard.tree.pages().chain(guard.groups.pages()).collect()
     }
 
     /// Live sequence ids, in no particular order.
@@ -1143,7 +1319,8 @@ impl KVCacheManager {
         }
         st.tree.expire_pins(now);
         let short = n.saturating_sub(self.alloc.num_free());
-        if short > st.tree.num_evictable_pages() || self.evict_locked(st, short, now).is_err() {
+        let evictable = st.tree.num_evictable_pages() + st.groups.num_evictable();
+        if short > evictable || self.evict_locked(st, short, now).is_err() {
             out.truncate(start);
             return false;
         }
@@ -1194,6 +1371,26 @@ impl KVCacheManager {
     }
 
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
+        // The group caches give their share, in proportion to what each side holds evictable,
+        // and whatever the tree cannot give.
+        let from_groups = st.groups.num_evictable();
+        if from_groups == 0 {
+            return self.evict_tree(st, num_pages, now);
+        }
+        let tree_ev = st.tree.num_evictable_pages();
+        let share = ((num_pages as u128 * from_groups as u128)
+            .div_ceil((from_groups + tree_ev) as u128)) as usize;
+        let share = share.min(from_groups).min(num_pages);
+        let mut from_maps = self.evict_group_pages(st, share)?;
+        let from_tree = self.evict_tree(st, num_pages - from_maps, now)?;
+        if from_maps + from_tree < num_pages {
+            from_maps += self.evict_group_pages(st, num_pages - from_maps - from_tree)?;
+        }
+        st.stats.num_evicted_pages += from_maps as u64;
+        Ok(from_maps + from_tree)
+    }
+
+    fn evict_tree(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
         let mut evicted = std::mem::take(&mut st.evicted);
         evicted.clear();
         let n = st.tree.evict(num_pages, now, &mut evicted);
@@ -1293,6 +1490,7 @@ mod tests {
             events: false,
             lower_tiers: Vec::new(),
             store_policy: Default::default(),
+            groups: Vec::new(),
         })
         .unwrap()
     }

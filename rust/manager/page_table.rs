@@ -21,14 +21,21 @@ impl KVCacheManager {
     /// `num_tokens` (`[batch]`), sequence `i`'s table covers only its first `num_tokens[i]` tokens
     /// (a prefill chunk: what the attention of that step may read); each must be in `1..=len`.
     /// Unknown ids or bad counts fail, nothing built.
+    ///
+    /// `group` picks the KV-cache group (caller order); its released pages are the null page,
+    /// or, with `compact`, left out (then each kept token's position is in
+    /// [`positions`](Self::positions); the last page must be kept).
     pub fn page_table(
         &self,
         seq_ids: &[SeqId],
         num_tokens: Option<&[usize]>,
+        group: usize,
+        compact: bool,
     ) -> KvResult<PageTable> {
         let mut table = PageTable::default();
         let guard = self.state.lock();
-        let total = self.page_table_len(&guard, seq_ids, num_tokens)?;
+        let g = guard.groups.internal(group)?;
+        let total = self.page_table_len(&guard, seq_ids, num_tokens, g, compact)?;
         table.kv_indptr.resize(seq_ids.len() + 1, 0);
         table.kv_indices.resize(total, 0);
         table.kv_last_page_len.resize(seq_ids.len(), 0);
@@ -36,6 +43,7 @@ impl KVCacheManager {
             &guard,
             seq_ids,
             num_tokens,
+            (g, compact),
             &mut table.kv_indptr,
             &mut table.kv_indices,
             &mut table.kv_last_page_len,
@@ -47,16 +55,20 @@ impl KVCacheManager {
     /// the scheduler's hot path allocates nothing). Returns the number of indices written. Fails,
     /// with nothing written, on an unknown id, a bad count or a buffer too short (`kv_indptr`
     /// needs `batch + 1`, `kv_last_page_len` `batch`, `kv_indices` the total number of pages).
+    #[allow(clippy::too_many_arguments)]
     pub fn page_table_into(
         &self,
         seq_ids: &[SeqId],
         num_tokens: Option<&[usize]>,
+        group: usize,
+        compact: bool,
         kv_indptr: &mut [i32],
         kv_indices: &mut [i32],
         kv_last_page_len: &mut [i32],
     ) -> KvResult<usize> {
         let guard = self.state.lock();
-        let total = self.page_table_len(&guard, seq_ids, num_tokens)?;
+        let g = guard.groups.internal(group)?;
+        let total = self.page_table_len(&guard, seq_ids, num_tokens, g, compact)?;
         let batch = seq_ids.len();
         if kv_indptr.len() < batch + 1 || kv_last_page_len.len() < batch || kv_indices.len() < total
         {
@@ -73,6 +85,7 @@ impl KVCacheManager {
             &guard,
             seq_ids,
             num_tokens,
+            (g, compact),
             kv_indptr,
             kv_indices,
             kv_last_page_len,
@@ -83,11 +96,12 @@ impl KVCacheManager {
     /// The dense block table of `seq_ids` (vLLM's and FlashAttention's format): row `i` holds
     /// sequence `i`'s pages, padded with the null page to the longest row. Returns the rows
     /// (`[batch * max_pages]`, row-major) and `max_pages`.
-    pub fn block_table(&self, seq_ids: &[SeqId]) -> KvResult<(Vec<i32>, usize)> {
+    pub fn block_table(&self, seq_ids: &[SeqId], group: usize) -> KvResult<(Vec<i32>, usize)> {
         let guard = self.state.lock();
+        let g = guard.groups.internal(group)?;
         let width = max_pages(&guard, seq_ids)?;
         let mut rows = vec![NULL_PAGE as i32; seq_ids.len() * width];
-        fill_block_table(&guard, seq_ids, &mut rows, width);
+        fill_block_table(&guard, seq_ids, &mut rows, width, g);
         Ok((rows, width))
     }
 
@@ -100,8 +114,10 @@ impl KVCacheManager {
         seq_ids: &[SeqId],
         out: &mut [i32],
         row_len: usize,
+        group: usize,
     ) -> KvResult<usize> {
         let guard = self.state.lock();
+        let g = guard.groups.internal(group)?;
         let width = max_pages(&guard, seq_ids)?;
         let rows = out.len().checked_div(row_len).unwrap_or(0);
         if width > row_len || rows < seq_ids.len() {
@@ -116,6 +132,7 @@ impl KVCacheManager {
             seq_ids,
             &mut out[..seq_ids.len() * row_len],
             row_len,
+            g,
         );
         Ok(width)
     }
@@ -127,6 +144,8 @@ impl KVCacheManager {
         st: &State,
         seq_ids: &[SeqId],
         num_tokens: Option<&[usize]>,
+        g: usize,
+        compact: bool,
     ) -> KvResult<usize> {
         if let Some(counts) = num_tokens {
             if counts.len() != seq_ids.len() {
@@ -139,7 +158,8 @@ impl KVCacheManager {
         }
         let mut total = 0usize;
         for (i, &id) in seq_ids.iter().enumerate() {
-            let len = super::ready(&st.seqs, id)?.slots;
+            let seq = super::ready(&st.seqs, id)?;
+            let len = seq.slots;
             if len == 0 {
                 return Err(KvError::InvalidArgument(format!(
                     "sequence {id} has no slot reserved yet (reserve some of its prompt first)"
@@ -152,7 +172,20 @@ impl KVCacheManager {
                      got {n}"
                 )));
             }
-            total += n.div_ceil(self.page_size);
+            let pages = n.div_ceil(self.page_size);
+            if compact {
+                let table = &seq.table(g)[..pages];
+                if table[pages - 1] == NULL_PAGE {
+                    return Err(KvError::InvalidArgument(format!(
+                        "sequence {id}: the page holding token {} was released, a compact table \
+                         cannot end there",
+                        n - 1
+                    )));
+                }
+                total += table.iter().filter(|&&p| p != NULL_PAGE).count();
+            } else {
+                total += pages;
+            }
         }
         if total > i32::MAX as usize {
             return Err(KvError::InvalidArgument(format!(
@@ -163,11 +196,13 @@ impl KVCacheManager {
     }
 
     /// Write a validated batch's CSR page table (see [`page_table_len`](Self::page_table_len)).
+    #[allow(clippy::too_many_arguments)]
     fn fill_page_table(
         &self,
         st: &State,
         seq_ids: &[SeqId],
         num_tokens: Option<&[usize]>,
+        (g, compact): (usize, bool),
         kv_indptr: &mut [i32],
         kv_indices: &mut [i32],
         kv_last_page_len: &mut [i32],
@@ -179,11 +214,19 @@ impl KVCacheManager {
             let seq = &st.seqs[id];
             let tokens = num_tokens.map_or(seq.slots, |c| c[i]);
             let n = tokens.div_ceil(ps);
+            let table = &seq.table(g)[..n];
             // Page ids are < num_pages <= i32::MAX, and the total fits int32 (page_table_len).
-            for (dst, &page) in kv_indices[at..at + n].iter_mut().zip(&seq.pages) {
-                *dst = page as i32;
+            if compact {
+                for &page in table.iter().filter(|&&p| p != NULL_PAGE) {
+                    kv_indices[at] = page as i32;
+                    at += 1;
+                }
+            } else {
+                for (dst, &page) in kv_indices[at..at + n].iter_mut().zip(table) {
+                    *dst = page as i32;
+                }
+                at += n;
             }
-            at += n;
             kv_indptr[i + 1] = at as i32;
             kv_last_page_len[i] = (tokens - (n - 1) * ps) as i32;
         }
@@ -197,8 +240,10 @@ impl KVCacheManager {
         seq_id: SeqId,
         num_tokens: usize,
         start: Option<usize>,
+        group: usize,
     ) -> KvResult<Vec<i64>> {
         let guard = self.state.lock();
+        let g = guard.groups.internal(group)?;
         let seq = super::ready(&guard.seqs, seq_id)?;
         let len = seq.slots;
         let start = match start {
@@ -216,9 +261,16 @@ impl KVCacheManager {
             }
         };
         let ps = self.page_size;
+        let table = seq.table(g);
+        if num_tokens > 0 && table[start / ps] == NULL_PAGE {
+            return Err(KvError::InvalidArgument(format!(
+                "sequence {seq_id}: token {start}'s page was released (outside the window, or \
+                 compacted), it has no slot"
+            )));
+        }
         // No overflow: new() checks num_pages * page_size fits i64.
         Ok((start..start + num_tokens)
-            .map(|t| i64::from(seq.pages[t / ps]) * ps as i64 + (t % ps) as i64)
+            .map(|t| i64::from(table[t / ps]) * ps as i64 + (t % ps) as i64)
             .collect())
     }
 }
@@ -233,12 +285,12 @@ fn max_pages(st: &State, seq_ids: &[SeqId]) -> KvResult<usize> {
 }
 
 /// Write validated rows of `row_len` entries: each sequence's pages, then null pages.
-fn fill_block_table(st: &State, seq_ids: &[SeqId], rows: &mut [i32], row_len: usize) {
+fn fill_block_table(st: &State, seq_ids: &[SeqId], rows: &mut [i32], row_len: usize, g: usize) {
     if row_len == 0 {
         return;
     }
     for (row, id) in rows.chunks_exact_mut(row_len).zip(seq_ids) {
-        let pages = &st.seqs[id].pages;
+        let pages = st.seqs[id].table(g);
         for (dst, &page) in row.iter_mut().zip(pages) {
             *dst = page as i32;
         }

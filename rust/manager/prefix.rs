@@ -33,7 +33,13 @@ impl KVCacheManager {
         let guard = self.state.lock();
         let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
         let mut pages = Vec::new();
-        let n = guard.tree.peek_prefix_pages(ns, tokens, &mut pages);
+        let mut n = guard.tree.peek_prefix_pages(ns, tokens, &mut pages);
+        if guard.groups.active() {
+            // The hit every group allows; the pages are the primary group's (none when every
+            // group is windowed: its pages live in the group cache).
+            n = self.peek_group_hit(&guard, ns, tokens).0;
+            pages.truncate(n);
+        }
         PrefixMatch {
             num_tokens: n * self.page_size,
             pages,
@@ -100,6 +106,13 @@ impl KVCacheManager {
         }
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        if st.groups.active() {
+            return Err(KvError::InvalidArgument(
+                "insert: a manager with sliding-window or several KV-cache groups takes pages \
+                 computed elsewhere only through admission (not supported yet)"
+                    .into(),
+            ));
+        }
         check_caller_held(st, pages, "insert")?;
         if pages.is_empty() {
             return Ok(0);

@@ -21,6 +21,46 @@ use crate::manager::{CacheStats, KVCacheManager, KvEvent, ManagerConfig, SeqId};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_MATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static PREFIX_HIT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static GROUP_WINDOWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+
+/// `groups=`: a list of windows (`None` for full attention, an int of tokens for a window).
+fn groups_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<usize>>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(Vec::new());
+    };
+    let bad = || {
+        PyErr::from(KvError::InvalidArgument(
+            "groups must be a list of windows: None (full attention) or an int >= 1 (tokens)"
+                .into(),
+        ))
+    };
+    if obj.is_instance_of::<pyo3::types::PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>()
+    {
+        return Err(bad());
+    }
+    let mut out = Vec::new();
+    for item in obj.try_iter().map_err(|_| bad())? {
+        let item = item?;
+        out.push(if item.is_none() {
+            None
+        } else {
+            Some(count_arg(&item, "groups[i]")?)
+        });
+    }
+    if out.is_empty() {
+        return Err(bad());
+    }
+    Ok(out)
+}
+
+/// An optional count argument (`None` when absent or None).
+fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
+    match obj.filter(|o| !o.is_none()) {
+        Some(o) => Ok(Some(count_arg(o, name)?)),
+        None => Ok(None),
+    }
+}
 static PAGE_STORED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PAGE_REMOVED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static ALL_CLEARED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -171,8 +211,8 @@ fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
 impl PyKVCacheManager {
     #[new]
     #[pyo3(
-        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None, lower_tiers = None, store_policy = None, store_options = None),
-        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False, lower_tiers=None, store_policy='selective', store_options=None)"
+        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None, lower_tiers = None, store_policy = None, store_options = None, groups = None),
+        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False, lower_tiers=None, store_policy='selective', store_options=None, groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -187,6 +227,7 @@ impl PyKVCacheManager {
         lower_tiers: Option<&Bound<'_, PyAny>>,
         store_policy: Option<&Bound<'_, PyAny>>,
         store_options: Option<&Bound<'_, PyAny>>,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let eviction = eviction.or("lru".into(), |e| str_arg(e, "eviction"))?;
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
@@ -215,6 +256,7 @@ impl PyKVCacheManager {
             },
             lower_tiers: super::tiers::tier_configs(lower_tiers)?,
             store_policy: super::tiers::store_policy(store_policy, store_options)?,
+            groups: groups_arg(groups)?,
         };
         let clock = clock.filter(|c| !c.bind(py).is_none());
         if let Some(clock) = &clock {
@@ -237,8 +279,8 @@ impl PyKVCacheManager {
     /// changed) if its pages cannot be found even after evicting everything evictable. With
     /// `cache_prompt=False` (chunked prefill) pages are shared only once `commit` says so.
     #[pyo3(
-        signature = (seq_id, prompt_tokens, namespace = None, priority = Arg::Missing, *, cache_prompt = Arg::Missing, reserve = None),
-        text_signature = "($self, seq_id, prompt_tokens, namespace=None, priority=0, *, cache_prompt=True, reserve=None)"
+        signature = (seq_id, prompt_tokens, namespace = None, priority = Arg::Missing, *, cache_prompt = Arg::Missing, reserve = None, sink_tokens = None, recent_tokens = None),
+        text_signature = "($self, seq_id, prompt_tokens, namespace=None, priority=0, *, cache_prompt=True, reserve=None, sink_tokens=None, recent_tokens=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn add_sequence(
@@ -250,6 +292,8 @@ impl PyKVCacheManager {
         priority: Arg<'_>,
         cache_prompt: Arg<'_>,
         reserve: Option<&Bound<'_, PyAny>>,
+        sink_tokens: Option<&Bound<'_, PyAny>>,
+        recent_tokens: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Option<usize>> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let prompt = tokens(prompt_tokens)?;
@@ -260,15 +304,29 @@ impl PyKVCacheManager {
             Some(r) => Some(count_arg(r, "reserve")?),
             None => None,
         };
+        let streaming = match (
+            opt_count(sink_tokens, "sink_tokens")?,
+            opt_count(recent_tokens, "recent_tokens")?,
+        ) {
+            (None, None) => None,
+            (sink, Some(recent)) => Some((sink.unwrap_or(0), recent)),
+            (Some(_), None) => {
+                return Err(KvError::InvalidArgument(
+                    "sink_tokens needs recent_tokens (the StreamingLLM window)".into(),
+                )
+                .into())
+            }
+        };
         let now = self.now(py)?;
         Ok(self.run(py, prompt.as_slice().len() >= LONG_TOKENS, |m| {
-            m.add_sequence_reserving(
+            m.add_sequence_with(
                 id,
                 prompt,
                 namespace.as_deref(),
                 priority,
                 cache_prompt,
                 reserve,
+                streaming,
                 now,
             )
         })?)
@@ -539,15 +597,22 @@ impl PyKVCacheManager {
     /// only (a prefill chunk). With `out` (a `PageTable`, or any 3-tuple, of writable int32 buffers
     /// reused from step to step), the table is written into it and views of the used prefixes are
     /// returned: nothing is allocated but the views.
-    #[pyo3(signature = (seq_ids, num_tokens = None, out = None))]
+    #[pyo3(signature = (seq_ids, num_tokens = None, out = None, *, group = None, compact = None))]
     fn page_table<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         num_tokens: Option<&Bound<'py, PyAny>>,
         out: Option<&Bound<'py, PyAny>>,
+        group: Option<&Bound<'py, PyAny>>,
+        compact: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let group = opt_count(group, "group")?.unwrap_or(0);
+        let compact = match compact.filter(|c| !c.is_none()) {
+            Some(c) => bool_arg(c, "compact")?,
+            None => false,
+        };
         let counts = match num_tokens.filter(|n| !n.is_none()) {
             Some(n) => Some(counts_arg(n, "num_tokens")?),
             None => None,
@@ -557,7 +622,7 @@ impl PyKVCacheManager {
         let Some(out) = out.filter(|o| !o.is_none()) else {
             // Built under the manager's lock into Rust vectors, handed to NumPy without a copy.
             let table = self.run(py, seq_ids.len() >= LONG_BATCH, |m| {
-                m.page_table(&seq_ids, counts)
+                m.page_table(&seq_ids, counts, group, compact)
             })?;
             let indptr = PyArray1::from_vec(py, table.kv_indptr);
             let indices = PyArray1::from_vec(py, table.kv_indices);
@@ -608,7 +673,9 @@ impl PyKVCacheManager {
                 w_last.as_slice_mut().map_err(contiguous)?,
             );
             let long = seq_ids.len() >= LONG_BATCH;
-            self.run(py, long, |m| m.page_table_into(&seq_ids, counts, a, b, c))?
+            self.run(py, long, |m| {
+                m.page_table_into(&seq_ids, counts, group, compact, a, b, c)
+            })?
         };
         let batch = seq_ids.len();
         let view = |a: &Bound<'py, PyArray1<i32>>, n: usize| {
@@ -623,14 +690,16 @@ impl PyKVCacheManager {
 
     /// The int64 slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` from
     /// token `start` (default: the last `num_tokens`).
-    #[pyo3(signature = (seq_id, num_tokens, start = None))]
+    #[pyo3(signature = (seq_id, num_tokens, start = None, *, group = None))]
     fn slot_mapping<'py>(
         &self,
         py: Python<'py>,
         seq_id: &Bound<'py, PyAny>,
         num_tokens: &Bound<'py, PyAny>,
         start: Option<&Bound<'py, PyAny>>,
+        group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let group = opt_count(group, "group")?.unwrap_or(0);
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
         let start = match start.filter(|s| !s.is_none()) {
@@ -639,7 +708,9 @@ impl PyKVCacheManager {
         };
         Ok(PyArray1::from_vec(
             py,
-            self.run(py, n >= LONG_TOKENS, |m| m.slot_mapping(id, n, start))?,
+            self.run(py, n >= LONG_TOKENS, |m| {
+                m.slot_mapping(id, n, start, group)
+            })?,
         ))
     }
 
@@ -647,17 +718,20 @@ impl PyKVCacheManager {
     /// holds sequence `i`'s pages, padded with the null page 0. With `out` (a writable C-contiguous
     /// `[rows >= batch, cols >= max_pages]` int32 array reused from step to step), rows `0..batch`
     /// are written (padded to `cols`) and the view `out[:batch, :max_pages]` is returned.
-    #[pyo3(signature = (seq_ids, out = None))]
+    #[pyo3(signature = (seq_ids, out = None, *, group = None))]
     fn block_table<'py>(
         &self,
         py: Python<'py>,
         seq_ids: &Bound<'py, PyAny>,
         out: Option<&Bound<'py, PyAny>>,
+        group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let group = opt_count(group, "group")?.unwrap_or(0);
         let Some(out) = out.filter(|o| !o.is_none()) else {
-            let (rows, width) =
-                self.run(py, seq_ids.len() >= LONG_BATCH, |m| m.block_table(&seq_ids))?;
+            let (rows, width) = self.run(py, seq_ids.len() >= LONG_BATCH, |m| {
+                m.block_table(&seq_ids, group)
+            })?;
             return Ok(PyArray1::from_vec(py, rows)
                 .reshape([seq_ids.len(), width])?
                 .into_any());
@@ -677,7 +751,9 @@ impl PyKVCacheManager {
             })?;
             // Written through rust-numpy's exclusive borrow; nothing is read back from `out`.
             let long = seq_ids.len() >= LONG_BATCH;
-            self.run(py, long, |m| m.block_table_into(&seq_ids, slice, row_len))?
+            self.run(py, long, |m| {
+                m.block_table_into(&seq_ids, slice, row_len, group)
+            })?
         };
         let rows = PySlice::new(py, 0, seq_ids.len() as isize, 1);
         let cols = PySlice::new(py, 0, width as isize, 1);
@@ -1073,20 +1149,120 @@ impl PyKVCacheManager {
         }?)
     }
 
-    /// The page table of one sequence (int32 copy).
+    /// The page table of one sequence (int32 copy) in KV-cache group `group`.
+    #[pyo3(signature = (seq_id, *, group = None))]
     fn seq_pages<'py>(
         &self,
         py: Python<'py>,
         seq_id: &Bound<'py, PyAny>,
+        group: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let group = opt_count(group, "group")?.unwrap_or(0);
         let pages: Vec<i32> = {
             let id = self::seq_id(seq_id, "seq_id")?;
-            self.run(py, false, |m| m.seq_pages(id))
+            self.run(py, false, |m| m.seq_group_pages(id, group))
         }?
         .into_iter()
         .map(|p| p as i32)
         .collect();
         Ok(PyArray1::from_vec(py, pages))
+    }
+
+    /// int32 original positions of the kept tokens of `seq_ids` in group `group`, concatenated in
+    /// batch order: the position map of `page_table(seq_ids, group=group, compact=True)`.
+    #[pyo3(signature = (seq_ids, *, group = None))]
+    fn positions<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        group: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let group = opt_count(group, "group")?.unwrap_or(0);
+        let out = self.run(py, seq_ids.len() >= LONG_BATCH, |m| {
+            m.positions(&seq_ids, group)
+        })?;
+        Ok(PyArray1::from_vec(py, out))
+    }
+
+    /// `PrefixHit(num_tokens, group_tokens, reason)` of the sequence's admission.
+    fn prefix_hit<'py>(
+        &self,
+        py: Python<'py>,
+        seq_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let hit = self.run(py, false, |m| m.prefix_hit(id))?;
+        python_attr(py, &PREFIX_HIT, "kvcore.manager", "PrefixHit")?.call1((
+            hit.num_tokens,
+            hit.group_tokens,
+            hit.reason.name(),
+        ))
+    }
+
+    /// Release the lowest-scoring full-attention pages of `seq_id` until it holds at most
+    /// `max_pages` (page-level heavy hitters); returns the number released.
+    #[pyo3(signature = (seq_id, scores, max_pages, *, sink_tokens = None, recent_tokens = None))]
+    fn compact(
+        &self,
+        py: Python<'_>,
+        seq_id: &Bound<'_, PyAny>,
+        scores: &Bound<'_, PyAny>,
+        max_pages: &Bound<'_, PyAny>,
+        sink_tokens: Option<&Bound<'_, PyAny>>,
+        recent_tokens: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<usize> {
+        let id = self::seq_id(seq_id, "seq_id")?;
+        let max_pages = count_arg(max_pages, "max_pages")?;
+        let sink = opt_count(sink_tokens, "sink_tokens")?.unwrap_or(0);
+        let recent = opt_count(recent_tokens, "recent_tokens")?.unwrap_or(0);
+        if scores.is_instance_of::<pyo3::types::PyString>() {
+            return Err(KvError::InvalidDType("scores must be floats, not a str".into()).into());
+        }
+        let scores: Vec<f32> = scores.extract().map_err(|_| {
+            PyErr::from(KvError::InvalidDType(
+                "scores must be a 1-D sequence or array of floats".into(),
+            ))
+        })?;
+        Ok(self.run(py, false, |m| {
+            m.compact(id, &scores, max_pages, sink, recent)
+        })?)
+    }
+
+    /// Windows of the KV-cache groups (`None`: full attention), in the order given.
+    #[getter]
+    fn groups(&self, py: Python<'_>) -> PyResult<Vec<Option<usize>>> {
+        Ok(self.run(py, false, |m| Ok::<_, KvError>(m.group_windows()))?)
+    }
+
+    /// A manager for `model` (a preset name, a `config.json` path or a `kvcore.sizing` model
+    /// spec): one KV-cache group per group of layers of the same attention (full, or each
+    /// sliding window), as `kvcore.sizing.kv_cache_groups` derives them.
+    #[classmethod]
+    #[pyo3(signature = (model, num_pages, page_size = None, **kwargs))]
+    fn for_model<'py>(
+        cls: &Bound<'py, pyo3::types::PyType>,
+        model: &Bound<'py, PyAny>,
+        num_pages: &Bound<'py, PyAny>,
+        page_size: Option<&Bound<'py, PyAny>>,
+        kwargs: Option<&Bound<'py, PyDict>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let py = cls.py();
+        let windows =
+            python_attr(py, &GROUP_WINDOWS, "kvcore.manager", "_group_windows")?.call1((model,))?;
+        let kw = match kwargs {
+            Some(k) => k.copy()?,
+            None => PyDict::new(py),
+        };
+        if kw.contains("groups")? {
+            return Err(KvError::InvalidArgument(
+                "for_model derives groups from the model: do not pass groups".into(),
+            )
+            .into());
+        }
+        kw.set_item("page_size", page_size)?;
+        kw.set_item("groups", windows)?;
+        cls.call((num_pages,), Some(&kw))
     }
 
     /// Every page the prefix tree holds (int32, no particular order).

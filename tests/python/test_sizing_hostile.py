@@ -43,6 +43,7 @@ VALID: dict[str, dict[str, Any]] = {
     "kv_cache_bytes": dict(
         num_layers=32, num_kv_heads=8, head_dim=128, num_tokens=16, kv_dtype="bf16", batch=1
     ),
+    "kv_cache_groups": dict(model="gemma-3-1b"),
     "kv_dtype_bits": dict(kv_dtype="bf16"),
     "kv_dtype_bytes": dict(kv_dtype="bf16"),
     "load_model": dict(model="llama-3.1-8b"),
@@ -185,7 +186,7 @@ def test_constructors_check_their_fields() -> None:
         model_from_config(LLAMA, name=5)  # type: ignore[arg-type]
 
 
-@pytest.mark.parametrize("preset", ["llama-3.1-8b", "deepseek-v3", "qwen3-next-80b-a3b"])
+@pytest.mark.parametrize("preset", ["llama-3.1-8b", "deepseek-v3", "qwen3-next-80b-a3b", "gemma-3-1b"])
 def test_model_methods_check_their_arguments(preset: str) -> None:
     spec = model_preset(preset)
     calls: list[tuple[Callable[..., Any], dict[str, Any]]] = [
@@ -197,7 +198,15 @@ def test_model_methods_check_their_arguments(preset: str) -> None:
         (spec.total_bytes, dict(num_tokens=10, kv_dtype="bf16", batch=1, tp=1)),
         (spec.page_bytes, dict(page_size=16, kv_dtype="bf16", tp=1)),
         (spec.validate_tp, dict(tp=1)),
+        (spec.group_page_bytes, dict(page_size=16, kv_dtype="bf16", tp=1)),
+        (spec.pages_per_sequence, dict(num_tokens=10, page_size=16)),
     ]
+    for kv_group in spec.kv_cache_groups():
+        calls += [
+            (kv_group.page_bytes, dict(page_size=16, kv_dtype="bf16", tp=1)),
+            (kv_group.used_page_bytes, dict(page_size=16, kv_dtype="bf16", tp=1)),
+            (kv_group.pages_per_sequence, dict(num_tokens=10, page_size=16)),
+        ]
     for g in spec.groups:
         calls += [
             (g.kv_heads_per_gpu, dict(tp=1)),

@@ -25,7 +25,6 @@ from kvcore.sizing import (
     model_from_config,
     model_preset,
     pages_for_budget,
-    pages_per_request,
     plan,
 )
 from kvcore.sizing import cli as sizing_cli
@@ -222,8 +221,34 @@ def test_plan_errors_name_the_field() -> None:
 # ---- plan: the largest that fits, never more than the GPU -------------------------------------------
 
 MODELS = sorted(
-    ["llama-3.1-8b", "mistral-7b", "gemma-2-9b", "deepseek-v2-lite", "qwen3-30b-a3b", "phi-3-mini-4k"]
+    [
+        "llama-3.1-8b",
+        "mistral-7b",
+        "gemma-2-9b",
+        "gemma-3-1b",
+        "gpt-oss-20b",
+        "deepseek-v2-lite",
+        "qwen3-30b-a3b",
+        "phi-3-mini-4k",
+    ]
 )
+
+
+def grouped_layout(spec: ModelSpec, tp: int) -> tuple[int, list[int | None]]:
+    """Reference KV-cache groups, from the layer types alone: (elements per token of one page's layer
+    slots, window of each group). Group size = fewest layers of one type; each type fills
+    ceil(layers / size) groups; a page is sized for the widest type's layers."""
+    types = [g for g in spec.groups if g.kind != "linear_attention"]
+    size = min(g.num_layers for g in types)
+    windows = [g.window for g in types for _ in range(-(-g.num_layers // size))]
+    widest = max(g.elements_per_token(tp) // g.num_layers for g in types)
+    return size * widest, windows
+
+
+def reference_pages(num_tokens: int, page_size: int, windows: list[int | None]) -> int:
+    """Pages a sequence holds: per group ceil(n / page_size), a window's at most (W - 2) // ps + 2."""
+    full = -(-num_tokens // page_size)
+    return sum(full if w is None else min(full, (w - 2) // page_size + 2) for w in windows)
 
 
 @settings(max_examples=300, deadline=None)
@@ -267,7 +292,9 @@ def test_plan_is_the_largest_that_fits(
     assert p.kv_budget_bytes == budget
     page = p.page_bytes
     bits = {"bf16": 16, "fp8": 8, "int8": 8, "int4": 4, "fp32": 32}[kv_dtype]
-    assert page == -(-page_size * spec.elements_per_token(tp) * bits // 8)
+    slot_elements, windows = grouped_layout(spec, tp)
+    assert page == -(-page_size * slot_elements * bits // 8)
+    assert list(p.group_windows) == windows
     room = budget - p.scale_bytes
     # Never more than the GPU; one more page would not fit.
     if budget >= 0:
@@ -276,21 +303,21 @@ def test_plan_is_the_largest_that_fits(
     assert p.usable_pages == max(0, p.num_pages - 1)
     assert p.max_active_tokens == p.usable_pages * page_size
     # Requests at the context: they fit, one more would not.
-    window = spec.window_bound()
-    per_request = pages_per_request(context_len, page_size, window)
+    per_request = reference_pages(context_len, page_size, windows)
+    assert p.pages_per_request == per_request
     r = p.max_requests_at_context
     assert r is not None
     assert r * per_request <= p.usable_pages
     assert (r + 1) * per_request > p.usable_pages
     # Longest context at the concurrency: fits, one more page each would not (unless windows bound it).
     if p.context_unbounded:
-        assert window is not None
-        assert concurrency * pages_per_request(10**9, page_size, window) <= p.usable_pages
+        assert None not in windows
+        assert concurrency * reference_pages(10**9, page_size, windows) <= p.usable_pages
     else:
         m = p.max_context_at_concurrency
         assert m is not None and m % page_size == 0
-        assert concurrency * pages_per_request(m, page_size, window) <= p.usable_pages
-        assert concurrency * pages_per_request(m + page_size, page_size, window) > p.usable_pages
+        assert concurrency * reference_pages(m, page_size, windows) <= p.usable_pages
+        assert concurrency * reference_pages(m + page_size, page_size, windows) > p.usable_pages
     # What was asked (concurrency requests of context_len, plus the null page) fits or says by how much.
     need = p.scale_bytes + (concurrency * per_request + 1) * page
     assert p.fits == (need <= budget)

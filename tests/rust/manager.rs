@@ -115,7 +115,7 @@ fn check(m: &KVCacheManager, seqs: &HashMap<SeqId, Model>, copies: &[(PageId, Pa
             *owners.entry(p).or_default() += 1;
         }
         if model.slots > 0 {
-            let t = m.page_table(&[id], None).unwrap();
+            let t = m.page_table(&[id], None, 0, false).unwrap();
             assert_eq!(t.kv_indices.len(), model.slots.div_ceil(ps));
             assert_eq!(
                 t.kv_last_page_len[0] as usize,
@@ -222,6 +222,7 @@ fn run(ops: Vec<Op>, num_pages: usize, ps: usize) {
         events: true,
         lower_tiers: Vec::new(),
         store_policy: Default::default(),
+        groups: Vec::new(),
     })
     .unwrap();
     let mut seqs: HashMap<SeqId, Model> = HashMap::new();
@@ -411,6 +412,7 @@ fn append_batch_is_appends_in_order_up_to_the_first_without_room() {
         events: false,
         lower_tiers: Vec::new(),
         store_policy: Default::default(),
+        groups: Vec::new(),
     };
     let (a, b) = (
         KVCacheManager::new(config(8)).unwrap(),

@@ -56,6 +56,7 @@ fn timing() {
                 vec![]
             },
             store_policy: StorePolicy::All,
+            groups: Vec::new(),
         })
         .unwrap()
     };

@@ -4,9 +4,11 @@ Why it exists: a model that fits in GPU memory can still run out of it once long
 requests arrive, because every active token keeps K and V in every attention layer. This package
 computes those bytes exactly (GQA/MQA/MHA, MLA, sliding-window and hybrid layers, constant-state layers,
 any cache precision, tensor parallelism) and plans a deployment: pages for the pool, active tokens,
-concurrent requests, longest context. The pool and the manager size themselves with
-:func:`kv_cache_bytes`, :meth:`ModelSpec.page_bytes` and :func:`pages_for_budget`, so the planner and the
-allocator cannot disagree. It imports nothing beyond the standard library.
+concurrent requests, longest context, with the manager's KV-cache groups (:class:`KVCacheGroup`: one page
+table per group of layers, so a hybrid model's sliding layers release what left their window). The pool
+and the manager size themselves with :func:`kv_cache_bytes`, :meth:`ModelSpec.page_bytes` (one page
+table) or :meth:`ModelSpec.group_page_bytes` (KV-cache groups) and :func:`pages_for_budget`, so the
+planner and the allocator cannot disagree. It imports nothing beyond the standard library.
 
 Quick use::
 
@@ -33,13 +35,15 @@ from kvcore.sizing.dtypes import (
     normalize_weight_dtype,
     weight_dtype_bits,
 )
-from kvcore.sizing.formula import kv_cache_bytes, pages_for_budget, weight_bytes
+from kvcore.sizing.formula import kv_cache_bytes, pages_for_budget, pages_per_request, weight_bytes
 from kvcore.sizing.model import (
     LAYER_KINDS,
     MAX_CONFIG_BYTES,
     MAX_LAYERS,
+    KVCacheGroup,
     LayerGroup,
     ModelSpec,
+    kv_cache_groups,
     load_model,
     model_from_config,
 )
@@ -49,7 +53,6 @@ from kvcore.sizing.plan import (
     GroupSize,
     Plan,
     SizeReport,
-    pages_per_request,
     plan,
     size,
 )
@@ -69,6 +72,7 @@ __all__ = [
     "WEIGHT_DTYPES",
     "GpuSpec",
     "GroupSize",
+    "KVCacheGroup",
     "LayerGroup",
     "ModelPreset",
     "ModelSpec",
@@ -78,6 +82,7 @@ __all__ = [
     "gpu_preset",
     "is_quantized_kv_dtype",
     "kv_cache_bytes",
+    "kv_cache_groups",
     "kv_dtype_bits",
     "kv_dtype_bytes",
     "load_model",

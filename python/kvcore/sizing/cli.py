@@ -208,7 +208,10 @@ def _plan_lines(p: Any) -> list[str]:
         ],
         ["reserve", _fmt(p.reserve_bytes)],
         ["KV budget", _fmt(p.kv_budget_bytes)],
-        ["page", f"{p.page_bytes:,} B ({p.page_size} tokens, all layers)"],
+        [
+            "page",
+            f"{p.page_bytes:,} B ({p.page_size} tokens of one KV-cache group of {p.group_size} layer slots)",
+        ],
     ]
     if p.scale_bytes:
         rows.append(["scales", f"{p.scale_bytes:,} B (fp32 per layer, K/V and head)"])
@@ -219,8 +222,31 @@ def _plan_lines(p: Any) -> list[str]:
     rows += [
         ["pages", f"{p.num_pages:,} (pool num_pages; {p.usable_pages:,} usable, page 0 is the null page)"],
         ["pool", _fmt(p.pool_bytes)],
-        ["active tokens", f"{p.max_active_tokens:,}"],
+        [
+            "active tokens",
+            f"{p.max_active_tokens:,}"
+            + (" (a token takes a slot in each group)" if len(p.groups) > 1 else ""),
+        ],
+        [
+            "kv groups",
+            f"{len(p.groups)}: KVCacheManager(num_pages={p.num_pages}, page_size={p.page_size}, "
+            f"groups={list(p.group_windows)!r})",
+        ],
     ]
+    for i, g in enumerate(p.groups):
+        held = ""
+        if p.context_len is not None:
+            held = f"; {g.pages_per_sequence(p.context_len, p.page_size):,} pages @ {p.context_len:,}"
+        rows.append([f"  group {i}", g.describe() + held])
+    if p.padding_layers or p.padding_bytes_per_request:
+        waste = f"{p.padding_layers} empty layer slot{'s' if p.padding_layers != 1 else ''}"
+        if p.padding_bytes_per_request is not None and p.pages_per_request:
+            share = p.padding_bytes_per_request / (p.pages_per_request * p.page_bytes)
+            waste += (
+                f"; {p.padding_bytes_per_request:,} B ({share:.1%}) of each request's pages "
+                f"@ {p.context_len:,} hold no layer"
+            )
+        rows.append(["padding", waste])
     if p.context_len is not None:
         rows.append(
             [

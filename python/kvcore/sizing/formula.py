@@ -15,7 +15,15 @@ from kvcore._json import show
 from kvcore.exceptions import ConfigError
 from kvcore.sizing.dtypes import kv_dtype_bits, weight_dtype_bits
 
-__all__ = ["MAX_INT", "bits_to_bytes", "check_int", "kv_cache_bytes", "pages_for_budget", "weight_bytes"]
+__all__ = [
+    "MAX_INT",
+    "bits_to_bytes",
+    "check_int",
+    "kv_cache_bytes",
+    "pages_for_budget",
+    "pages_per_request",
+    "weight_bytes",
+]
 
 # Largest count or size kvcore accepts (int64, what the core and NumPy hold). Every figure derived from a
 # few such inputs stays a small Python int, printable and exact; a count beyond it is a mistake.
@@ -93,6 +101,29 @@ def pages_for_budget(budget_bytes: int, page_bytes: int) -> int:
     check_int(budget_bytes, "budget_bytes", minimum=-MAX_INT)
     check_int(page_bytes, "page_bytes", minimum=1)
     return max(0, budget_bytes // page_bytes)
+
+
+def pages_per_request(num_tokens: int, page_size: int, window: int | None = None) -> int:
+    """Pages a sequence of ``num_tokens`` holds: ``ceil(n / page_size)``, bounded by a window if given.
+
+    A window of ``W`` tokens spans at most ``(W - 2) // page_size + 2`` pages (its first and last pages may
+    be partly outside it), so that is the bound, not ``ceil(W / page_size)``.
+    """
+    check_int(num_tokens, "num_tokens")
+    check_int(page_size, "page_size", minimum=1)
+    pages = -(-num_tokens // page_size)
+    if window is not None and num_tokens > 0:
+        pages = min(pages, _window_pages(check_int(window, "window", minimum=1), page_size))
+    return pages
+
+
+def _window_pages(window: int, page_size: int) -> int:
+    """Most pages a window of ``window`` tokens touches, whatever its alignment (arguments checked).
+
+    W consecutive tokens starting at offset r within a page end in page ``(r + W - 1) // page_size``; the
+    worst offset is ``r = page_size - 1``.
+    """
+    return (window - 2) // page_size + 2
 
 
 def weight_bytes(num_params: int, weight_dtype: str = "bf16") -> int:

@@ -7,6 +7,12 @@ constant-size state (Qwen3-Next), and hybrids mix them. A :class:`ModelSpec` is 
 :class:`LayerGroup`, each with one per-token cost and one growth rule, and every byte figure in kvcore
 is a sum over groups.
 
+Why also :class:`KVCacheGroup`: a layer group says what layers *cost*; a KV-cache group says how the
+manager *pages* them. ``KVCacheManager(groups=[...])`` keeps one page table per sequence per KV-cache
+group, so a sliding group frees the pages that left its window while a full group keeps them all, and
+every page of the shared pool has the same byte size. :meth:`ModelSpec.kv_cache_groups` derives that
+layout from the layer groups (the rule is in its docstring).
+
 Reading configs follows the Hugging Face semantics of each field and never guesses: a field whose
 meaning kvcore cannot pin down (a ``sliding_window`` on an architecture whose windowed layers it does
 not know, a ``layer_types`` entry it has never seen, two fields that disagree) raises
@@ -23,9 +29,10 @@ MLA latent is not split by heads at all: every GPU keeps the whole latent.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +46,16 @@ from kvcore.sizing.dtypes import (
     normalize_weight_dtype,
     weight_dtype_bits,
 )
-from kvcore.sizing.formula import MAX_INT, bits_to_bytes, check_int
+from kvcore.sizing.formula import MAX_INT, bits_to_bytes, check_int, pages_per_request
 
 __all__ = [
     "LAYER_KINDS",
     "MAX_CONFIG_BYTES",
     "MAX_LAYERS",
+    "KVCacheGroup",
     "LayerGroup",
     "ModelSpec",
+    "kv_cache_groups",
     "load_model",
     "model_from_config",
 ]
@@ -194,6 +203,121 @@ class LayerGroup:
 
 
 @dataclass(frozen=True, slots=True)
+class KVCacheGroup:
+    """Layers that share one page table per sequence: one entry of ``KVCacheManager(groups=...)``.
+
+    Why it exists: with one page table for all layers, the full-attention layers of a hybrid model keep
+    every page of a sequence alive, so its sliding layers cannot give back what left their window. With
+    one page table per group (vLLM's hybrid allocator), a sliding group holds only the pages its window
+    touches. All groups draw on one pool of equal-size pages, so every group is laid out for the same
+    number of layer slots (``group_size``); a group with fewer layers leaves the rest of each of its pages
+    empty (``num_padding_layers``). Built by :meth:`ModelSpec.kv_cache_groups`.
+    """
+
+    # One of LAYER_KINDS except linear_attention (a constant state is not paged).
+    kind: str
+    # Tokens each layer keeps (sliding window, attention chunk); None for full_attention and mla; >= 1.
+    # What the manager takes: ``groups=[g.window for g in groups]``.
+    window: int | None
+    # [num_layers] decoder-layer indices of the group, strictly ascending, each >= 0; at least one.
+    layer_indices: tuple[int, ...]
+    # Layer slots one page of the group is laid out for (the same in every group of a model);
+    # >= len(layer_indices); the difference is padding.
+    group_size: int
+    # K/V heads per layer across the whole model (before tensor parallelism); >= 1 (1 for an MLA latent).
+    num_kv_heads: int
+    # Elements per head per token (MLA: kv_lora_rank + qk_rope_head_dim); >= 1.
+    head_dim: int
+    # Tensors cached per token and head: 2 (K and V) or 1 (MLA latent).
+    num_tensors: int = 2
+    # Whether tensor parallelism splits the group by head (False for MLA: each GPU keeps the latent).
+    tp_sharded: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind == "linear_attention":
+            raise ConfigError("kind: linear_attention layers keep a constant state; they are not paged")
+        indices = self.layer_indices
+        if not isinstance(indices, tuple) or not indices:
+            raise ConfigError(
+                f"layer_indices: expected a non-empty tuple of layer indices, got {show(indices)}"
+            )
+        previous = -1
+        for i, layer in enumerate(indices):
+            check_int(layer, f"layer_indices[{i}]")
+            if layer <= previous:
+                raise ConfigError(f"layer_indices[{i}]: indices must be strictly ascending, got {layer}")
+            previous = layer
+        check_int(self.group_size, "group_size", minimum=len(indices))
+        self._slot_shape()  # the shape fields, checked as a LayerGroup checks them
+
+    def _slot_shape(self) -> LayerGroup:
+        """``group_size`` layers of this group's shape: what one of its pages is laid out for."""
+        return LayerGroup(
+            self.kind,
+            self.group_size,
+            self.num_kv_heads,
+            self.head_dim,
+            self.num_tensors,
+            self.window,
+            tp_sharded=self.tp_sharded,
+        )
+
+    @property
+    def num_layers(self) -> int:
+        """Layers of the model in this group."""
+        return len(self.layer_indices)
+
+    @property
+    def num_padding_layers(self) -> int:
+        """Layer slots of each page that no layer of this group fills (``group_size - num_layers``)."""
+        return self.group_size - len(self.layer_indices)
+
+    def page_bytes(self, page_size: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """Bytes one page of this group needs on one GPU: ``page_size`` tokens of ``group_size`` layer
+        slots of its shape, padding included, no scales. The pool's page is the largest of these over the
+        model's groups (:meth:`ModelSpec.group_page_bytes`)."""
+        check_int(page_size, "page_size", minimum=1)
+        return bits_to_bytes(page_size * self._slot_shape().elements_per_token(tp) * kv_dtype_bits(kv_dtype))
+
+    def used_page_bytes(self, page_size: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """Bytes of one page that the group's own layers fill (``page_bytes`` less the padding slots)."""
+        check_int(page_size, "page_size", minimum=1)
+        elements = self._slot_shape().elements_per_token(tp) // self.group_size * self.num_layers
+        return bits_to_bytes(page_size * elements * kv_dtype_bits(kv_dtype))
+
+    def pages_per_sequence(self, num_tokens: int, page_size: int) -> int:
+        """Pages of this group one sequence of ``num_tokens`` holds in decode: ``ceil(n / page_size)``, at
+        most ``(W - 2) // page_size + 2`` for a window of ``W`` (pages wholly before ``n - W`` released)."""
+        return pages_per_request(num_tokens, page_size, self.window)
+
+    def describe(self) -> str:
+        """One line: ``'4 sliding_attention (window 512), layers 0-3'`` (padding, if any, at the end)."""
+        text = f"{self.num_layers} {self.kind}"
+        if self.window is not None:
+            text += f" (window {self.window:,})"
+        text += f", layers {_layer_list(self.layer_indices)}"
+        if self.num_padding_layers:
+            text += f", {self.num_padding_layers} padding slot{'s' if self.num_padding_layers != 1 else ''}"
+        return text
+
+
+def _layer_list(indices: tuple[int, ...]) -> str:
+    """Layer indices in a few characters: ``0-3``, ``0-4,6-10``, ``1,3,5,...,41``."""
+    runs: list[list[int]] = []
+    for layer in indices:
+        if runs and layer == runs[-1][-1] + 1:
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    text = [f"{r[0]}-{r[-1]}" if len(r) > 1 else f"{r[0]}" for r in runs]
+    if len(runs) <= 4:
+        return ",".join(text)
+    if len(runs) == len(indices) and len({b - a for a, b in itertools.pairwise(indices)}) == 1:
+        return f"{indices[0]},{indices[1]},{indices[2]},...,{indices[-1]}"
+    return ",".join(text[:3]) + f",...,{text[-1]}"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelSpec:
     """Everything kvcore needs to size a model's cache: its layer groups and a few facts around them.
 
@@ -220,6 +344,9 @@ class ModelSpec:
     weight_dtype: str | None = None
     # Where the description came from: "preset", a file path, or "dict".
     source: str = "dict"
+    # [num_layers - num_kv_shared_layers] index into `groups` of each layer that owns a cache, in layer
+    # order (a config's layer_types); None = the groups' layers one after the other, in group order.
+    layer_group_index: tuple[int, ...] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str):
@@ -242,6 +369,22 @@ class ModelSpec:
             check_int(self.num_params, "num_params", minimum=1)
         if self.weight_dtype is not None:
             normalize_weight_dtype(self.weight_dtype)
+        if self.layer_group_index is not None:
+            self._check_layer_group_index(self.layer_group_index)
+
+    def _check_layer_group_index(self, index: object) -> None:
+        own = self.num_layers - self.num_kv_shared_layers
+        if not isinstance(index, tuple) or len(index) != own:
+            raise ConfigError(
+                f"layer_group_index: expected a tuple of {own} group indices, got {show(index)}"
+            )
+        counts = [0] * len(self.groups)
+        for layer, group in enumerate(index):
+            check_int(group, f"layer_group_index[{layer}]", maximum=len(self.groups) - 1)
+            counts[group] += 1
+        for group, count in zip(self.groups, counts, strict=True):
+            if count != group.num_layers:
+                raise ConfigError(f"layer_group_index: names {count} layers of the {group.describe()} group")
 
     # ---- structure -------------------------------------------------------------------------------
 
@@ -262,6 +405,52 @@ class ModelSpec:
         if not windows or any(w is None for w in windows):
             return None
         return max(w for w in windows if w is not None)
+
+    def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
+        """The manager's KV-cache groups for this model (empty if no layer caches tokens).
+
+        The rule (vLLM's hybrid allocator, uniform page size): each layer group that caches tokens is one
+        attention type; the group size is the smallest number of layers of one type; each type's layers,
+        in layer order, are cut into groups of that size, the last one padded when the count does not
+        divide. Groups come type by type, in order of first appearance. So Llama and Mistral 7B have one
+        group of 32 layers, Gemma 2 9B one sliding and one full group of 21, Gemma 3 1B five sliding groups
+        of 4, one sliding group of 2 (2 padding slots) and one full group of 4. MLA layers form full
+        groups; chunked layers window groups (a window of the chunk size holds every chunk); constant-state
+        layers no group (their state is set aside per request).
+
+        Raises:
+            ConfigError: more than MAX_LAYERS layers (each group lists its layers).
+        """
+        if self.num_layers > MAX_LAYERS:
+            raise ConfigError(f"num_layers: {self.num_layers:,} layers is more than {MAX_LAYERS:,}")
+        index = self.layer_group_index
+        if index is None:
+            index = tuple(i for i, g in enumerate(self.groups) for _ in range(g.num_layers))
+        layers_of: list[list[int]] = [[] for _ in self.groups]
+        for layer, group in enumerate(index):
+            layers_of[group].append(layer)
+        typed = [(g, layers_of[i]) for i, g in enumerate(self.groups) if g.caches_tokens]
+        if not typed:
+            return ()
+        size = min(g.num_layers for g, _ in typed)
+        return tuple(
+            KVCacheGroup(
+                kind=g.kind,
+                window=g.window,
+                layer_indices=tuple(layers[start : start + size]),
+                group_size=size,
+                num_kv_heads=g.num_kv_heads,
+                head_dim=g.head_dim,
+                num_tensors=g.num_tensors,
+                tp_sharded=g.tp_sharded,
+            )
+            for g, layers in typed
+            for start in range(0, len(layers), size)
+        )
+
+    def kv_cache_windows(self) -> list[int | None]:
+        """``KVCacheManager(groups=...)`` for this model: each KV-cache group's window, None = full."""
+        return [g.window for g in self.kv_cache_groups()]
 
     def validate_tp(self, tp: int) -> None:
         """Raise ConfigError (naming ``tp``) if some group's heads cannot be sharded ``tp`` ways."""
@@ -327,6 +516,33 @@ class ModelSpec:
         """
         check_int(page_size, "page_size", minimum=1)
         return bits_to_bytes(page_size * self.elements_per_token(tp) * kv_dtype_bits(kv_dtype))
+
+    def group_page_bytes(self, page_size: int, kv_dtype: str = "bf16", tp: int = 1) -> int:
+        """Bytes of one page of the pool a KV-cache-grouped manager uses, on one GPU.
+
+        One page holds ``page_size`` tokens of one KV-cache group: ``group_size`` layer slots of K/V
+        (no scales, which the pool keeps once beside its pages, see :meth:`scale_bytes`). When the types
+        differ in shape (Gemma 4's wider full layers), it is the largest group's need, so every group fits.
+        Equals :meth:`page_bytes` when the model has a single group (every layer of one type).
+
+        Raises:
+            ConfigError: a bad argument, or no layer that caches tokens.
+        """
+        check_int(page_size, "page_size", minimum=1)
+        normalize_kv_dtype(kv_dtype)
+        _check_tp(tp)
+        groups = self.kv_cache_groups()
+        if not groups:
+            raise ConfigError(f"model: {self.name} has no layer that caches tokens; there is nothing to page")
+        return max(g.page_bytes(page_size, kv_dtype, tp) for g in groups)
+
+    def pages_per_sequence(self, num_tokens: int, page_size: int) -> int:
+        """Pages one sequence of ``num_tokens`` holds in decode under the KV-cache groups: the sum over
+        groups of ``ceil(n / page_size)`` (full) or ``min(ceil(n / page_size), (W - 2) // page_size + 2)``
+        (window ``W``)."""
+        check_int(num_tokens, "num_tokens")
+        check_int(page_size, "page_size", minimum=1)
+        return sum(g.pages_per_sequence(num_tokens, page_size) for g in self.kv_cache_groups())
 
     def weight_bytes_estimate(self, weight_dtype: str | None = None) -> int | None:
         """Parameters × weight width, if both are known (``weight_dtype`` overrides the declared one)."""
@@ -603,6 +819,7 @@ def model_from_config(
     window = f.int_("sliding_window", "sliding_window_size")
 
     groups: list[LayerGroup]
+    layer_group_index: tuple[int, ...] | None = None  # MLA: one group, in order
     kv_lora_rank = f.int_("kv_lora_rank")
     if kv_lora_rank is not None:
         if window_raw is not None or f.data.get("layer_types") is not None:
@@ -614,6 +831,9 @@ def model_from_config(
     else:
         kinds = _layer_kinds(f, num_layers, model_type, window)[:own]
         groups = _attention_groups(f, config, kinds, window)
+        # _attention_groups makes one group per kind, in order of first appearance.
+        position = {kind: i for i, kind in enumerate(dict.fromkeys(kinds))}
+        layer_group_index = tuple(position[kind] for kind in kinds)
 
     return ModelSpec(
         name=label,
@@ -623,6 +843,7 @@ def model_from_config(
         max_context_len=max_context,
         weight_dtype=_weight_dtype(config, f),
         source=source,
+        layer_group_index=layer_group_index,
     )
 
 
@@ -725,3 +946,16 @@ def load_model(model: ModelSpec | Mapping[str, Any] | str | os.PathLike[str]) ->
     if looks_like_file:
         raise ConfigError(f"model: no such file {model!r}")
     return model_preset(model)
+
+
+def kv_cache_groups(
+    model: ModelSpec | Mapping[str, Any] | str | os.PathLike[str],
+) -> tuple[KVCacheGroup, ...]:
+    """The manager's KV-cache groups of a model (a ModelSpec, config dict, path or preset name); see
+    :meth:`ModelSpec.kv_cache_groups` for the rule. ``[g.window for g in groups]`` is what
+    ``KVCacheManager(groups=...)`` takes.
+
+    Raises:
+        ConfigError: the model cannot be read (the message names the field).
+    """
+    return load_model(model).kv_cache_groups()

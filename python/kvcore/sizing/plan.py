@@ -10,20 +10,22 @@ run together, and the longest context at a given concurrency. Everything is per 
 parallelism each GPU holds ``1/tp`` of the weights, its share of the K/V heads and its own pool with the
 same number of pages.
 
-Layout assumed (kvcore's pool): one page holds ``page_size`` tokens of *every* caching layer, and page 0
-is the reserved null page, so a pool of ``num_pages`` pages serves ``num_pages - 1``. A sequence of ``n``
-tokens holds ``ceil(n / page_size)`` pages (waste < 1 page). Only when every caching layer is windowed
-(Mistral 7B) can a sequence drop pages that left the window; a window of ``W`` tokens spans at most
-``(W - 2) // page_size + 2`` pages whatever its alignment. In a hybrid model the full-attention layers
-keep every page alive, so its pages are not bounded by the sliding layers (``size`` still reports the
-smaller per-layer-group figure an engine with per-group pages would reach).
+Layout assumed: kvcore's manager with KV-cache groups (:meth:`ModelSpec.kv_cache_groups`). Each group of
+layers has its own page table per sequence and every group has the same number of layer slots, so all
+pages of the one pool have the same size, ``group_page_bytes``: ``page_size`` tokens of one group. Page
+0 is the reserved null page, so a pool of ``num_pages`` pages serves ``num_pages - 1``. In decode, a
+sequence of ``n`` tokens holds ``ceil(n / page_size)`` pages in each full group and at most
+``(W - 2) // page_size + 2`` (a window of ``W`` tokens, whatever its alignment) in each window group;
+its pages are the sum over groups. A model whose layers are all of one type (Llama, Mistral 7B, DeepSeek)
+has a single group, the classic one-page-table layout; a hybrid one (Gemma 2/3, gpt-oss) gets its window
+groups bounded while its full groups grow with the context.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -38,8 +40,15 @@ from kvcore.sizing.dtypes import (
     normalize_weight_dtype,
     weight_dtype_bits,
 )
-from kvcore.sizing.formula import MAX_INT, bits_to_bytes, check_int, pages_for_budget
-from kvcore.sizing.model import ModelSpec, load_model
+from kvcore.sizing.formula import (
+    MAX_INT,
+    _window_pages,
+    bits_to_bytes,
+    check_int,
+    pages_for_budget,
+    pages_per_request,
+)
+from kvcore.sizing.model import KVCacheGroup, ModelSpec, load_model
 from kvcore.sizing.presets import GpuSpec, gpu_preset
 from kvcore.sizing.units import format_bytes
 
@@ -247,8 +256,18 @@ class Plan:
     reserve_bytes: int
     # gpu_mem_bytes - weight_bytes_per_gpu - reserve_bytes; negative when weights and reserve do not fit.
     kv_budget_bytes: int
-    # Bytes of one pool page on one GPU (K/V of every caching layer); >= 1.
+    # Bytes of one pool page on one GPU: page_size tokens of one KV-cache group (group_size layer slots,
+    # ModelSpec.group_page_bytes); >= 1.
     page_bytes: int
+    # The manager's KV-cache groups (ModelSpec.kv_cache_groups), in the order KVCacheManager takes them.
+    groups: tuple[KVCacheGroup, ...]
+    # [len(groups)] window of each group, None = full attention: KVCacheManager(groups=list(...)).
+    group_windows: tuple[int | None, ...]
+    # Layer slots of each group's pages (the smallest number of layers of one attention type); >= 1.
+    group_size: int
+    # Layer slots over all groups that no layer fills (the last group of a type, when its count does not
+    # divide); >= 0.
+    padding_layers: int
     # Scales the pool keeps beside its pages on one GPU (fp8/int8/int4; else 0); set aside before pages.
     scale_bytes: int
     # Constant-state bytes per request on one GPU (linear_attention layers; 0 for most models).
@@ -261,21 +280,26 @@ class Plan:
     num_pages: int
     # Pages requests can use: num_pages - 1 (page 0 is the null page); >= 0.
     usable_pages: int
-    # usable_pages * page_size: tokens that can be active at once over all requests.
+    # usable_pages * page_size: tokens that can be active at once over all requests (token slots when the
+    # model has several groups: a token takes one in each group that holds it).
     max_active_tokens: int
     # num_pages * page_bytes: memory the pool takes.
     pool_bytes: int
     # Tokens per request asked about (None if not asked).
     context_len: int | None
-    # Pages one request of context_len holds (None if not asked).
+    # Pages one request of context_len holds, summed over groups (None if not asked).
     pages_per_request: int | None
+    # Bytes of those pages that no layer fills: padding slots, and smaller groups in a larger page (None if
+    # not asked; 0 for a model of one attention type).
+    padding_bytes_per_request: int | None
     # Requests of context_len that fit together (None if not asked).
     max_requests_at_context: int | None
     # Concurrent requests asked about (None if not asked).
     concurrency: int | None
     # Longest context at `concurrency` requests (None if not asked, or if unbounded: see next field).
     max_context_at_concurrency: int | None
-    # True when windows bound every sequence, so memory never limits the context at that concurrency.
+    # True when every group is windowed and `concurrency` requests of every window fit, so memory never
+    # limits the context at that concurrency.
     context_unbounded: bool
     # prompt + output of each request of the distribution asked about (empty if none).
     request_lens: tuple[int, ...]
@@ -294,25 +318,13 @@ class Plan:
         """Plain JSON-ready dict (the ``--json`` output)."""
         return dataclasses.asdict(self)
 
+    def manager_kwargs(self) -> dict[str, Any]:
+        """The arguments of the matching manager: ``KVCacheManager(**plan.manager_kwargs())``.
 
-def pages_per_request(num_tokens: int, page_size: int, window: int | None = None) -> int:
-    """Pages a sequence of ``num_tokens`` holds: ``ceil(n / page_size)``, bounded by a window if given.
-
-    A window of ``W`` tokens spans at most ``(W - 2) // page_size + 2`` pages (its first and last pages may
-    be partly outside it), so that is the bound, not ``ceil(W / page_size)``.
-    """
-    check_int(num_tokens, "num_tokens")
-    check_int(page_size, "page_size", minimum=1)
-    pages = -(-num_tokens // page_size)
-    if window is not None and num_tokens > 0:
-        pages = min(pages, _window_pages(check_int(window, "window", minimum=1), page_size))
-    return pages
-
-
-def _window_pages(window: int, page_size: int) -> int:
-    # W consecutive tokens starting at offset r within a page end in page (r + W - 1) // page_size; the
-    # worst offset is r = page_size - 1.
-    return (window - 2) // page_size + 2
+        ``num_pages`` (null page included), ``page_size`` and ``groups`` (the window of each KV-cache
+        group, None = full attention).
+        """
+        return {"num_pages": self.num_pages, "page_size": self.page_size, "groups": list(self.group_windows)}
 
 
 def _resolve_gpu(gpu: GpuSpec | str | int) -> GpuSpec:
@@ -384,8 +396,9 @@ def plan(
             average and in the worst case.
 
     Returns:
-        A :class:`Plan`. A request that does not fit is not an error: ``fits`` is False, ``shortfall_bytes``
-        says by how much, and ``warnings`` explains it.
+        A :class:`Plan`, paged with the model's KV-cache groups; ``Plan.manager_kwargs()`` are the
+        arguments of the matching ``KVCacheManager``. A request that does not fit is not an error:
+        ``fits`` is False, ``shortfall_bytes`` says by how much, and ``warnings`` explains it.
 
     Raises:
         ConfigError: a bad argument, unknown preset, or missing weight information.
@@ -431,23 +444,32 @@ def plan(
         reserve = check_int(reserve_bytes, "reserve_bytes")
 
     budget = device.mem_bytes - weights_per_gpu - reserve
-    page = spec.page_bytes(page_size, kv_dtype, tp)
+    groups = spec.kv_cache_groups()
+    page = spec.group_page_bytes(page_size, kv_dtype, tp)
     if page > MAX_INT:
         raise ConfigError(f"page_size: a page of {page:,} bytes of {spec.name} is beyond any memory")
     scales = spec.scale_bytes(kv_dtype, tp)
     state = spec.state_bytes(1, tp)
     # What pages and states can use: the pool's scales and its null page come first.
     room_for_requests = budget - scales - page
-    window = spec.window_bound()
+
+    def pages(num_tokens: int) -> int:
+        return sum(g.pages_per_sequence(num_tokens, page_size) for g in groups)
 
     def cost(num_tokens: int) -> int:
-        return pages_per_request(num_tokens, page_size, window) * page + state
+        return pages(num_tokens) * page + state
 
     def requests_that_fit(num_tokens: int) -> int:
         return max(0, room_for_requests // cost(num_tokens)) if room_for_requests > 0 else 0
 
     max_at_context = requests_that_fit(context_len) if context_len is not None else None
-    ctx_pages = pages_per_request(context_len, page_size, window) if context_len is not None else None
+    ctx_pages = pages(context_len) if context_len is not None else None
+    padding_bytes = None
+    if context_len is not None:
+        padding_bytes = sum(
+            g.pages_per_sequence(context_len, page_size) * (page - g.used_page_bytes(page_size, kv_dtype, tp))
+            for g in groups
+        )
     max_mix = worst = None
     if request_lens:
         total_cost = sum(cost(n) for n in request_lens)
@@ -460,10 +482,14 @@ def plan(
     if concurrency is not None:
         room = room_for_requests - concurrency * state
         each = max(0, room // (concurrency * page)) if room > 0 else 0
-        if window is not None and each >= _window_pages(window, page_size):
+        windows = [g.window for g in groups]
+        if (
+            all(w is not None for w in windows)
+            and sum(_window_pages(w, page_size) for w in windows if w is not None) <= each
+        ):
             unbounded = True
         else:
-            max_context = each * page_size
+            max_context = _longest_pages(pages, page_size, each) * page_size
 
     # Constant state is set aside for the requests the plan is about.
     reserved_requests = 0
@@ -476,8 +502,8 @@ def plan(
 
     warnings: list[str] = []
     gpu_label = f"{device.name} ({format_bytes(device.mem_bytes)})"
-    # Cache needed for what was asked; at least the null page and one page of one request.
-    need = scales + 2 * page + state
+    # Cache needed for what was asked; at least the null page and the first page of one request.
+    need = scales + page + cost(1)
     if concurrency is not None and (context_len is not None or request_lens):
         longest = context_len if context_len is not None else max(request_lens)
         need = scales + page + concurrency * cost(longest)
@@ -486,7 +512,7 @@ def plan(
     elif request_lens:
         need = scales + page + cost(max(request_lens))
     elif concurrency is not None:
-        need = scales + page + concurrency * (page + state)
+        need = scales + page + concurrency * cost(1)
     shortfall = max(0, need - budget)
     fits = shortfall == 0
 
@@ -532,6 +558,10 @@ def plan(
         reserve_bytes=reserve,
         kv_budget_bytes=budget,
         page_bytes=page,
+        groups=groups,
+        group_windows=tuple(g.window for g in groups),
+        group_size=groups[0].group_size,
+        padding_layers=sum(g.num_padding_layers for g in groups),
         scale_bytes=scales,
         state_bytes_per_request=state,
         state_reserved_requests=reserved_requests,
@@ -542,6 +572,7 @@ def plan(
         pool_bytes=num_pages * page,
         context_len=context_len,
         pages_per_request=ctx_pages,
+        padding_bytes_per_request=padding_bytes,
         max_requests_at_context=max_at_context,
         concurrency=concurrency,
         max_context_at_concurrency=max_context,
@@ -553,6 +584,23 @@ def plan(
         shortfall_bytes=shortfall,
         warnings=tuple(warnings),
     )
+
+
+def _longest_pages(pages: Callable[[int], int], page_size: int, each: int) -> int:
+    """Largest ``k`` with ``pages(k * page_size) <= each`` (``pages`` is non-decreasing, ``pages(0) == 0``).
+
+    Called only when some group grows with the context or the windows together do not fit; then no
+    ``k > each`` fits (a full group, or the largest window's group, alone holds ``k`` pages there), so
+    the search stays in ``[0, each]``.
+    """
+    low, high = 0, each  # pages(low * page_size) <= each always holds
+    while low < high:
+        mid = (low + high + 1) // 2
+        if pages(mid * page_size) <= each:
+            low = mid
+        else:
+            high = mid - 1
+    return low
 
 
 def _describe_ask(concurrency: int | None, context_len: int | None, request_lens: Sequence[int]) -> str:

@@ -124,6 +124,22 @@ def _gemma3(
     )
 
 
+def _gpt_oss(layers: int) -> dict[str, Any]:
+    # Sliding (128 tokens) and full attention alternate, starting with sliding; the MoE experts are MXFP4.
+    return _dense(
+        layers,
+        64,
+        8,
+        2880,
+        131072,
+        64,
+        model_type="gpt_oss",
+        sliding_window=128,
+        layer_types=["sliding_attention" if i % 2 == 0 else "full_attention" for i in range(layers)],
+        quantization_config={"quant_method": "mxfp4"},
+    )
+
+
 def _b(billions: float) -> int:
     return round(billions * 10**9)
 
@@ -214,6 +230,10 @@ MODEL_PRESETS: dict[str, ModelPreset] = {
         ),
         None,
     ),
+    # gpt-oss: 64 query heads, 8 KV heads of 64. The weight estimate counts 4 bits per parameter, below the
+    # checkpoint (attention and embeddings stay bf16, MXFP4 carries block scales): prefer weight_bytes.
+    "gpt-oss-20b": ModelPreset(_gpt_oss(24), _b(20.9)),
+    "gpt-oss-120b": ModelPreset(_gpt_oss(36), _b(117)),
     # DeepSeek: MLA, one latent of kv_lora_rank + qk_rope_head_dim = 576 elements per token and layer.
     "deepseek-v2": ModelPreset(_mla(60, 128, 5120, "deepseek_v2"), _b(236)),
     "deepseek-v2-lite": ModelPreset(_mla(27, 16, 2048, "deepseek_v2"), _b(15.7)),

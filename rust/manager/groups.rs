@@ -1,0 +1,913 @@
+//! Bounded caches (F8): KV-cache groups with sliding windows, StreamingLLM sinks + recent tokens,
+//! and page-level heavy-hitter compaction.
+//!
+//! Provenance: vLLM's hybrid allocator (one page table per group of layers, one shared pool, a
+//! sliding-window hit needing only the last `ceil(W / page_size)` pages before the hit point),
+//! SGLang's `SWARadixCache` (window pages released as the sequence moves on, while full-attention
+//! pages stay), StreamingLLM (attention sinks + a recent window) and OpenVINO GenAI's block-level
+//! score eviction (H2O at page granularity). What differs:
+//! - the *primary* group (the first full-attention group; the first group when every group is
+//!   windowed) keeps the radix tree, locks and lower tiers' page keys as before; every other
+//!   group's full pages are cached in a hash map keyed by page key ([`crate::keys`], chained over
+//!   the same namespaces as the tree path), so a window group's cached pages can be evicted in
+//!   any order (holes are free: no tombstones);
+//! - a released page shows as the null page in its group's table: positions stay implicit (page
+//!   `i` holds tokens `i * page_size..`), and [`KVCacheManager::positions`] gives the original
+//!   positions of the kept tokens for kernels that read a compacted table.
+//!
+//! # When pages are released
+//! Each sequence tracks `computed`: tokens whose K/V the engine has computed (the cached prefix at
+//! admission; every old token on `append`; the reserved prompt on `reserve` of a sequence that
+//! caches as it goes; `commit`'s count otherwise). Every query still to come is at a position
+//! `>= computed`, so a window group of `W` tokens no longer needs a page that ends at or before
+//! `computed + 1 - W`; a streaming sequence's full groups no longer need the pages between its
+//! sink pages and its last `recent_tokens` tokens. Those pages are released (their cached copies,
+//! if any, stay cached and evictable).
+//!
+//! # Privacy of compacted sequences
+//! Tokens computed after a full-attention group lost a page (streaming or [`compact`]) attended to
+//! a compacted context: their K/V differ from a full-context computation of the same tokens. Such a
+//! sequence's pages from that point on are never cached (tree, maps or lower tiers): `private_from`.
+//!
+//! [`compact`]: KVCacheManager::compact
+
+use std::collections::{BTreeSet, HashMap};
+
+use super::{internal, unknown, KVCacheManager, SeqId, Sequence, State};
+use crate::error::{KvError, KvResult};
+use crate::keys::{page_key, PageKey};
+use crate::radix::{FxBuildHasher, Namespace};
+use crate::{PageId, NULL_PAGE};
+
+/// Most KV-cache groups of one manager.
+pub const MAX_GROUPS: usize = 64;
+
+/// Why an admission's prefix hit is as long as it is ([`PrefixHit::reason`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HitReason {
+    /// Every cacheable prompt page was a hit (`len - 1` tokens, rounded down to whole pages).
+    Full,
+    /// The primary group holds no longer cached prefix (a plain miss past the hit).
+    PrimaryMiss,
+    /// A longer prefix is cached in the primary group, but a window group lacks pages just
+    /// before every longer hit point (evicted, or never cached).
+    WindowPagesMissing,
+    /// A full-attention group other than the primary lacks pages of a longer prefix.
+    GroupPagesMissing,
+}
+
+impl HitReason {
+    /// The reason's name (`"full"`, `"primary_miss"`, `"window_pages_missing"`,
+    /// `"group_pages_missing"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            HitReason::Full => "full",
+            HitReason::PrimaryMiss => "primary_miss",
+            HitReason::WindowPagesMissing => "window_pages_missing",
+            HitReason::GroupPagesMissing => "group_pages_missing",
+        }
+    }
+}
+
+/// What an admission found cached, per group ([`KVCacheManager::prefix_hit`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PrefixHit {
+    /// Tokens taken from the cache (the same for every group).
+    pub num_tokens: usize,
+    /// Per group, in the caller's group order: the longest hit that group alone allows.
+    pub group_tokens: Vec<usize>,
+    /// Why the hit is not longer.
+    pub reason: HitReason,
+}
+
+/// One cached page of a non-primary group.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    group: u8,
+    key: PageKey,
+    /// Live sequences holding the page in their table.
+    users: u32,
+    /// Recency stamp while evictable (`users == 0`).
+    stamp: u64,
+}
+
+/// The groups of a manager and the cache of every non-primary group's pages.
+#[derive(Debug, Default)]
+pub(super) struct Groups {
+    /// Window per internal group (`None`: full attention); `[0]` is the primary group.
+    pub windows: Vec<Option<usize>>,
+    /// Internal index of each caller group.
+    pub to_internal: Vec<usize>,
+    entries: HashMap<PageId, Entry, FxBuildHasher>,
+    by_key: HashMap<(u8, PageKey), PageId, FxBuildHasher>,
+    /// Evictable entries, least recently used first.
+    lru: BTreeSet<(u64, PageId)>,
+    clock: u64,
+}
+
+/// A sequence's bounded-cache state (absent for the unbounded common case).
+#[derive(Clone, Debug, Default)]
+pub(super) struct Bounds {
+    /// Tokens whose K/V the engine has computed (see the module docs).
+    pub computed: usize,
+    /// Per internal group: pages `[start, cursor)` are released (start: 0 for windows, the sink
+    /// pages for streaming full groups).
+    pub cursor: Vec<usize>,
+    /// Streaming: (sink pages kept, recent tokens kept).
+    pub streaming: Option<(usize, usize)>,
+    /// Tokens from which the sequence's pages are never cached (see the module docs).
+    pub private_from: Option<usize>,
+    /// The admission's hit per group.
+    pub hit: Option<PrefixHit>,
+}
+
+impl Groups {
+    pub fn new(groups: &[Option<usize>]) -> KvResult<Self> {
+        if groups.len() > MAX_GROUPS {
+            return Err(KvError::InvalidArgument(format!(
+                "at most {MAX_GROUPS} KV-cache groups, got {}",
+                groups.len()
+            )));
+        }
+        if let Some(w) = groups.iter().flatten().find(|&&w| w == 0) {
+            return Err(KvError::InvalidArgument(format!(
+                "a group's window must be >= 1 token (None for full attention), got {w}"
+            )));
+        }
+        let windows = if groups.is_empty() {
+            vec![None]
+        } else {
+            groups.to_vec()
+        };
+        // The primary group: the first full-attention one, else the first.
+        let primary = windows.iter().position(Option::is_none).unwrap_or(0);
+        let mut order: Vec<usize> = vec![primary];
+        order.extend((0..windows.len()).filter(|&g| g != primary));
+        let mut to_internal = vec![0; windows.len()];
+        for (internal_g, &caller_g) in order.iter().enumerate() {
+            to_internal[caller_g] = internal_g;
+        }
+        Ok(Self {
+            windows: order.iter().map(|&g| windows[g]).collect(),
+            to_internal,
+            ..Self::default()
+        })
+    }
+
+    /// Whether any group other than one full-attention group exists.
+    pub fn active(&self) -> bool {
+        self.windows.len() > 1 || self.windows[0].is_some()
+    }
+
+    pub fn num_groups(&self) -> usize {
+        self.windows.len()
+    }
+
+    /// Whether the primary group is windowed (then the tree caches nothing).
+    pub fn primary_windowed(&self) -> bool {
+        self.windows[0].is_some()
+    }
+
+    /// The internal index of caller group `g`.
+    pub fn internal(&self, g: usize) -> KvResult<usize> {
+        self.to_internal.get(g).copied().ok_or_else(|| {
+            KvError::InvalidArgument(format!(
+                "group {g} out of range: this manager has {} group(s)",
+                self.windows.len()
+            ))
+        })
+    }
+
+    /// Cached non-primary pages nothing but the cache holds.
+    pub fn num_evictable(&self) -> usize {
+        self.lru.len()
+    }
+
+    /// Every page the group caches hold (for invariant checks).
+    pub fn pages(&self) -> impl Iterator<Item = PageId> + '_ {
+        self.entries.keys().copied()
+    }
+
+    /// Whether group `g`'s pages are cached in the maps (every group but a full primary).
+    fn mapped(&self, g: usize) -> bool {
+        g > 0 || self.primary_windowed()
+    }
+
+    /// A sequence dropped one reference on `page`.
+    fn on_release(&mut self, page: PageId) {
+        if let Some(e) = self.entries.get_mut(&page) {
+            e.users = e.users.saturating_sub(1);
+            if e.users == 0 {
+                self.clock += 1;
+                e.stamp = self.clock;
+                self.lru.insert((e.stamp, page));
+            }
+        }
+    }
+
+    /// A sequence took one reference on `page`.
+    fn on_retain(&mut self, page: PageId) {
+        if let Some(e) = self.entries.get_mut(&page) {
+            if e.users == 0 {
+                self.lru.remove(&(e.stamp, page));
+            }
+            e.users += 1;
+        }
+    }
+
+    fn lookup(&self, g: usize, key: &PageKey) -> Option<PageId> {
+        self.by_key.get(&(g as u8, *key)).copied()
+    }
+
+    /// Take up to `n` evictable pages, least recently used first, out of the cache (the caller
+    /// releases the cache's reference on each).
+    fn take_lru(&mut self, n: usize, out: &mut Vec<PageId>) {
+        for _ in 0..n {
+            let Some((_, page)) = self.lru.pop_first() else {
+                return;
+            };
+            if let Some(e) = self.entries.remove(&page) {
+                self.by_key.remove(&(e.group, e.key));
+            }
+            out.push(page);
+        }
+    }
+}
+
+impl Bounds {
+    /// First page of group `g` whose release depends on `computed` (see [`drop_limit`]).
+    fn start(&self, window: Option<usize>) -> usize {
+        match (window, self.streaming) {
+            (None, Some((sinks, _))) => sinks,
+            _ => 0,
+        }
+    }
+
+    /// Pages `[start, limit)` of a group with `window` are no longer needed once `computed`
+    /// tokens are computed.
+    fn limit(&self, window: Option<usize>, ps: usize, computed: usize) -> usize {
+        let keep = match (window, self.streaming) {
+            (Some(w), _) => w,
+            (None, Some((_, recent))) => recent,
+            (None, None) => return 0,
+        };
+        (computed + 1).saturating_sub(keep) / ps
+    }
+}
+
+impl Sequence {
+    /// The table of internal group `g`.
+    pub(super) fn table(&self, g: usize) -> &[PageId] {
+        if g == 0 {
+            &self.pages
+        } else {
+            &self.extra[g - 1]
+        }
+    }
+
+    pub(super) fn table_mut(&mut self, g: usize) -> &mut Vec<PageId> {
+        if g == 0 {
+            &mut self.pages
+        } else {
+            &mut self.extra[g - 1]
+        }
+    }
+
+    /// Whether the sequence needs the bounded-cache paths.
+    pub(super) fn bounded(&self) -> bool {
+        self.bounds.is_some()
+    }
+}
+
+/// Non-null pages of a table.
+fn live(pages: &[PageId]) -> impl Iterator<Item = PageId> + '_ {
+    pages.iter().copied().filter(|&p| p != NULL_PAGE)
+}
+
+impl KVCacheManager {
+    /// Drop one sequence reference on each non-null page of `pages` (the group caches learn which
+    /// of their pages became evictable).
+    pub(super) fn release_table(&self, st: &mut State, pages: &[PageId]) -> KvResult<()> {
+        let held: Vec<PageId> = live(pages).collect();
+        for &p in &held {
+            st.groups.on_release(p);
+        }
+        self.release(st, &held)
+    }
+
+    /// Take one sequence reference on each non-null page of `pages`.
+    pub(super) fn retain_table(&self, st: &mut State, pages: &[PageId]) -> KvResult<()> {
+        let held: Vec<PageId> = live(pages).collect();
+        self.alloc.retain_serialized(&held).map_err(internal)?;
+        for &p in &held {
+            st.groups.on_retain(p);
+        }
+        Ok(())
+    }
+
+    /// Release every table of a sequence removed from the state.
+    pub(super) fn release_sequence_pages(&self, st: &mut State, seq: &Sequence) -> KvResult<()> {
+        if seq.extra.is_empty() && seq.bounds.is_none() {
+            return self.release(st, &seq.pages);
+        }
+        self.release_table(st, &seq.pages)?;
+        for t in &seq.extra {
+            self.release_table(st, t)?;
+        }
+        Ok(())
+    }
+
+    /// Evict up to `n` pages from the group caches (least recently used first); returns how many.
+    pub(super) fn evict_group_pages(&self, st: &mut State, n: usize) -> KvResult<usize> {
+        let mut out = Vec::new();
+        st.groups.take_lru(n, &mut out);
+        self.release(st, &out)?;
+        Ok(out.len())
+    }
+
+    /// The page keys of `tokens`' first `n` pages in namespace `ns`, each page keyed in the
+    /// namespace of the tree node holding it when `path` gives one (a public trunk), as
+    /// [`page_keys`](Self::page_keys) reports them. Stops early (fewer keys) at a page whose
+    /// namespace has no name yet (nothing can be cached under it).
+    fn chain_keys(
+        &self,
+        st: &State,
+        ns: Namespace,
+        tokens: &[u32],
+        n: usize,
+        path: &[(PageId, Namespace)],
+        keys: &mut Vec<PageKey>,
+    ) {
+        let ps = self.page_size;
+        while keys.len() < n {
+            let i = keys.len();
+            let page_ns = path.get(i).map_or(ns, |&(_, x)| x);
+            let Some(kns) = st.key_namespace(page_ns) else {
+                return;
+            };
+            let parent = if i == 0 { self.root_key } else { keys[i - 1] };
+            keys.push(page_key(&parent, kns, &tokens[i * ps..(i + 1) * ps]));
+        }
+    }
+
+    /// The prefix hit of `lookup` in `lookup_ns` over every group, without side effects: the
+    /// pages every group allows, the keys of the candidate pages, each group's own longest hit
+    /// in tokens (caller order) and why the hit is not longer.
+    ///
+    /// The primary group's candidates are its tree match (every page, when the primary is
+    /// windowed: its map decides). A mapped group allows a hit of `d` pages when it holds the
+    /// last `ceil(W / page_size)` pages before `d` (a window `W`; every page before `d` for full
+    /// attention). The hit is the longest `d` every group allows.
+    pub(super) fn peek_group_hit(
+        &self,
+        st: &State,
+        lookup_ns: Namespace,
+        lookup: &[u32],
+    ) -> (usize, Vec<PageKey>, Vec<usize>, HitReason) {
+        let ps = self.page_size;
+        let groups = &st.groups;
+        let bound = lookup.len() / ps;
+        let mut path = Vec::new();
+        let candidates = if groups.primary_windowed() {
+            bound
+        } else {
+            st.tree.peek_prefix_pages_ns(lookup_ns, lookup, &mut path)
+        };
+        let mut keys = Vec::new();
+        if !groups.active() {
+            // One full group (a streaming sequence on a plain manager): the tree decides alone.
+            let reason = if candidates >= bound {
+                HitReason::Full
+            } else {
+                HitReason::PrimaryMiss
+            };
+            return (candidates, keys, vec![candidates * ps], reason);
+        }
+        self.chain_keys(st, lookup_ns, lookup, candidates, &path, &mut keys);
+        let n = keys.len();
+        let g_count = groups.num_groups();
+        // runs[g][i]: consecutive cached pages of group g ending at page i (inclusive).
+        let runs: Vec<Vec<usize>> = (0..g_count)
+            .map(|g| {
+                if !groups.mapped(g) {
+                    return Vec::new();
+                }
+                let mut len = 0;
+                keys.iter()
+                    .map(|key| {
+                        len = if groups.lookup(g, key).is_some() {
+                            len + 1
+                        } else {
+                            0
+                        };
+                        len
+                    })
+                    .collect()
+            })
+            .collect();
+        let valid = |g: usize, d: usize| -> bool {
+            if d == 0 || !groups.mapped(g) {
+                return true;
+            }
+            let need = groups.windows[g].map_or(d, |w| w.div_ceil(ps).min(d));
+            runs[g][d - 1] >= need
+        };
+        let own: Vec<usize> = (0..g_count)
+            .map(|g| (0..=n).rev().find(|&d| valid(g, d)).unwrap_or(0))
+            .collect();
+        let best = (0..=n)
+            .rev()
+            .find(|&d| (0..g_count).all(|g| valid(g, d)))
+            .unwrap_or(0);
+        let primary_own = if groups.mapped(0) { own[0] } else { n };
+        // A windowed primary's plain miss: the page after the hit is not cached at all.
+        let primary_ends = groups.mapped(0)
+            && keys
+                .get(best)
+                .map_or(true, |key| groups.lookup(0, key).is_none());
+        let reason = if best >= bound {
+            HitReason::Full
+        } else if best == n && !groups.mapped(0) || primary_ends {
+            HitReason::PrimaryMiss
+        } else if (0..g_count)
+            .any(|g| groups.windows[g].is_some() && own[g] < primary_own.max(best + 1))
+        {
+            HitReason::WindowPagesMissing
+        } else {
+            HitReason::GroupPagesMissing
+        };
+        let per_group = groups
+            .to_internal
+            .iter()
+            .map(|&g| if g == 0 { primary_own } else { own[g] } * ps)
+            .collect();
+        (best, keys, per_group, reason)
+    }
+
+    /// Admission on a manager with KV-cache groups, or of a streaming sequence; see
+    /// [`add_sequence_reserving`](Self::add_sequence_reserving).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn add_sequence_bounded(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        prompt: Vec<u32>,
+        namespace: Option<&str>,
+        priority: i32,
+        cache_prompt: bool,
+        reserve: Option<usize>,
+        streaming: Option<(usize, usize)>,
+        now: u64,
+    ) -> KvResult<Option<usize>> {
+        let ps = self.page_size;
+        let len = prompt.len();
+        let known = st.known_namespace(namespace);
+        let lookup_ns = known.unwrap_or(super::namespace::UNSEEN_NAMESPACE);
+        let lookup = &prompt[..len - 1];
+        st.tree.expire_pins(now);
+        let (hit, keys, per_group, reason) = self.peek_group_hit(st, lookup_ns, lookup);
+        let slots = match reserve {
+            None => len,
+            Some(r) => hit * ps + r.min(len - hit * ps),
+        };
+        let num_pages = slots.div_ceil(ps);
+        let g_count = st.groups.num_groups();
+        let mut bounds = Bounds {
+            computed: hit * ps,
+            cursor: vec![0; g_count],
+            streaming: streaming.map(|(sink, recent)| (sink.div_ceil(ps), recent)),
+            // A streaming sequence shares its hit, never its own pages: once it releases a
+            // page, what it computes differs from a full-context computation.
+            private_from: streaming.map(|_| hit * ps),
+            hit: Some(PrefixHit {
+                num_tokens: hit * ps,
+                group_tokens: per_group,
+                reason,
+            }),
+        };
+        // Which hit pages each mapped group takes: those still needed at `computed`.
+        let mut taken: Vec<Vec<PageId>> = vec![Vec::new(); g_count];
+        let mut evictable_taken = 0;
+        for (g, t) in taken.iter_mut().enumerate() {
+            let w = st.groups.windows[g];
+            let start = bounds.start(w);
+            let limit = bounds.limit(w, ps, bounds.computed).max(start).min(hit);
+            bounds.cursor[g] = limit;
+            if !st.groups.mapped(g) {
+                continue;
+            }
+            t.resize(hit, NULL_PAGE);
+            for (i, slot) in t.iter_mut().enumerate() {
+                if i >= start && i < limit {
+                    continue;
+                }
+                let page = st.groups.lookup(g, &keys[i]).ok_or_else(|| {
+                    internal(KvError::Internal(format!("group {g} lost hit page {i}")))
+                })?;
+                if st.groups.entries[&page].users == 0 {
+                    evictable_taken += 1;
+                }
+                *slot = page;
+            }
+        }
+        let tree_hit = if st.groups.primary_windowed() { 0 } else { hit };
+        let (_, tree_evictable) = st.tree.peek_prefix(lookup_ns, &lookup[..tree_hit * ps]);
+        let fresh = g_count * (num_pages - hit);
+        let room = self.alloc.num_free() + st.tree.num_evictable_pages() - tree_evictable
+            + st.groups.num_evictable()
+            - evictable_taken;
+        if fresh > room {
+            st.stats.num_refused += 1;
+            return Ok(None);
+        }
+        // Take the hit: the tree path (locked) and the mapped groups' pages (held), so that the
+        // allocation below cannot evict them.
+        let mut primary = Vec::with_capacity(num_pages);
+        let matched = st.tree.match_prefix(
+            lookup_ns,
+            &lookup[..tree_hit * ps],
+            priority,
+            now,
+            &mut primary,
+        );
+        debug_assert_eq!(matched.num_pages, tree_hit);
+        st.tree.lock(matched.node).map_err(internal)?;
+        let ns = st.resolve_namespace(known, namespace);
+        st.add_live(ns);
+        for t in &taken {
+            for p in live(t) {
+                st.groups.on_retain(p);
+            }
+        }
+        let mut fresh_pages = Vec::with_capacity(fresh);
+        if !self.allocate(st, fresh, now, &mut fresh_pages) {
+            for t in &taken {
+                for p in live(t) {
+                    st.groups.on_release(p);
+                }
+            }
+            st.tree.unlock(matched.node).map_err(internal)?;
+            st.remove_live(ns);
+            st.stats.num_refused += 1;
+            return Ok(None);
+        }
+        self.alloc
+            .retain_serialized(&primary[..tree_hit])
+            .map_err(internal)?;
+        for t in &taken {
+            let held: Vec<PageId> = live(t).collect();
+            self.alloc.retain_serialized(&held).map_err(internal)?;
+        }
+        let per_table = num_pages - hit;
+        let mut tables: Vec<Vec<PageId>> = Vec::with_capacity(g_count);
+        for (g, t) in taken.into_iter().enumerate() {
+            let mut table = if st.groups.mapped(g) {
+                t
+            } else {
+                std::mem::take(&mut primary)
+            };
+            table.extend_from_slice(&fresh_pages[g * per_table..(g + 1) * per_table]);
+            tables.push(table);
+        }
+        st.stats.prefix_query_tokens += len as u64;
+        st.stats.prefix_hit_tokens += (hit * ps) as u64;
+        let mut tables = tables.into_iter();
+        let pages = tables.next().unwrap_or_default();
+        let seq = Sequence {
+            ns,
+            priority,
+            tokens: prompt,
+            slots,
+            pages,
+            extra: tables.collect(),
+            num_inserted_pages: hit,
+            auto_cache: cache_prompt,
+            num_committed: hit * ps,
+            node: matched.node,
+            lock_pages: tree_hit,
+            loading: None,
+            hit: vec![hit * ps],
+            keys: keys[..hit.min(keys.len())].to_vec(),
+            bounds: Some(Box::new(bounds)),
+        };
+        st.seqs.insert(seq_id, seq);
+        // A streaming sequence admitted past its recent window releases the middle of its hit
+        // now (the primary's cached pages stay locked by its path until it ends).
+        self.prepare_bounds(st, seq_id, hit * ps)?;
+        if cache_prompt {
+            let full = slots.min(len) / ps;
+            self.cache_full_pages(st, seq_id, full, now)?;
+        }
+        self.drop_bounded(st, seq_id)?;
+        Ok(Some(hit * ps))
+    }
+
+    /// Record that `seq_id` has `computed` tokens computed; if a full-attention group is about to
+    /// lose a page, the sequence's later pages become private first.
+    pub(super) fn prepare_bounds(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        computed: usize,
+    ) -> KvResult<()> {
+        let ps = self.page_size;
+        let windows = &st.groups.windows;
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let Some(b) = seq.bounds.as_deref_mut() else {
+            return Ok(());
+        };
+        b.computed = b.computed.max(computed);
+        if b.private_from.is_none() {
+            let pages = seq.pages.len();
+            let full_drop = windows.iter().enumerate().any(|(g, &w)| {
+                w.is_none() && {
+                    let start = b.start(w);
+                    b.limit(w, ps, b.computed).min(pages) > b.cursor[g].max(start)
+                }
+            });
+            if full_drop {
+                b.private_from = Some(b.computed);
+            }
+        }
+        Ok(())
+    }
+
+    /// Release the pages of `seq_id` that no query to come can read (see the module docs).
+    pub(super) fn drop_bounded(&self, st: &mut State, seq_id: SeqId) -> KvResult<()> {
+        let ps = self.page_size;
+        let windows = st.groups.windows.clone();
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let Some(b) = seq.bounds.as_deref_mut() else {
+            return Ok(());
+        };
+        let mut dropped = Vec::new();
+        let computed = b.computed;
+        for (g, &w) in windows.iter().enumerate() {
+            let start = b.start(w);
+            let from = b.cursor[g].max(start);
+            let table = if g == 0 {
+                &mut seq.pages
+            } else {
+                &mut seq.extra[g - 1]
+            };
+            let limit = b.limit(w, ps, computed).min(table.len());
+            for slot in table.iter_mut().take(limit).skip(from) {
+                dropped.push(std::mem::replace(slot, NULL_PAGE));
+            }
+            b.cursor[g] = b.cursor[g].max(limit);
+        }
+        if dropped.is_empty() {
+            return Ok(());
+        }
+        self.release_table(st, &dropped)?;
+        self.shrink_lock(st, seq_id)
+    }
+
+    /// Lock only the tree path `seq_id` still holds pages of: a released primary page past its
+    /// last held cached page needs no lock (it stays cached, evictable).
+    fn shrink_lock(&self, st: &mut State, seq_id: SeqId) -> KvResult<()> {
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if st.groups.primary_windowed() || seq.lock_pages == 0 {
+            return Ok(());
+        }
+        let held = seq.pages[..seq.lock_pages]
+            .iter()
+            .rposition(|&p| p != NULL_PAGE)
+            .map_or(0, |i| i + 1);
+        if held < seq.lock_pages {
+            let node = st.tree.cut_path(seq.node, held).map_err(internal)?;
+            st.tree.lock(node).map_err(internal)?;
+            st.tree.unlock(seq.node).map_err(internal)?;
+            seq.node = node;
+            seq.lock_pages = held;
+            seq.num_inserted_pages = seq.num_inserted_pages.min(held);
+            seq.keys.truncate(held);
+        }
+        Ok(())
+    }
+
+    /// Cache the full pages `[done, full)` of every mapped group of `seq_id` under their page
+    /// keys (duplicates of pages cached already stay the sequence's own).
+    pub(super) fn cache_group_pages(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        done: usize,
+        full: usize,
+    ) -> KvResult<()> {
+        if full <= done {
+            return Ok(());
+        }
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let (ns, node, lock_pages) = (seq.ns, seq.node, seq.lock_pages);
+        let tokens = std::mem::take(&mut seq.tokens);
+        let mut keys = std::mem::take(&mut seq.keys);
+        keys.truncate(done.min(keys.len()));
+        let mut path = Vec::new();
+        if !st.groups.primary_windowed() {
+            st.tree.path_pages(node, lock_pages, &mut path);
+        }
+        if keys.len() < done {
+            keys.clear();
+        }
+        self.chain_keys(st, ns, &tokens, full, &path, &mut keys);
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        seq.tokens = tokens;
+        let mut adopt = Vec::new();
+        for g in 0..st.groups.num_groups() {
+            if !st.groups.mapped(g) {
+                continue;
+            }
+            let table = st.seqs[&seq_id].table(g);
+            for i in done..full.min(keys.len()).min(table.len()) {
+                let page = table[i];
+                if page == NULL_PAGE
+                    || st.groups.entries.contains_key(&page)
+                    || st.groups.lookup(g, &keys[i]).is_some()
+                {
+                    continue;
+                }
+                let owners = self.alloc.ref_count(page).map_err(internal)? - st.copy_holds(page);
+                st.groups.entries.insert(
+                    page,
+                    Entry {
+                        group: g as u8,
+                        key: keys[i],
+                        users: owners,
+                        stamp: 0,
+                    },
+                );
+                st.groups.by_key.insert((g as u8, keys[i]), page);
+                adopt.push(page);
+            }
+        }
+        self.alloc.retain_serialized(&adopt).map_err(internal)?;
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        seq.keys = keys;
+        Ok(())
+    }
+
+    /// The original positions of the kept tokens of `seq_ids`' tables in caller group `group`,
+    /// concatenated in batch order (int32, for kernels that read a compacted table; see
+    /// [`page_table`](Self::page_table) with `compact`). Fails on an unknown id.
+    pub fn positions(&self, seq_ids: &[SeqId], group: usize) -> KvResult<Vec<i32>> {
+        let guard = self.state.lock();
+        let g = guard.groups.internal(group)?;
+        let ps = self.page_size;
+        let mut out = Vec::new();
+        for &id in seq_ids {
+            let seq = super::ready(&guard.seqs, id)?;
+            let n = seq.slots;
+            for (i, &p) in seq.table(g).iter().enumerate() {
+                if p == NULL_PAGE {
+                    continue;
+                }
+                let end = ((i + 1) * ps).min(n);
+                out.extend((i * ps..end).map(|t| t as i32));
+            }
+        }
+        if out.len() > i32::MAX as usize {
+            return Err(KvError::InvalidArgument("positions exceed int32".into()));
+        }
+        Ok(out)
+    }
+
+    /// The prefix hit `seq_id`'s admission got, per group, with the reason it is not longer.
+    pub fn prefix_hit(&self, seq_id: SeqId) -> KvResult<PrefixHit> {
+        let guard = self.state.lock();
+        let seq = guard.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if let Some(hit) = seq.bounds.as_ref().and_then(|b| b.hit.clone()) {
+            return Ok(hit);
+        }
+        let tokens = seq.hit[0];
+        let bound = (seq.tokens.len().saturating_sub(1)) / self.page_size * self.page_size;
+        Ok(PrefixHit {
+            num_tokens: tokens,
+            group_tokens: vec![tokens],
+            reason: if tokens >= bound {
+                HitReason::Full
+            } else {
+                HitReason::PrimaryMiss
+            },
+        })
+    }
+
+    /// Heavy-hitter compaction (H2O at page granularity): release the full-attention pages of
+    /// `seq_id` with the lowest `scores` until it holds at most `max_pages` of them, never one of
+    /// its first `sink_tokens` tokens' pages or of its last `recent_tokens` tokens' pages (its last
+    /// page always stays). `scores` has one entry per page of the primary table
+    /// ([`seq_pages`](Self::seq_pages), released ones included) or one per kept page in order
+    /// (the compacted table the kernels read). Call it after the step whose attention produced the
+    /// scores: the sequence's pages from then on are private (never cached). Returns the number of
+    /// pages released; `InvalidArgument` (nothing changed) for a wrong length or a NaN score.
+    pub fn compact(
+        &self,
+        seq_id: SeqId,
+        scores: &[f32],
+        max_pages: usize,
+        sink_tokens: usize,
+        recent_tokens: usize,
+    ) -> KvResult<usize> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        let ps = self.page_size;
+        let seq = super::ready(&st.seqs, seq_id)?;
+        let table = &seq.pages;
+        let kept: Vec<usize> = (0..table.len())
+            .filter(|&i| table[i] != NULL_PAGE)
+            .collect();
+        let by_page: Vec<f32> = if scores.len() == table.len() {
+            scores.to_vec()
+        } else if scores.len() == kept.len() {
+            let mut v = vec![f32::INFINITY; table.len()];
+            for (&i, &s) in kept.iter().zip(scores) {
+                v[i] = s;
+            }
+            v
+        } else {
+            return Err(KvError::InvalidArgument(format!(
+                "compact: sequence {seq_id} has {} pages ({} kept), got {} scores",
+                table.len(),
+                kept.len(),
+                scores.len()
+            )));
+        };
+        if scores.iter().any(|s| s.is_nan()) {
+            return Err(KvError::InvalidArgument("compact: a score is NaN".into()));
+        }
+        if max_pages == 0 {
+            return Err(KvError::InvalidArgument(
+                "compact: max_pages must be >= 1 (free the sequence to drop it all)".into(),
+            ));
+        }
+        let sinks = sink_tokens.div_ceil(ps);
+        let n = seq.slots;
+        let recent_from = n.saturating_sub(recent_tokens.max(1)) / ps;
+        let mut candidates: Vec<usize> = kept
+            .iter()
+            .copied()
+            .filter(|&i| i >= sinks && i < recent_from && i + 1 < table.len())
+            .collect();
+        let excess = kept.len().saturating_sub(max_pages);
+        if excess == 0 || candidates.is_empty() {
+            return Ok(0);
+        }
+        candidates.sort_by(|&a, &b| by_page[a].total_cmp(&by_page[b]).then(a.cmp(&b)));
+        candidates.truncate(excess);
+        let windows = st.groups.windows.clone();
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let b = seq.bounds.get_or_insert_with(|| {
+            Box::new(Bounds {
+                computed: n,
+                cursor: vec![0; windows.len()],
+                ..Bounds::default()
+            })
+        });
+        b.computed = b.computed.max(n);
+        b.private_from = Some(b.private_from.map_or(n, |p| p.min(n)));
+        let mut dropped = Vec::with_capacity(candidates.len() * windows.len());
+        for (g, w) in windows.iter().enumerate() {
+            if w.is_some() {
+                continue;
+            }
+            let table = seq.table_mut(g);
+            for &i in &candidates {
+                dropped.push(std::mem::replace(&mut table[i], NULL_PAGE));
+            }
+        }
+        let count = candidates.len();
+        self.release_table(st, &dropped)?;
+        self.shrink_lock(st, seq_id)?;
+        Ok(count)
+    }
+
+    /// Whether truncating `seq` to `n` tokens keeps every page a query at `n` or later reads:
+    /// `InvalidArgument` otherwise (the window's or the recent tokens' pages were released).
+    pub(super) fn check_truncate_bounds(
+        &self,
+        st: &State,
+        seq_id: SeqId,
+        seq: &Sequence,
+        n: usize,
+    ) -> KvResult<()> {
+        let Some(b) = seq.bounds.as_deref() else {
+            return Ok(());
+        };
+        let ps = self.page_size;
+        for (g, &w) in st.groups.windows.iter().enumerate() {
+            let start = b.start(w);
+            let need_from = b.limit(w, ps, n).max(start);
+            let last_needed = (n - 1) / ps;
+            let table = seq.table(g);
+            let released_needed = b.cursor[g] > need_from && (w.is_some() || b.streaming.is_some())
+                || table.get(last_needed).is_some_and(|&p| p == NULL_PAGE);
+            if released_needed {
+                return Err(KvError::InvalidArgument(format!(
+                    "sequence {seq_id}: cannot truncate to {n} tokens, pages that tokens from {n} \
+                     on would read were released (window, streaming or compaction)"
+                )));
+            }
+        }
+        Ok(())
+    }
+}
