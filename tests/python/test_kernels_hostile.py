@@ -323,3 +323,226 @@ def test_lists_and_narrow_integers_are_accepted() -> None:
     K.copy_pages(pool, [])
     K.copy_pages(pool, np.array([[3, 2]], np.uint64))
     assert np.array_equal(pool.data[:, :, 2], pool.data[:, :, 3])
+
+
+# ------------------------------------------------------------------------------------ bounded caches
+
+# table(): sequence 0 has 6 keys on pages (3, 1), sequence 1 has 3 keys on page 5 (9 keys in all).
+GOOD_POSITIONS = np.array([0, 1, 5, 6, 7, 9, 2, 3, 4], np.int32)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("window", "err"),
+    [
+        (0, InvalidArgumentError),
+        (-3, InvalidArgumentError),
+        (2.5, InvalidDTypeError),
+        (4.0, InvalidDTypeError),
+        ("8", InvalidDTypeError),
+        (True, InvalidDTypeError),
+        ([4], InvalidDTypeError),
+    ],
+)
+def test_window_must_be_a_positive_integer(impl: ModuleType, window: Any, err: type[Exception]) -> None:
+    pool = random_pool()
+    q = rows(2)
+    assert_refused(
+        pool, err, "window", lambda: impl.paged_decode_attention(q, pool, 0, table(), window=window)
+    )
+    assert_refused(
+        pool,
+        err,
+        "window",
+        lambda: impl.paged_prefill_attention(q, pool, 0, table(), np.arange(3), window=window),
+    )
+    assert_refused(
+        pool,
+        err,
+        "window",
+        lambda: impl.paged_decode_attention(q, pool, 0, table(), plan=decode_plan(), window=window),
+    )
+    with pytest.raises(err, match="window"):
+        plan_attention(table(), np.arange(3), page_size=P, num_qo_heads=HKV, num_kv_heads=HKV, window=window)
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize(
+    ("positions", "err"),
+    [
+        pytest.param(GOOD_POSITIONS.astype(np.float32), InvalidDTypeError, id="float"),
+        pytest.param(GOOD_POSITIONS.reshape(3, 3), InvalidDTypeError, id="2-D"),
+        pytest.param(GOOD_POSITIONS.astype(bool), InvalidDTypeError, id="bool"),
+        pytest.param("0123", InvalidDTypeError, id="str"),
+        pytest.param(GOOD_POSITIONS[:-1], InvalidArgumentError, id="too-short"),
+        pytest.param(np.append(GOOD_POSITIONS, 10), InvalidArgumentError, id="too-long"),
+        pytest.param(np.array([0, 1, 5, 5, 7, 9, 2, 3, 4]), InvalidArgumentError, id="repeat"),
+        pytest.param(np.array([0, 1, 5, 6, 7, 9, 2, 1, 4]), InvalidArgumentError, id="decreasing"),
+        pytest.param(np.array([-1, 1, 5, 6, 7, 9, 2, 3, 4]), InvalidArgumentError, id="negative"),
+        pytest.param(
+            np.array([0, 1, 5, 6, 7, 2**32 + 1, 2, 3, 4], np.int64), InvalidArgumentError, id="past-int32"
+        ),
+    ],
+)
+def test_positions_are_checked(impl: ModuleType, positions: Any, err: type[Exception]) -> None:
+    pool = random_pool()
+    q = rows(2)
+    for window in (None, 3):
+        decode = (impl.paged_decode_attention, q, pool, 0, table())
+        assert_refused(pool, err, "positions", *decode, window=window, positions=positions)
+        prefill = (impl.paged_prefill_attention, q, pool, 0, table(), np.arange(3))
+        assert_refused(pool, err, "positions", *prefill, window=window, positions=positions)
+        with pytest.raises(err, match="positions"):
+            plan_attention(
+                table(),
+                np.arange(3),
+                page_size=P,
+                num_qo_heads=HKV,
+                num_kv_heads=HKV,
+                window=window,
+                positions=positions,
+            )
+
+
+def test_positions_may_restart_at_each_sequence() -> None:
+    """Only the order within a sequence matters: the next sequence may start lower."""
+    pool = random_pool(kv_dtype="fp16")
+    out = K.paged_decode_attention(rows(2), pool, 0, table(), positions=GOOD_POSITIONS, window=2)
+    assert np.isfinite(out).all()
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_a_plan_is_used_with_its_own_window_and_positions(impl: ModuleType) -> None:
+    pool = random_pool()
+    q = rows(2)
+    windowed = plan_attention(
+        table(), np.arange(3), page_size=P, num_qo_heads=HKV, num_kv_heads=HKV, window=4
+    )
+    compacted = plan_attention(
+        table(), np.arange(3), page_size=P, num_qo_heads=HKV, num_kv_heads=HKV, positions=GOOD_POSITIONS
+    )
+    for plan, kwargs in (
+        (windowed, {}),
+        (windowed, {"window": 5}),
+        (decode_plan(), {"window": 4}),
+        (compacted, {"window": 4, "positions": GOOD_POSITIONS}),
+    ):
+        assert_refused(
+            pool,
+            InvalidArgumentError,
+            "window",
+            impl.paged_decode_attention,
+            q,
+            pool,
+            0,
+            table(),
+            plan=plan,
+            **kwargs,
+        )
+    for plan, kwargs in (
+        (compacted, {}),
+        (decode_plan(), {"positions": GOOD_POSITIONS}),
+        (compacted, {"positions": GOOD_POSITIONS + 1}),
+    ):
+        assert_refused(
+            pool,
+            InvalidArgumentError,
+            "positions",
+            impl.paged_decode_attention,
+            q,
+            pool,
+            0,
+            table(),
+            plan=plan,
+            **kwargs,
+        )
+
+
+@pytest.mark.parametrize("impl", IMPLS)
+def test_the_null_page_needs_a_window(impl: ModuleType) -> None:
+    pool = random_pool()
+    q = rows(2)
+    indptr, _, last = table()
+    nulled = (indptr, np.array([0, 1, 5], np.int32), last)
+    assert_refused(
+        pool, InvalidPageError, "kv_indices", lambda: impl.paged_decode_attention(q, pool, 0, nulled)
+    )
+    with pytest.raises(InvalidPageError, match="kv_indices"):
+        plan_attention(nulled, np.arange(3), page_size=P, num_qo_heads=HKV, num_kv_heads=HKV)
+    negative = (indptr, np.array([-1, 1, 5], np.int32), last)
+    assert_refused(
+        pool,
+        InvalidPageError,
+        "kv_indices",
+        lambda: impl.paged_decode_attention(q, pool, 0, negative, window=2),
+    )
+
+
+@pytest.mark.parametrize(
+    "scores",
+    [
+        pytest.param(np.zeros(3, np.float64), id="float64"),
+        pytest.param(np.zeros(3, np.float16), id="float16"),
+        pytest.param(np.zeros(4, np.float32), id="too-long"),
+        pytest.param(np.zeros((3, 1), np.float32), id="2-D"),
+        pytest.param([0.0, 0.0, 0.0], id="list"),
+    ],
+)
+def test_page_scores_must_be_a_float32_array_per_table_entry(scores: Any) -> None:
+    pool = random_pool()
+    q = rows(2)
+    assert_refused(
+        pool,
+        InvalidDTypeError,
+        "page_scores",
+        lambda: K.paged_decode_attention(q, pool, 0, table(), page_scores=scores),
+    )
+
+
+def test_page_scores_must_be_writable_and_are_untouched_by_a_refused_call() -> None:
+    pool = random_pool()
+    q = rows(2)
+    frozen = np.zeros(3, np.float32)
+    frozen.setflags(write=False)
+    assert_refused(
+        pool,
+        InvalidDTypeError,
+        "page_scores",
+        lambda: K.paged_decode_attention(q, pool, 0, table(), page_scores=frozen),
+    )
+    scores = np.full(3, 7.0, np.float32)
+    assert_refused(
+        pool,
+        InvalidArgumentError,
+        "window",
+        lambda: K.paged_decode_attention(q, pool, 0, table(), window=0, page_scores=scores),
+    )
+    assert_refused(
+        pool,
+        InvalidArgumentError,
+        "sm_scale",
+        lambda: K.paged_decode_attention(q, pool, 0, table(), -1.0, page_scores=scores),
+    )
+    assert (scores == 7.0).all()
+
+
+def test_the_cuda_path_takes_device_page_scores_only() -> None:
+    """A NumPy ``page_scores`` is refused on the host by the CUDA entry points (with a plan, or without)."""
+    pool = random_pool()
+    q = rows(2)
+    scores = np.zeros(3, np.float32)
+    for plan in (None, decode_plan()):
+        call = (cuda.paged_decode_attention, q, pool, 0, table())
+        assert_refused(pool, InvalidDTypeError, "page_scores", *call, plan=plan, page_scores=scores)
+    assert_refused(
+        pool,
+        InvalidDTypeError,
+        "page_scores",
+        lambda: cuda.paged_decode_attention(q, pool, 0, table(), plan=plan, page_scores=scores),
+    )
+    assert_refused(
+        pool,
+        InvalidDTypeError,
+        "page_scores",
+        lambda: cuda.attention_launcher(q, pool, 0, decode_plan(), 0.5, q, scores),
+    )

@@ -12,6 +12,10 @@ the cast to int32/int64, so a value that would wrap is refused. Wrong types, sha
 :class:`~kvcore.exceptions.InvalidArgumentError` or :class:`~kvcore.exceptions.InvalidPageError`; a
 refused call has written nothing. Contracts of each call: ``docs/api.md``.
 
+Bounded caches (sliding-window layers, StreamingLLM, page-level heavy hitters) use three optional
+arguments of both attention calls: ``window``, ``positions`` and ``page_scores``; without them the calls
+are exactly the plain causal kernels.
+
 Typical step of a model runner::
 
     plan = plan_attention(pt, q_indptr, page_size=pool.page_size, num_qo_heads=Hq, num_kv_heads=Hkv)
@@ -77,6 +81,9 @@ def paged_decode_attention(
     *,
     plan: AttentionPlan | None = None,
     out: Any = None,
+    window: int | None = None,
+    positions: Any = None,
+    page_scores: Any = None,
 ) -> Any:
     """One query token per sequence over its paged K/V (GQA, split-K with an LSE merge).
 
@@ -86,13 +93,46 @@ def paged_decode_attention(
         layer: the layer read.
         page_table: ``PageTable(kv_indptr [batch+1], kv_indices [nnz], kv_last_page_len [batch])`` int32.
         sm_scale: softmax scale, finite and > 0; ``1/sqrt(head_dim)`` by default.
-        plan: :func:`plan_attention` of this batch, reused across layers (made on the fly otherwise).
+        plan: :func:`plan_attention` of this batch, reused across layers (made on the fly otherwise). A
+            plan is made for one ``window`` and ``positions``: another window or other positions in
+            the call are refused (:class:`~kvcore.exceptions.InvalidArgumentError`).
         out: optional output buffer shaped and typed like ``q``.
+        window: sliding-window attention (an integer >= 1, or None): a query at position ``p`` sees the
+            keys at positions ``p - window < j <= p``. Key ``j`` of a sequence (its pages in table
+            order, ``page_size`` tokens each) is at position ``j``, and its query tokens are its last
+            keys (``kv_len - q_len + i``). With a window the page table may hold the null page 0 for
+            pages that left it: such keys are always masked and their K/V are never read into the
+            output. The plan starts each tile's work at its first visible key, so pages before every
+            query's window cost nothing.
+        positions: int32 ``[sum(kv_len)]`` host array (sequences concatenated in batch order): the
+            original position of every key of a compacted table (StreamingLLM sinks + recent tokens,
+            heavy-hitter eviction), >= 0 and increasing strictly within each sequence. The masks then
+            compare positions instead of indices; query token ``i`` is at the position of key
+            ``kv_len - q_len + i`` (its K/V were appended first). Causality is unchanged by positions
+            (they increase), so they only move the window.
+        page_scores: optional float32 ``[kv_indptr[-1]]`` (one entry per page-table entry, in
+            ``kv_indices`` order; a NumPy array for NumPy pools, a CuPy array for CuPy pools). The call
+            *adds* to each entry the softmax probability its keys received, summed over every query
+            head and query token: ``num_qo_heads * num_q_tokens`` in all (less only for a query that
+            sees no key). Accumulate it over layers and steps to find heavy-hitter pages (H2O at page
+            granularity). The CUDA path gets it from a second small kernel (``q . k`` again, with
+            each row's final log-sum-exp); it is stream-ordered, accumulated with atomics.
 
     Returns:
         ``[batch, num_qo_heads, head_dim]`` in the dtype of ``q``.
     """
-    return _impl(pool).paged_decode_attention(q, pool, layer, page_table, sm_scale, plan=plan, out=out)
+    return _impl(pool).paged_decode_attention(
+        q,
+        pool,
+        layer,
+        page_table,
+        sm_scale,
+        plan=plan,
+        out=out,
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+    )
 
 
 def paged_prefill_attention(
@@ -105,6 +145,9 @@ def paged_prefill_attention(
     *,
     plan: AttentionPlan | None = None,
     out: Any = None,
+    window: int | None = None,
+    positions: Any = None,
+    page_scores: Any = None,
 ) -> Any:
     """Causal attention of new tokens over their cached prefix plus themselves (prefix-cache hits).
 
@@ -115,12 +158,23 @@ def paged_prefill_attention(
         q: ``[q_indptr[-1], num_qo_heads, head_dim]``.
         q_indptr: int32 ``[batch + 1]``.
         pool, layer, page_table, sm_scale, plan, out: as :func:`paged_decode_attention`.
+        window, positions, page_scores: as :func:`paged_decode_attention`.
 
     Returns:
         ``[q_indptr[-1], num_qo_heads, head_dim]`` in the dtype of ``q``.
     """
     return _impl(pool).paged_prefill_attention(
-        q, pool, layer, page_table, q_indptr, sm_scale, plan=plan, out=out
+        q,
+        pool,
+        layer,
+        page_table,
+        q_indptr,
+        sm_scale,
+        plan=plan,
+        out=out,
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
     )
 
 

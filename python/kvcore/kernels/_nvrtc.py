@@ -48,6 +48,7 @@ else:  # loaded by path (tools/check_cuda_kernels.py)
 
 __all__ = [
     "ACTIVATIONS",
+    "ATTENTION_KINDS",
     "CACHE_DTYPES",
     "HEAD_DIMS",
     "KERNEL_NAMES",
@@ -71,6 +72,12 @@ CACHE_DTYPES: tuple[str, ...] = _table.POOL_DTYPES  # kernel-name suffixes; tags
 HEAD_DIMS: tuple[int, ...] = (64, 128)  # head_dim values with an attention instantiation
 
 
+# Attention entry points per (activation, cache, head_dim): the plain causal kernel; its bounded-cache
+# twin (sliding window, null pages, row log-sum-exps), compiled apart so the plain one keeps its code;
+# and the page_scores kernel of calls that accumulate page scores.
+ATTENTION_KINDS: tuple[str, ...] = ("paged_attention", "paged_attention_bounded", "page_scores")
+
+
 def activation_for(act: str, cache: str) -> bool:
     """Whether (activation, cache) has kernels: 16-bit caches take their own type, 8-bit ones either."""
     return _table.PRECISIONS[cache].quantized or act == cache
@@ -81,13 +88,14 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
         f"append_kv_{a}_{c}" for c in CACHE_DTYPES for a in ACTIVATIONS if activation_for(a, c)
     ),
     "paged_attention": tuple(
-        f"paged_attention_{a}_{c}_d{d}"
+        f"{kind}_{a}_{c}_d{d}"
+        for kind in ATTENTION_KINDS
         for c in CACHE_DTYPES
         for a in ACTIVATIONS
         if activation_for(a, c)
         for d in HEAD_DIMS
     )
-    + tuple(f"attention_merge_{a}" for a in ACTIVATIONS),
+    + tuple(f"{kind}_{a}" for kind in ("attention_merge", "attention_merge_lse") for a in ACTIVATIONS),
     "page_copy": ("copy_pages", "gather_pages", "scatter_pages"),
 }
 

@@ -152,11 +152,12 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
 # ------------------------------------------------------------------------------------ attention
 
 
-def occupancy(pool: KVPool, q: Any) -> dict[str, int]:
+def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
     """``num_sms`` and ``blocks_per_sm`` of the attention kernel ``q`` would launch on the pool's device.
 
-    From CUDA's occupancy calculator (registers and shared memory of the compiled kernel); 2 blocks per
-    SM if it cannot be asked. These size the split-K partition (:func:`plan_attention`).
+    From CUDA's occupancy calculator (registers and shared memory of the compiled kernel, the
+    bounded-cache variant when ``bounded``); 2 blocks per SM if it cannot be asked. These size the split-K
+    partition (:func:`plan_attention`).
     """
     check_array(q, "q")
     cp = pool.xp
@@ -168,9 +169,9 @@ def occupancy(pool: KVPool, q: Any) -> dict[str, int]:
     blocks = 2
     if pool.head_dim in HEAD_DIMS:
         try:
-            kernel = loader.get_kernel(
-                "paged_attention", f"paged_attention_{act}_{pool.kv_dtype}_d{pool.head_dim}", dev
-            )
+            kind = "paged_attention_bounded" if bounded else "paged_attention"
+            name = f"{kind}_{act}_{pool.kv_dtype}_d{pool.head_dim}"
+            kernel = loader.get_kernel("paged_attention", name, dev)
             blocks = int(
                 cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _THREADS, 0)
             )
@@ -195,18 +196,31 @@ def _device_plan(plan: AttentionPlan, pool: KVPool) -> dict[str, Any]:
                 "items": cp.asarray(plan.items),
                 "merges": cp.asarray(plan.merges),
             }
+            if plan.kv_first is not None:  # [num_q_tokens] int32 (one dummy entry when empty)
+                first = plan.kv_first
+                arrays["kv_first"] = cp.asarray(first if first.size else np.zeros(1, np.int32))
         plan.device[dev] = arrays
     return arrays
 
 
 def attention_launcher(
-    q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: float, out: Any
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    plan: AttentionPlan,
+    sm_scale: float,
+    out: Any,
+    page_scores: Any = None,
 ) -> Callable[[], None]:
     """A zero-argument callable that launches the attention (and merge) kernels, with no host decisions.
 
     ``q`` and ``out`` are device arrays of the kernel activation type (float16, or uint16 bf16 bits; a
     bf16 pool takes bf16, an fp16 pool fp16), ``out`` C-contiguous; every check is done here, once. The
     callable suits per-layer replays and CUDA graph capture; the benchmark times it back to back.
+
+    The mask is the plan's (its ``window``; positions are already folded into ``plan.kv_first``). A
+    windowed plan, or a ``page_scores`` device array (float32 ``[kv_indptr[-1]]``, added to), launches
+    the bounded-cache kernel; ``page_scores`` then adds the page_scores kernel after the merge.
 
     Raises:
         InvalidArgumentError: head_dim not in HEAD_DIMS, page_size not a power of two, an activation
@@ -221,6 +235,7 @@ def attention_launcher(
     check_array(q, "q")
     check_array(out, "out")
     reference.check_plan(plan, pool, q)
+    reference.check_page_scores(page_scores, plan.page_table.kv_indices.shape[0], device=True)
     D = pool.head_dim
     if D not in HEAD_DIMS:
         raise InvalidArgumentError(f"the CUDA attention kernels support head_dim {HEAD_DIMS}, got {D}")
@@ -245,16 +260,28 @@ def attention_launcher(
         arrays[key] = (cp.empty((n, Hkv, 16, D), cp.float32), cp.empty((n, Hkv, 16), cp.float32))
     o_part, lse_part = arrays[key]
     dev = int(pool.data.device.id)
-    attn = loader.get_kernel("paged_attention", f"paged_attention_{act}_{pool.kv_dtype}_d{D}", dev)
-    attn_args = (
-        q,
-        *_elem_strides(q),
-        *_layer_args(pool, layer),
+    bounded = plan.window is not None or page_scores is not None
+    kind = "paged_attention_bounded" if bounded else "paged_attention"
+    attn = loader.get_kernel("paged_attention", f"{kind}_{act}_{pool.kv_dtype}_d{D}", dev)
+    null = np.uint64(0)  # a null pointer argument
+    kv_first = arrays.get("kv_first", null)
+    lse_rows = null
+    if page_scores is not None:
+        if "lse_rows" not in arrays:  # every row's final log-sum-exp (base 2), for the page_scores kernel
+            arrays["lse_rows"] = cp.empty((max(plan.num_q_tokens, 1), plan.num_qo_heads), cp.float32)
+        lse_rows = arrays["lse_rows"]
+    common = (
         arrays["kv_indptr"],
         arrays["kv_indices"],
         arrays["kv_len"],
         arrays["q_indptr"],
         arrays["items"],
+    )
+    attn_args = (
+        q,
+        *_elem_strides(q),
+        *_layer_args(pool, layer),
+        *common,
         out,
         o_part,
         lse_part,
@@ -262,31 +289,52 @@ def attention_launcher(
         _i32(plan.group_size),
         _i32(Hkv),
         _i32(pool.page_size.bit_length() - 1),
-    )
+    ) + ((kv_first, lse_rows) if bounded else ())
     attn_grid = (int(plan.items.shape[0]), Hkv)
-    if not plan.merges.shape[0]:
+    launches = [(attn, attn_grid, attn_args)]
+    if plan.merges.shape[0]:
+        merge_kind = "attention_merge_lse" if page_scores is not None else "attention_merge"
+        merge = loader.get_kernel("paged_attention", f"{merge_kind}_{act}", dev)
+        merge_args = (
+            o_part,
+            lse_part,
+            arrays["merges"],
+            arrays["q_indptr"],
+            out,
+            _i32(plan.group_size),
+            _i32(Hkv),
+            _i32(D),
+        ) + ((lse_rows,) if page_scores is not None else ())
+        launches.append((merge, (int(plan.merges.shape[0]), Hkv), merge_args))
+    if page_scores is not None:
+        scores = loader.get_kernel("paged_attention", f"page_scores_{act}_{pool.kv_dtype}_d{D}", dev)
+        scores_args = (
+            q,
+            *_elem_strides(q),
+            *_layer_args(pool, layer),
+            *common,
+            kv_first,
+            lse_rows,
+            page_scores,
+            np.float32(sm_scale),
+            _i32(plan.group_size),
+            _i32(Hkv),
+            _i32(pool.page_size.bit_length() - 1),
+        )
+        launches.append((scores, attn_grid, scores_args))
+    if len(launches) == 1:
         return lambda: attn(attn_grid, (_THREADS,), attn_args)
-    merge = loader.get_kernel("paged_attention", f"attention_merge_{act}", dev)
-    merge_args = (
-        o_part,
-        lse_part,
-        arrays["merges"],
-        arrays["q_indptr"],
-        out,
-        _i32(plan.group_size),
-        _i32(Hkv),
-        _i32(D),
-    )
-    merge_grid = (int(plan.merges.shape[0]), Hkv)
 
     def launch() -> None:
-        attn(attn_grid, (_THREADS,), attn_args)
-        merge(merge_grid, (_THREADS,), merge_args)
+        for kernel, grid, args in launches:
+            kernel(grid, (_THREADS,), args)
 
     return launch
 
 
-def _attention(q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: float, out: Any) -> Any:
+def _attention(
+    q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: float, out: Any, page_scores: Any
+) -> Any:
     cp = pool.xp
     result_dtype = np.dtype(q.dtype)
     if out is not None:
@@ -297,7 +345,7 @@ def _attention(q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: 
     kernel_out = out if out is not None and out.dtype == qd.dtype and out.flags.c_contiguous else None
     if kernel_out is None:
         kernel_out = cp.empty(qd.shape, dtype=qd.dtype)
-    attention_launcher(qd, pool, layer, plan, sm_scale, kernel_out)()
+    attention_launcher(qd, pool, layer, plan, sm_scale, kernel_out, page_scores)()
     result = _convert(kernel_out, result_dtype, cp)
     if out is not None and result is not out:
         out[...] = result
@@ -314,6 +362,9 @@ def paged_decode_attention(
     *,
     plan: AttentionPlan | None = None,
     out: Any = None,
+    window: int | None = None,
+    positions: Any = None,
+    page_scores: Any = None,
 ) -> Any:
     """CUDA decode attention; see :func:`kvcore.kernels.reference.paged_decode_attention`."""
     layer, plan, scale = reference._prepare(
@@ -326,9 +377,13 @@ def paged_decode_attention(
         plan,
         decode=True,
         out=out,
-        occupancy=lambda: occupancy(pool, q),
+        occupancy=lambda: occupancy(pool, q, bounded=window is not None or page_scores is not None),
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+        device=True,
     )
-    return _attention(q, pool, layer, plan, scale, out)
+    return _attention(q, pool, layer, plan, scale, out, page_scores)
 
 
 def paged_prefill_attention(
@@ -341,12 +396,27 @@ def paged_prefill_attention(
     *,
     plan: AttentionPlan | None = None,
     out: Any = None,
+    window: int | None = None,
+    positions: Any = None,
+    page_scores: Any = None,
 ) -> Any:
     """CUDA prefill attention; see :func:`kvcore.kernels.reference.paged_prefill_attention`."""
     layer, plan, scale = reference._prepare(
-        q, pool, layer, page_table, q_indptr, sm_scale, plan, out=out, occupancy=lambda: occupancy(pool, q)
+        q,
+        pool,
+        layer,
+        page_table,
+        q_indptr,
+        sm_scale,
+        plan,
+        out=out,
+        occupancy=lambda: occupancy(pool, q, bounded=window is not None or page_scores is not None),
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+        device=True,
     )
-    return _attention(q, pool, layer, plan, scale, out)
+    return _attention(q, pool, layer, plan, scale, out, page_scores)
 
 
 # ------------------------------------------------------------------------------------ page copies

@@ -14,10 +14,17 @@ Rows: a sequence with ``q_len`` query tokens and group size ``G = num_qo_heads /
 ``q_len * G`` rows per kv head; row ``r`` is query token ``r // G`` and query head ``kv_head * G + r % G``.
 Query token ``i`` sits at absolute position ``kv_len - q_len + i`` and sees keys ``j <= kv_len - q_len + i``
 (causal with the cached prefix in front; decode is ``q_len == 1``).
+
+Bounded caches: a plan made with a sliding ``window`` records the first key each query token sees
+(:attr:`AttentionPlan.kv_first`) and starts every tile's first item there, so pages before every query's
+window cost no work. Positions only ever shrink what a window covers (they increase strictly, so two keys
+``n`` indices apart are at least ``n`` positions apart), which keeps the index-based cut safe for compacted
+tables too; ``kv_first`` itself is exact (it is computed on the positions).
 """
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -31,9 +38,12 @@ __all__ = [
     "AttentionPlan",
     "PageTableArrays",
     "PageTableLike",
+    "check_positions",
+    "check_window",
     "kv_lengths",
     "plan_attention",
     "unpack_page_table",
+    "window_starts",
 ]
 
 # Query rows per work tile: the M dimension of one mma.sync m16n8k16 in the CUDA kernel.
@@ -67,16 +77,19 @@ def _offsets(a: Any, name: str) -> np.ndarray:
     )
 
 
-def unpack_page_table(page_table: PageTableLike | tuple[Any, Any, Any]) -> PageTableArrays:
+def unpack_page_table(
+    page_table: PageTableLike | tuple[Any, Any, Any], *, allow_null: bool = False
+) -> PageTableArrays:
     """The three arrays of a page table (an object with the three attributes, or a 3-tuple), checked.
 
     Host arrays only: device copies are made by the plan, once per step. Lists and any integer dtype are
-    taken; values are ranged before the cast to int32, so none wraps.
+    taken; values are ranged before the cast to int32, so none wraps. ``allow_null`` (sliding-window
+    attention) admits the null page 0 for pages that left the window; attention masks them.
 
     Raises:
         InvalidDTypeError: ``page_table`` is neither, an array is not 1-D integer, or the lengths disagree.
         InvalidArgumentError: ``kv_indptr`` is not a CSR offset array, or a length is negative or past int32.
-        InvalidPageError: a page id is 0 (the null page), negative or past int32.
+        InvalidPageError: a page id is 0 (the null page, unless ``allow_null``), negative or past int32.
     """
     if all(hasattr(page_table, a) for a in ("kv_indptr", "kv_indices", "kv_last_page_len")):
         pt: Any = page_table
@@ -93,9 +106,9 @@ def unpack_page_table(page_table: PageTableLike | tuple[Any, Any, Any]) -> PageT
         raw[1],
         "kv_indices",
         dtype=np.int32,
-        low=1,
+        low=0 if allow_null else 1,
         what="page ids",
-        hint=" (page 0 is the null page)",
+        hint="" if allow_null else " (page 0 is the null page; only a windowed plan takes it)",
         error=InvalidPageError,
     )
     last = _offsets(raw[2], "kv_last_page_len")
@@ -134,7 +147,8 @@ class AttentionPlan:
     """The work partition of one batch for paged attention; reuse it for every layer of a step.
 
     ``items`` and ``merges`` are what the CUDA kernels read; the NumPy reference only needs
-    ``chunk_lens``. Device copies of the arrays are cached in :attr:`device` by the GPU path.
+    ``chunk_lens`` (and the mask, ``window`` and ``positions``, which the CUDA kernels read as
+    ``kv_first``). Device copies of the arrays are cached in :attr:`device` by the GPU path.
     """
 
     batch_size: int  # number of sequences
@@ -148,6 +162,9 @@ class AttentionPlan:
     items: np.ndarray  # [num_items, 5] int32: (seq, row_tile, kv_begin, kv_end, partial or -1)
     merges: np.ndarray  # [num_merges, 4] int32: (seq, row_tile, first_partial, num_partials)
     num_partials: int  # rows of the fp32 partial-output buffers (items with a partial index)
+    window: int | None = None  # sliding window in positions (>= 1), or None: plain causal attention
+    positions: np.ndarray | None = None  # [sum(kv_len)] int32 key positions (compacted tables), or None
+    kv_first: np.ndarray | None = None  # [num_q_tokens] int32 first key index each token sees (window only)
     device: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)  # GPU copies per device id
 
     @property
@@ -165,6 +182,79 @@ def _ceil_div(a: Any, b: Any) -> Any:
     return -(-a // b)
 
 
+def check_window(window: Any) -> int | None:
+    """A sliding window: None (plain causal attention) or an integer >= 1 (keys, in positions).
+
+    Raises:
+        InvalidDTypeError: not an integer (a bool, a float, a string).
+        InvalidArgumentError: an integer < 1.
+    """
+    if window is None:
+        return None
+    if isinstance(window, bool | np.bool_) or not isinstance(window, numbers.Integral):
+        raise InvalidDTypeError(f"window: expected None or an integer >= 1, got {window!r}")
+    if window < 1:
+        raise InvalidArgumentError(f"window: expected an integer >= 1, got {window}")
+    return int(window)
+
+
+def check_positions(positions: Any, kv_len: np.ndarray) -> np.ndarray | None:
+    """Key positions of a compacted table: int32 ``[sum(kv_len)]``, >= 0, increasing strictly per sequence.
+
+    Returned as a private copy (a plan keeps it; the caller may reuse its buffer), or None for None.
+
+    Raises:
+        InvalidDTypeError: not a 1-D integer host array or list.
+        InvalidArgumentError: a negative position or one past int32, another length than ``sum(kv_len)``,
+            or positions that do not increase strictly within a sequence.
+    """
+    if positions is None:
+        return None
+    pos = np.array(
+        index_array(positions, "positions", dtype=np.int32, low=0, what="positions"), dtype=np.int32
+    )
+    total = int(kv_len.astype(np.int64).sum())
+    if pos.shape[0] != total:
+        raise InvalidArgumentError(
+            f"positions: expected one per key, sum(kv_len) = {total} (sequences in batch order), "
+            f"got {pos.shape[0]}"
+        )
+    if total > 1:
+        inner = np.ones(total - 1, dtype=bool)  # step i compares keys i and i + 1 of one sequence
+        ends = np.cumsum(kv_len.astype(np.int64))[:-1]
+        inner[ends[(ends > 0) & (ends < total)] - 1] = False
+        if (np.diff(pos)[inner] <= 0).any():
+            raise InvalidArgumentError("positions: must increase strictly within each sequence")
+    return pos
+
+
+def window_starts(
+    kv_len: np.ndarray, q_indptr: np.ndarray, window: int, positions: np.ndarray | None
+) -> np.ndarray:
+    """int32 ``[num_q_tokens]``: the first key index each query token sees under a sliding window.
+
+    Query token ``i`` of sequence ``b`` is key ``kv_len - q_len + i``, at position ``p`` (its index, or
+    ``positions`` of it); it sees the keys at positions ``> p - window``. Positions increase strictly, so
+    those keys are a suffix of the sequence: found by one binary search over every sequence at once
+    (sequence ``b``'s positions offset by ``b * 2**33`` are sorted over the whole batch).
+    """
+    batch = kv_len.shape[0]
+    q_len = np.diff(q_indptr).astype(np.int64)
+    seq = np.repeat(np.arange(batch, dtype=np.int64), q_len)
+    token = np.arange(seq.shape[0], dtype=np.int64) - q_indptr[seq]
+    kv64 = kv_len.astype(np.int64)
+    index = kv64[seq] - q_len[seq] + token
+    reach = min(window, 2**32)  # past every int32 position: the same as an unbounded window
+    if positions is None:
+        first = np.maximum(index - reach + 1, 0)
+    else:
+        key_start = np.cumsum(kv64) - kv64
+        keys = np.repeat(np.arange(batch, dtype=np.int64) << 33, kv64) + positions
+        p = positions[key_start[seq] + index].astype(np.int64)
+        first = np.searchsorted(keys, (seq << 33) + np.maximum(p - reach, -1), side="right") - key_start[seq]
+    return first.astype(np.int32)
+
+
 def plan_attention(
     page_table: PageTableLike | tuple[Any, Any, Any],
     q_indptr: Any,
@@ -175,6 +265,8 @@ def plan_attention(
     num_sms: int = 132,
     blocks_per_sm: int = 2,
     chunk_len: int | None = None,
+    window: int | None = None,
+    positions: Any = None,
 ) -> AttentionPlan:
     """Plan paged attention for one batch (decode: ``q_indptr = arange(batch + 1)``).
 
@@ -187,14 +279,19 @@ def plan_attention(
         num_sms: streaming multiprocessors (132 on H100/H200); only changes the split count.
         blocks_per_sm: attention thread blocks resident per SM (the GPU path asks the occupancy API).
         chunk_len: force the keys per split for every sequence (a multiple of 64).
+        window, positions: the attention mask, as :func:`kvcore.kernels.paged_decode_attention` takes it;
+            calls with this plan must pass the same. With a window the page table may hold the null
+            page 0, and the work starts at the first key each tile's first query token sees.
 
     Raises:
-        InvalidDTypeError: an array is not 1-D integer (see :func:`unpack_page_table`).
+        InvalidDTypeError: an array is not 1-D integer (see :func:`unpack_page_table`), or ``window`` is
+            not an integer.
         InvalidArgumentError: inconsistent shapes, an offset or length outside int32, a sequence with more
-            query tokens than keys, or a bad head count / chunk length.
-        InvalidPageError: a page id that is 0, negative or past int32.
+            query tokens than keys, a bad head count / chunk length / window, or bad positions.
+        InvalidPageError: a page id that is negative, past int32, or 0 without a window.
     """
-    pt = unpack_page_table(page_table)
+    window = check_window(window)
+    pt = unpack_page_table(page_table, allow_null=window is not None)
     qi = _offsets(q_indptr, "q_indptr")
     batch = pt.kv_last_page_len.shape[0]
     if qi.shape[0] != batch + 1 or qi[0] != 0 or (np.diff(qi) < 0).any():
@@ -208,21 +305,32 @@ def plan_attention(
     if (q_len > kv_len).any():
         raise InvalidArgumentError("a sequence has more query tokens than keys: append K/V first")
     G = num_qo_heads // num_kv_heads
+    pos = check_positions(positions, kv_len)
+    kv_first = None if window is None else window_starts(kv_len, qi, window, pos)
 
-    # One entry per (sequence, row tile): the keys its last row may see (causal limit + 1).
+    # One entry per (sequence, row tile): the keys its last row may see (causal limit + 1), and the first
+    # key its first row sees (0 without a window; rows of later tokens start no earlier).
     tiles_per_seq = _ceil_div(q_len * G, ROWS_PER_TILE)
     seq = np.repeat(np.arange(batch, dtype=np.int64), tiles_per_seq)
     first_tile = np.repeat(np.cumsum(tiles_per_seq) - tiles_per_seq, tiles_per_seq)
     tile = np.arange(seq.shape[0], dtype=np.int64) - first_tile
     last_row = np.minimum((tile + 1) * ROWS_PER_TILE, q_len[seq] * G) - 1
     keys = kv_len[seq] - q_len[seq] + last_row // G + 1
-
     kv64 = kv_len.astype(np.int64)
+    if kv_first is None:
+        lo = np.zeros_like(keys)
+        span = kv64  # keys a sequence's queries see, together
+    else:
+        lo = kv_first[qi[seq] + tile * ROWS_PER_TILE // G].astype(np.int64)
+        has_q = q_len > 0
+        span = kv64.copy()
+        span[has_q] -= kv_first[qi[:-1][has_q]]
+
     if chunk_len is None:
         per_head = max(1, _ceil_div(num_sms * blocks_per_sm, num_kv_heads))  # blocks of one wave per kv head
-        chunk = max(MIN_CHUNK_LEN, int(_ceil_div(int(keys.sum()), per_head)))
-        splits = np.maximum(1, kv64 // chunk)  # floor: never more blocks than one wave holds
-        chunk_lens = _ceil_div(_ceil_div(np.maximum(kv64, 1), splits), CHUNK_ALIGN) * CHUNK_ALIGN
+        chunk = max(MIN_CHUNK_LEN, int(_ceil_div(int((keys - lo).sum()), per_head)))
+        splits = np.maximum(1, span // chunk)  # floor: never more blocks than one wave holds
+        chunk_lens = _ceil_div(_ceil_div(np.maximum(span, 1), splits), CHUNK_ALIGN) * CHUNK_ALIGN
     elif chunk_len < CHUNK_ALIGN or chunk_len % CHUNK_ALIGN:
         raise InvalidArgumentError(
             f"chunk_len: expected a positive multiple of {CHUNK_ALIGN}, got {chunk_len}"
@@ -230,13 +338,17 @@ def plan_attention(
     else:
         chunk_lens = np.full(batch, chunk_len, dtype=np.int64)
 
+    # Chunks stay at multiples of chunk_lens (the reference cuts there too); a tile skips the chunks
+    # before its first visible key, and its first item starts at that key.
     tile_chunk = chunk_lens[seq]
-    n_splits = np.maximum(1, _ceil_div(keys, tile_chunk))
+    skipped = lo // tile_chunk
+    n_splits = np.maximum(1, _ceil_div(keys, tile_chunk) - skipped)
     n_items = int(n_splits.sum())
     owner = np.repeat(np.arange(seq.shape[0]), n_splits)  # tile index of every item
     k = np.arange(n_items) - np.repeat(np.cumsum(n_splits) - n_splits, n_splits)  # split index in its tile
-    begin = k * tile_chunk[owner]
+    begin = (skipped[owner] + k) * tile_chunk[owner]
     end = np.minimum(begin + tile_chunk[owner], keys[owner])
+    begin = np.maximum(begin, lo[owner])
     split_tile = n_splits[owner] > 1
     partial = np.full(n_items, -1, dtype=np.int64)
     partial[split_tile] = np.arange(int(split_tile.sum()))
@@ -257,4 +369,7 @@ def plan_attention(
         items=items.reshape(-1, 5),
         merges=merges.reshape(-1, 4),
         num_partials=int(split_tile.sum()),
+        window=window,
+        positions=pos,
+        kv_first=kv_first,
     )

@@ -8,6 +8,10 @@ the result is rounded once to the dtype of ``q``.
 Attention follows the plan's split-K partition exactly: sequence ``b``'s keys are cut at multiples of
 ``plan.chunk_lens[b]``, every chunk yields a normalized partial output and its log-sum-exp, and the chunks are
 merged with ``w_i = exp(lse_i - max lse)``. So the CPU runs the split logic of the GPU kernel.
+
+Bounded caches: the masks compare key positions literally (indices, or the plan's ``positions``), null-page
+keys are masked and their K/V replaced by zeros before any product (so whatever the null page holds, NaN
+included, cannot reach the output), and the pages before the first query token's window are not read.
 """
 
 from __future__ import annotations
@@ -19,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
-from kvcore.kernels.plan import AttentionPlan, PageTableLike, plan_attention, unpack_page_table
+from kvcore.kernels.plan import (
+    AttentionPlan,
+    PageTableLike,
+    check_positions,
+    check_window,
+    kv_lengths,
+    plan_attention,
+    unpack_page_table,
+)
 from kvcore.pool import KVPool, dtypes
 from kvcore.pool.checks import check_array, index_array, positive_scalar
 
@@ -189,10 +201,57 @@ def check_plan(plan: Any, pool: KVPool, q: Any) -> None:
     if q.shape[0] != plan.num_q_tokens:
         raise InvalidDTypeError(f"q: the plan has {plan.num_q_tokens} query tokens, q has {q.shape[0]}")
     idx = plan.page_table.kv_indices
-    if idx.size and (int(idx.min()) < 1 or int(idx.max()) >= pool.num_pages):
+    low = 0 if plan.window is not None else 1  # a windowed plan may hold the null page (always masked)
+    if idx.size and (int(idx.min()) < low or int(idx.max()) >= pool.num_pages):
         raise InvalidPageError(
-            f"kv_indices: page ids must be in [1, {pool.num_pages}) (page 0 is the null page)"
+            f"kv_indices: page ids must be in [{low}, {pool.num_pages}) (page 0 is the null page)"
         )
+
+
+def check_mask(plan: AttentionPlan, window: Any, positions: Any) -> None:
+    """A call's ``window`` and ``positions`` must be those the plan was made with (it cut its work there).
+
+    Raises:
+        InvalidDTypeError: ``window`` or ``positions`` of the wrong type (see :func:`plan_attention`).
+        InvalidArgumentError: bad values, or another window or other positions than the plan's.
+    """
+    w = check_window(window)
+    if w != plan.window:
+        raise InvalidArgumentError(
+            f"window: the plan was made for window={plan.window}, this call has window={w} "
+            "(make the plan with the call's window)"
+        )
+    pos = check_positions(positions, plan.kv_len)
+    if (pos is None) != (plan.positions is None) or (
+        pos is not None and plan.positions is not None and not np.array_equal(pos, plan.positions)
+    ):
+        raise InvalidArgumentError(
+            "positions: not those the plan was made with (make the plan with the call's positions)"
+        )
+
+
+def check_page_scores(page_scores: Any, nnz: int, *, device: bool = False) -> None:
+    """``page_scores`` (unless None) must be float32 ``[nnz]`` (``kv_indptr[-1]``): writable NumPy, or
+    (``device``, the CUDA path) a C-contiguous device array."""
+    if page_scores is None:
+        return
+    check_array(page_scores, "page_scores")
+    on_device = hasattr(page_scores, "__cuda_array_interface__")
+    where = "a device" if device else "a NumPy"
+    if (
+        on_device != device
+        or (not device and not isinstance(page_scores, np.ndarray))
+        or page_scores.dtype != np.float32
+        or tuple(page_scores.shape) != (nnz,)
+    ):
+        raise InvalidDTypeError(
+            f"page_scores: expected {where} float32[{nnz}] array (one entry per page-table entry), got "
+            f"{'a device array ' if on_device else ''}{page_scores.dtype}{list(page_scores.shape)}"
+        )
+    if device and not page_scores.flags.c_contiguous:
+        raise InvalidDTypeError("page_scores: must be C-contiguous")
+    if not device and not page_scores.flags.writeable:
+        raise InvalidDTypeError("page_scores: must be writable")
 
 
 def _from_float32(x: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
@@ -256,36 +315,98 @@ def _gather_keys(pool: KVPool, layer: int, kv: int, pages: np.ndarray, kv_len: i
     return decoded
 
 
-def attention(q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: float, out: Any) -> Any:
-    """Causal paged attention of ``q`` over the plan's page table; see :func:`paged_prefill_attention`."""
+def _masked_scores(
+    Q: np.ndarray,
+    K: np.ndarray,
+    c0: int,
+    c1: int,
+    kp: np.ndarray,
+    qp: np.ndarray,
+    limit: np.ndarray,
+    window: int | None,
+    null: np.ndarray | None,
+    k0: int = 0,
+) -> np.ndarray:
+    """``[Hkv, rows, c1 - c0]`` scores of keys ``[c0, c1)`` of one sequence, masked keys at -inf.
+
+    ``Q`` ``[Hkv, rows, D]`` scaled queries; ``K`` ``[Hkv, kv_len - k0, D]`` the keys from ``k0`` on and
+    ``null`` (or None) ``[kv_len - k0]`` which of them are on the null page; ``kp`` ``[kv_len]`` key
+    positions, ``qp`` ``[q_len]`` query positions, ``limit`` ``[rows, 1]`` each row's query position. A
+    mask is only built where some key of the chunk needs it.
+    """
+    s = np.matmul(Q, K[:, c0 - k0 : c1 - k0].transpose(0, 2, 1))
+    kc = kp[c0:c1]
+    visible = None
+    if kc[-1] > qp[0]:  # causal mask: only chunks that reach past the first query token
+        visible = kc[None, :] <= limit
+    if window is not None and kc[0] <= qp[-1] - window:  # window: chunks reaching before the last row's
+        inside = kc[None, :] > limit - window
+        visible = inside if visible is None else visible & inside
+    if null is not None and null[c0 - k0 : c1 - k0].any():
+        live = ~null[None, c0 - k0 : c1 - k0]
+        visible = live if visible is None else visible & live
+    return s if visible is None else np.where(visible, s, -np.inf)
+
+
+def attention(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    plan: AttentionPlan,
+    sm_scale: float,
+    out: Any,
+    page_scores: np.ndarray | None = None,
+) -> Any:
+    """Paged attention of ``q`` over the plan's page table and mask; see :func:`paged_prefill_attention`.
+
+    ``page_scores`` (float32 ``[kv_indptr[-1]]``, checked) gets each page-table entry's probability mass
+    added: ``exp(s - lse)`` of the merged log-sum-exp, summed over the rows and keys of the entry.
+    """
     G, Hkv, D = plan.group_size, plan.num_kv_heads, pool.head_dim
     qf = dtypes.to_float32(q)
     pt = plan.page_table
+    W = None if plan.window is None else min(plan.window, 2**32)  # past every int32 position: unbounded
+    key_start = np.cumsum(plan.kv_len, dtype=np.int64) - plan.kv_len
     for b in range(plan.batch_size):
         q0, q1 = int(plan.q_indptr[b]), int(plan.q_indptr[b + 1])
         if q1 == q0:
             continue
         L, ql = int(plan.kv_len[b]), q1 - q0
-        pages = pt.kv_indices[pt.kv_indptr[b] : pt.kv_indptr[b + 1]]
-        K = _gather_keys(pool, layer, 0, pages, L)
-        V = _gather_keys(pool, layer, 1, pages, L)
+        e0, e1 = int(pt.kv_indptr[b]), int(pt.kv_indptr[b + 1])
+        # Key positions (indices, or the compacted table's); query token i is key L - ql + i.
+        kp = np.arange(L)
+        if plan.positions is not None:
+            kp = plan.positions[key_start[b] : key_start[b] + L].astype(np.int64)
+        qp = kp[L - ql :]
+        # The first query token's window starts the work (later tokens see no earlier key): only the
+        # pages from the one holding that key on are read, keys k0.. of the sequence.
+        first = 0 if W is None else int(np.searchsorted(kp, qp[0] - W, side="right"))
+        skip = first // pool.page_size
+        k0 = skip * pool.page_size
+        pages = pt.kv_indices[e0 + skip : e1]
+        K = _gather_keys(pool, layer, 0, pages, L - k0)
+        V = _gather_keys(pool, layer, 1, pages, L - k0)
+        null = None
+        if W is not None and not pages.all():  # null-page keys: masked, and their K/V never multiplied
+            null = np.repeat(pages == 0, pool.page_size)[: L - k0]
+            K = np.where(null[None, :, None], np.float32(0), K)
+            V = np.where(null[None, :, None], np.float32(0), V)
         # [Hkv, G * ql, D]: rows of one kv head are (query head g, query token i), g-major.
         Q = qf[q0:q1].reshape(ql, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * ql, D) * np.float32(
             sm_scale
         )
-        limit = np.tile(L - ql + np.arange(ql), G)[:, None]  # [G * ql, 1]: last key each row sees
-        parts_o, parts_lse = [], []
+        limit = np.tile(qp, G)[:, None]  # [G * ql, 1]: last key (position) each row sees
+
         chunk = int(plan.chunk_lens[b])
-        for c0 in range(0, L, chunk):
-            c1 = min(c0 + chunk, L)
-            s = np.matmul(Q, K[:, c0:c1].transpose(0, 2, 1))  # [Hkv, G * ql, chunk]
-            if c1 - 1 > L - ql:  # causal mask: only chunks that reach past the first query token
-                s = np.where(np.arange(c0, c1)[None, :] <= limit, s, -np.inf)
+        bounds = [(max(c, first), min(c + chunk, L)) for c in range(first - first % chunk, L, chunk)]
+        parts_o, parts_lse = [], []
+        for c0, c1 in bounds:
+            s = _masked_scores(Q, K, c0, c1, kp, qp, limit, W, null, k0)  # [Hkv, G * ql, chunk]
             m = s.max(axis=-1, keepdims=True)
             m_safe = np.where(np.isfinite(m), m, 0.0)
             p = np.exp(s - m_safe)
             lsum = p.sum(axis=-1, keepdims=True)
-            o = np.matmul(p, V[:, c0:c1])  # [Hkv, G * ql, D]
+            o = np.matmul(p, V[:, c0 - k0 : c1 - k0])  # [Hkv, G * ql, D]
             with np.errstate(divide="ignore", invalid="ignore"):
                 parts_o.append(np.where(lsum > 0, o / lsum, 0.0))
                 parts_lse.append(np.where(lsum > 0, m_safe + np.log(lsum), -np.inf))
@@ -297,6 +418,16 @@ def attention(q: Any, pool: KVPool, layer: int, plan: AttentionPlan, sm_scale: f
             merged = np.where(wsum > 0, (w * np.stack(parts_o)).sum(axis=0) / wsum, 0.0)  # [Hkv, G * ql, D]
         res = merged.reshape(Hkv, G, ql, D).transpose(2, 0, 1, 3).reshape(ql, Hkv * G, D).astype(np.float32)
         out[q0:q1] = _from_float32(res, out.dtype)
+        if page_scores is not None:
+            # exp(s - lse) <= 1 with the merged log-sum-exp; a row that sees no key (lse -inf) adds 0.
+            with np.errstate(divide="ignore"):
+                row_lse = np.where(wsum > 0, top[0] + np.log(wsum), 0.0)  # [Hkv, G * ql, 1]
+            mass = np.zeros(e1 - e0, dtype=np.float64)  # this sequence's entries
+            for c0, c1 in bounds:
+                s = _masked_scores(Q, K, c0, c1, kp, qp, limit, W, null, k0)
+                per_key = np.exp(s - row_lse).sum(axis=(0, 1))  # [c1 - c0]
+                mass += np.bincount(np.arange(c0, c1) // pool.page_size, per_key, minlength=e1 - e0)
+            page_scores[e0:e1] += mass.astype(np.float32)
     return out
 
 
@@ -312,13 +443,19 @@ def _prepare(
     decode: bool = False,
     out: Any = None,
     occupancy: Callable[[], dict[str, int]] | None = None,
+    window: Any = None,
+    positions: Any = None,
+    page_scores: Any = None,
+    device: bool = False,
 ) -> tuple[int, AttentionPlan, float]:
     """Shared argument checks of decode and prefill (both backends); returns (layer, plan, sm_scale).
 
     ``decode``: one query token per sequence (``q_indptr`` is not read); ``out``: the caller's output
-    buffer, checked against ``q``. Without a ``plan`` one is made here,
+    buffer, checked against ``q``. Without a ``plan`` one is made here, with ``window`` and ``positions``,
     after the page table and ``q_indptr`` are checked; ``occupancy`` (the CUDA path) then gives its
-    ``num_sms`` and ``blocks_per_sm``. With a plan, ``page_table`` and ``q_indptr`` are not read.
+    ``num_sms`` and ``blocks_per_sm``. With a plan, ``page_table`` and ``q_indptr`` are not read, and
+    ``window`` and ``positions`` must be the plan's. ``page_scores`` is checked against the plan's table,
+    as a device array when ``device`` (the CUDA path).
     """
     layer = pool.check_layer(layer)
     scale = check_sm_scale(sm_scale, pool.head_dim)
@@ -331,20 +468,29 @@ def _prepare(
     check_rows(q, "q", None, int(q.shape[1]), pool.head_dim)
     check_out(q, out)
     if plan is None:
-        pt = unpack_page_table(page_table)
+        pt = unpack_page_table(page_table, allow_null=check_window(window) is not None)
         if decode:
             q_indptr = np.arange(pt.kv_last_page_len.shape[0] + 1, dtype=np.int32)
         else:
             q_indptr = index_array(q_indptr, "q_indptr", dtype=np.int32, low=0, what="offsets")
+        # Checked here too (the plan checks them again), so that no occupancy query precedes a refusal.
+        check_positions(positions, kv_lengths(pt, pool.page_size))
+        check_page_scores(page_scores, pt.kv_indices.shape[0], device=device)
         plan = plan_attention(
             pt,
             q_indptr,
             page_size=pool.page_size,
             num_qo_heads=int(q.shape[1]),
             num_kv_heads=pool.num_kv_heads,
+            window=window,
+            positions=positions,
             **(occupancy() if occupancy is not None else {}),
         )
+        check_plan(plan, pool, q)
+        return layer, plan, scale
     check_plan(plan, pool, q)
+    check_mask(plan, window, positions)
+    check_page_scores(page_scores, plan.page_table.kv_indices.shape[0], device=device)
     return layer, plan, scale
 
 
@@ -357,6 +503,9 @@ def paged_decode_attention(
     *,
     plan: AttentionPlan | None = None,
     out: Any = None,
+    window: int | None = None,
+    positions: Any = None,
+    page_scores: Any = None,
 ) -> Any:
     """Attention of one new query token per sequence over its paged K/V (GQA, split-K).
 
@@ -370,6 +519,8 @@ def paged_decode_attention(
         sm_scale: softmax scale, finite and > 0; ``1/sqrt(head_dim)`` by default.
         plan: a plan from :func:`plan_attention` for this batch, to reuse across layers.
         out: optional output, shaped and typed like ``q``.
+        window, positions, page_scores: bounded caches, see :func:`kvcore.kernels.paged_decode_attention`
+            (``page_scores`` a NumPy array here).
 
     Returns:
         ``[batch, num_qo_heads, head_dim]`` in the dtype of ``q``.
@@ -378,8 +529,21 @@ def paged_decode_attention(
         InvalidDTypeError: an argument of the wrong type, shape or dtype (``None`` or a list for ``q``).
         InvalidArgumentError, InvalidPageError: a value out of range (a page id, an offset, ``sm_scale``).
     """
-    layer, plan, scale = _prepare(q, pool, layer, page_table, None, sm_scale, plan, decode=True, out=out)
-    return attention(q, pool, layer, plan, scale, output_like(q, np, out))
+    layer, plan, scale = _prepare(
+        q,
+        pool,
+        layer,
+        page_table,
+        None,
+        sm_scale,
+        plan,
+        decode=True,
+        out=out,
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+    )
+    return attention(q, pool, layer, plan, scale, output_like(q, np, out), page_scores)
 
 
 def paged_prefill_attention(
@@ -392,6 +556,9 @@ def paged_prefill_attention(
     *,
     plan: AttentionPlan | None = None,
     out: Any = None,
+    window: int | None = None,
+    positions: Any = None,
+    page_scores: Any = None,
 ) -> Any:
     """Causal attention of new tokens over their cached prefix plus themselves (the prefix-hit path).
 
@@ -402,12 +569,25 @@ def paged_prefill_attention(
         q: ``[q_indptr[-1], num_qo_heads, head_dim]`` (float, or uint16 bf16 bits).
         pool, layer, page_table, sm_scale, plan, out: as :func:`paged_decode_attention`.
         q_indptr: int32 ``[batch + 1]`` offsets of each sequence's query tokens.
+        window, positions, page_scores: as :func:`paged_decode_attention`.
 
     Returns:
         ``[q_indptr[-1], num_qo_heads, head_dim]`` in the dtype of ``q``.
     """
-    layer, plan, scale = _prepare(q, pool, layer, page_table, q_indptr, sm_scale, plan, out=out)
-    return attention(q, pool, layer, plan, scale, output_like(q, np, out))
+    layer, plan, scale = _prepare(
+        q,
+        pool,
+        layer,
+        page_table,
+        q_indptr,
+        sm_scale,
+        plan,
+        out=out,
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+    )
+    return attention(q, pool, layer, plan, scale, output_like(q, np, out), page_scores)
 
 
 # ------------------------------------------------------------------------------------ page copies

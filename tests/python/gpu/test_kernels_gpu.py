@@ -12,6 +12,13 @@ from typing import Any
 import numpy as np
 import pytest
 from kv_helpers import dense_outputs, write_batch
+from test_kernels_bounded import (
+    dense_batch,
+    make_batch,
+    null_out_of_window,
+    poison_null_page,
+    sinks_and_recent,
+)
 
 from kvcore import kernels as K
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
@@ -158,6 +165,117 @@ def test_prefill_matches_reference(
         chunk_len=chunk,
     )
     _compare(batch, q, plan, act, q_indptr)
+
+
+# ------------------------------------------------------------------------------------ bounded caches
+
+
+def _compare_bounded(
+    batch: Any,
+    q: np.ndarray,
+    qi: np.ndarray,
+    pt: Any,
+    act: str,
+    *,
+    window: int | None,
+    positions: np.ndarray | None = None,
+    chunk: int | None = None,
+) -> None:
+    """CUDA against the reference with a window / positions, page scores on both sides; both against
+    the dense model of test_kernels_bounded."""
+    gpu = batch.pool.to("cupy")
+    Hq = q.shape[1]
+    plan = plan_attention(
+        pt,
+        qi,
+        page_size=batch.pool.page_size,
+        num_qo_heads=Hq,
+        num_kv_heads=batch.pool.num_kv_heads,
+        chunk_len=chunk,
+        window=window,
+        positions=positions,
+    )
+    nnz = pt[1].shape[0]
+    ref_scores, dev_scores = np.ones(nnz, np.float32), cp.ones(nnz, cp.float32)
+    mask = {"plan": plan, "window": window, "positions": positions}
+    ref = K.paged_prefill_attention(q, batch.pool, 1, pt, qi, page_scores=ref_scores, **mask)
+    out = K.paged_prefill_attention(cp.asarray(q), gpu, 1, pt, qi, page_scores=dev_scores, **mask)
+    plain = K.paged_prefill_attention(cp.asarray(q), gpu, 1, pt, qi, **mask)  # no page scores
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert np.array_equal(_as_float(out), _as_float(plain))
+    err = np.abs(_as_float(out) - _as_float(ref)).max()
+    assert err < ACT_TOLERANCE[act], f"max |gpu - reference| = {err:.2e}"
+    dense, mass = dense_batch(batch, _as_float(q), pt, window=window, positions=positions)
+    assert np.abs(_as_float(out) - dense).max() < ACT_TOLERANCE[act] + 4e-3
+    got = dev_scores.get() - 1
+    np.testing.assert_allclose(got, ref_scores - 1, rtol=2e-3, atol=2e-4 * Hq)
+    np.testing.assert_allclose(got, mass, rtol=2e-3, atol=2e-4 * Hq)
+    assert abs(float(got.sum()) - Hq * int(qi[-1])) < 1e-3 * Hq * int(qi[-1])
+    if window is not None and (pt[1] == 0).any():
+        assert (got[pt[1] == 0] == 0).all()
+
+
+@pytest.mark.parametrize("chunk", [None, 64])
+@pytest.mark.parametrize("window", [None, 5, 37, 10_000])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_window_decode_matches_reference(
+    kv_dtype: str, head_dim: int, page_size: int, window: int | None, chunk: int | None
+) -> None:
+    """NULL pages before the window (the null page holding NaN), GQA 4, page scores accumulated."""
+    batch, q, qi, pt = make_batch(
+        page_size + head_dim,
+        [1, 37, 300, 1100],
+        [1] * 4,
+        page_size=page_size,
+        group=4,
+        kv_dtype=kv_dtype,
+        head_dim=head_dim,
+    )
+    if window is not None:
+        pt, _ = null_out_of_window(pt, batch, window)
+    poison_null_page(batch.pool)
+    act = "bf16" if kv_dtype == "bf16" else "fp16"
+    _compare_bounded(batch, _act_values(q, act), qi, pt, act, window=window, chunk=chunk)
+
+
+@pytest.mark.parametrize("window", [None, 3, 29, 1000])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("kv_dtype", KV_DTYPES)
+def test_window_prefill_matches_reference(
+    kv_dtype: str, group: int, page_size: int, window: int | None
+) -> None:
+    batch, q, qi, pt = make_batch(
+        group + page_size,
+        [45, 270, 50, 33],
+        [45, 20, 10, 1],
+        page_size=page_size,
+        group=group,
+        kv_dtype=kv_dtype,
+        head_dim=128,
+    )
+    if window is not None:
+        pt, _ = null_out_of_window(pt, batch, window)
+    poison_null_page(batch.pool)
+    act = "bf16" if kv_dtype == "bf16" else "fp16"
+    _compare_bounded(batch, _act_values(q, act), qi, pt, act, window=window, chunk=64)
+
+
+@pytest.mark.parametrize("window", [None, 24, 300])
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("q_lens", [[1, 1], [12, 3]], ids=["decode", "prefill"])
+def test_compacted_positions_match_reference(q_lens: list[int], page_size: int, window: int | None) -> None:
+    """StreamingLLM (sinks + recent) and a table with gaps, as position maps."""
+    kept = [sinks_and_recent(900, 4, 120), np.sort(np.random.default_rng(1).choice(400, 70, replace=False))]
+    positions = np.concatenate(kept).astype(np.int32)
+    batch, q, qi, pt = make_batch(
+        page_size, [k.shape[0] for k in kept], q_lens, page_size=page_size, group=4, head_dim=64
+    )
+    _compare_bounded(
+        batch, _act_values(q, "fp16"), qi, pt, "fp16", window=window, positions=positions, chunk=64
+    )
 
 
 def test_attention_rejects_unsupported_shapes() -> None:

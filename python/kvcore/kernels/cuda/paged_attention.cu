@@ -11,6 +11,12 @@
 //     fp32 partial output and its base-2 log-sum-exp, and attention_merge combines the splits.
 //   causality: query token i of a sequence with kv_len keys sits at position kv_len - q_len + i and sees
 //     keys j <= kv_len - q_len + i.
+//   bounded caches (the paged_attention_bounded_* entry points; the plain ones are compiled without any of
+//     it): kv_first[token] is the first key a query token sees under a sliding window (the host turns the
+//     window and any position map into it), keys on the null page 0 are masked and their V rows zeroed
+//     (the null page may hold anything), and lse_out receives every row's final base-2 log-sum-exp for page_scores (split rows get
+//     theirs from attention_merge_lse). page_scores then recomputes q . k per visible key and adds
+//     2^(s - lse), summed over the rows, to the key's page-table entry.
 //
 // Block: 4 warps. Warp w takes the 16-key steps kv_begin + 16 * (w + 4k) with its own online softmax
 // (m, l, O in registers, exp2 domain); the 4 states are merged through shared memory at the end.
@@ -79,7 +85,7 @@ __device__ __forceinline__ unsigned v_pair(const unsigned (&va)[NW], const unsig
   }
 }
 
-template <typename Act, typename Cache, int D>
+template <typename Act, typename Cache, int D, bool kBounded>
 __device__ __forceinline__ void paged_attention_impl(
     const Act* __restrict__ q,                          // [num_q_tokens, num_qo_heads, D] (strided rows)
     i64 q_token_stride, i64 q_head_stride,              // elements
@@ -95,7 +101,9 @@ __device__ __forceinline__ void paged_attention_impl(
     Act* __restrict__ out,                              // [num_q_tokens, num_qo_heads, D] contiguous
     float* __restrict__ o_part,                         // [num_partials, num_kv_heads, 16, D] fp32
     float* __restrict__ lse_part,                       // [num_partials, num_kv_heads, 16] fp32, base 2
-    float sm_scale, int group_size, int num_kv_heads, int page_shift) {
+    float sm_scale, int group_size, int num_kv_heads, int page_shift,
+    const int* __restrict__ kv_first = nullptr,  // kBounded: [num_q_tokens] int32 first key seen, or null (0)
+    float* __restrict__ lse_out = nullptr) {     // kBounded: [num_q_tokens, num_qo_heads] fp32 base 2, or null
   typedef AttnShape<Cache, D> Shape;
   typedef typename Cache::storage S;
   typedef typename Cache::compute C;
@@ -121,6 +129,13 @@ __device__ __forceinline__ void paged_attention_impl(
   for (int h = 0; h < 2; ++h) {
     row_id[h] = tile * kRows + g + 8 * h;
     limit[h] = row_id[h] < rows ? ctx + row_id[h] / G : -1;
+  }
+  [[maybe_unused]] int first[2];  // kBounded: the first key each row sees (its window's start)
+  if constexpr (kBounded) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      first[h] = limit[h] >= 0 && kv_first != nullptr ? kv_first[q_begin + row_id[h] / G] : 0;
+    }
   }
 
   // Q fragments in the compute type: qf[kb] = {row0 d..d+1, row1 d..d+1, row0 d+2..d+3, row1 d+2..d+3}.
@@ -173,9 +188,11 @@ __device__ __forceinline__ void paged_attention_impl(
       }
     }
     unsigned v_raw[4][Shape::kVWords];
+    [[maybe_unused]] bool null_key[4];  // kBounded: V key r lies on the null page (masked, V zeroed)
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = key0 + 2 * t + (r & 1) + 8 * (r >> 1);
+      if constexpr (kBounded) null_key[r] = false;
       if (key < kv_end) {
         const i64 page = pages[key >> page_shift];
         const S* row = v_base + page * page_stride + (key & page_mask) * token_stride + g * Shape::kOutCols;
@@ -192,6 +209,15 @@ __device__ __forceinline__ void paged_attention_impl(
           const uint2 x = load8(row);
           v_raw[r][0] = x.x;
           v_raw[r][1] = x.y;
+        }
+        if constexpr (kBounded) {
+          // The null page is a real page of the pool (the load is safe), but whatever it holds must not
+          // reach O: a masked key's P is 0, and 0 * NaN would still be NaN in the P V product.
+          null_key[r] = page == 0;
+          if (null_key[r]) {
+#pragma unroll
+            for (int w = 0; w < Shape::kVWords; ++w) v_raw[r][w] = 0u;
+          }
         }
       } else {
 #pragma unroll
@@ -224,7 +250,8 @@ __device__ __forceinline__ void paged_attention_impl(
       for (int e = 0; e < 4; ++e) {
         const int key = key0 + 8 * nb + 2 * t + (e & 1);
         const int h = e >> 1;
-        const bool visible = key < kv_end && key <= limit[h];
+        bool visible = key < kv_end && key <= limit[h];
+        if constexpr (kBounded) visible = visible && key >= first[h] && !null_key[(e & 1) + 2 * nb];
         p[nb][e] = visible ? s_acc[nb][e] * score_scale : -CUDART_INF_F;
         row_max[h] = fmaxf(row_max[h], p[nb][e]);
       }
@@ -311,6 +338,11 @@ __device__ __forceinline__ void paged_attention_impl(
     if (partial < 0) {
       const int token = q_begin + row / G, head = kv_head * G + row % G;
       out[(static_cast<i64>(token) * num_qo_heads + head) * D + d] = from_float<Act>(val);
+      if constexpr (kBounded) {
+        if (lse_out != nullptr && d == 0) {
+          lse_out[static_cast<i64>(token) * num_qo_heads + head] = sum > 0.f ? mx + __log2f(sum) : -CUDART_INF_F;
+        }
+      }
     } else {
       const i64 base = (static_cast<i64>(partial) * num_kv_heads + kv_head) * kRows + r;
       o_part[base * D + d] = val;
@@ -320,15 +352,17 @@ __device__ __forceinline__ void paged_attention_impl(
 }
 
 // Combine the splits of every tile that has more than one: o = sum_i w_i o_i / sum_i w_i with
-// w_i = 2^(lse_i - max lse). Grid (num_merges, num_kv_heads), 128 threads.
-template <typename Act>
+// w_i = 2^(lse_i - max lse). Grid (num_merges, num_kv_heads), 128 threads. kLse (page_scores) also
+// writes each row's final log-sum-exp, max lse + log2(sum_i w_i).
+template <typename Act, bool kLse>
 __device__ __forceinline__ void attention_merge_impl(
     const float* __restrict__ o_part,    // [num_partials, num_kv_heads, 16, head_dim] fp32
     const float* __restrict__ lse_part,  // [num_partials, num_kv_heads, 16] fp32, base 2
     const int* __restrict__ merges,      // [num_merges, 4] int32: (seq, row_tile, first_partial, count)
     const int* __restrict__ q_indptr,    // [batch + 1] int32
     Act* __restrict__ out,               // [num_q_tokens, num_qo_heads, head_dim] contiguous
-    int group_size, int num_kv_heads, int head_dim) {
+    int group_size, int num_kv_heads, int head_dim,
+    float* __restrict__ lse_out = nullptr) {  // kLse: [num_q_tokens, num_qo_heads] fp32, base 2
   const int* mg = merges + 4 * blockIdx.x;
   const int seq = mg[0], tile = mg[1], first = mg[2], count = mg[3];
   const int kv_head = blockIdx.y;
@@ -354,6 +388,121 @@ __device__ __forceinline__ void attention_merge_impl(
     }
     const int token = q_begin + row / G, head = kv_head * G + row % G;
     out[(static_cast<i64>(token) * G * num_kv_heads + head) * head_dim + d] = from_float<Act>(sum > 0.f ? acc / sum : 0.f);
+    if constexpr (kLse) {
+      if (d == 0) {
+        lse_out[static_cast<i64>(token) * G * num_kv_heads + head] = sum > 0.f ? mx + __log2f(sum) : -CUDART_INF_F;
+      }
+    }
+  }
+}
+
+// Two floats of one compute-type register (the inverse of pack2).
+template <typename T>
+__device__ __forceinline__ float2 unpack2(unsigned x);
+template <>
+__device__ __forceinline__ float2 unpack2<__half>(unsigned x) {
+  return __half22float2(*reinterpret_cast<__half2*>(&x));
+}
+template <>
+__device__ __forceinline__ float2 unpack2<__nv_bfloat16>(unsigned x) {
+  return __bfloat1622float2(*reinterpret_cast<__nv_bfloat162*>(&x));
+}
+
+// page_scores: add to each page-table entry the softmax probability its keys received in this call,
+// summed over the rows (query heads x query tokens). Grid (num_items, num_kv_heads) over the plan's
+// items, so every visible key of every row is visited exactly once; 128 threads = 8 keys x 16 rows per
+// step. The score is q . k again (Q rounded to the compute type, as the attention kernel's fragments, and
+// accumulated in fp32), and p = 2^(s - lse) with the row's final base-2 log-sum-exp from the attention
+// kernel (or attention_merge_lse): the same softmax, normalized, whatever the split.
+template <typename Act, typename Cache, int D>
+__device__ __forceinline__ void page_scores_impl(
+    const Act* __restrict__ q,                          // [num_q_tokens, num_qo_heads, D] (strided rows)
+    i64 q_token_stride, i64 q_head_stride,              // elements
+    const typename Cache::storage* __restrict__ pool,   // this layer's K plane
+    i64 page_stride, i64 head_stride, i64 token_stride,  // elements (PoolStrides)
+    const float* __restrict__ k_scale,                  // [num_kv_heads] this layer's K scales
+    const int* __restrict__ kv_indptr,                  // [batch + 1] int32
+    const int* __restrict__ kv_indices,                 // [kv_indptr[batch]] int32 page ids
+    const int* __restrict__ kv_len,                     // [batch] int32 keys per sequence
+    const int* __restrict__ q_indptr,                   // [batch + 1] int32
+    const int* __restrict__ items,                      // [num_items, 5] int32 (see the header)
+    const int* __restrict__ kv_first,                   // [num_q_tokens] int32 first key seen, or null (0)
+    const float* __restrict__ lse,                      // [num_q_tokens, num_qo_heads] fp32, base 2
+    float* __restrict__ page_scores,                    // [kv_indptr[batch]] fp32, added to
+    float sm_scale, int group_size, int num_kv_heads, int page_shift) {
+  typedef typename Cache::storage S;
+  typedef typename Cache::compute C;
+  constexpr int kVec = 16 / sizeof(S);         // cache elements per 16-byte load
+  constexpr int kKeys = kThreads / kRows;      // keys per step: 8
+  __shared__ float s_q[kRows][D + 1];          // +1: the 16 rows of one column fall in 16 banks
+  __shared__ float s_lse[kRows];
+  __shared__ int s_first[kRows], s_limit[kRows];
+
+  const int* item = items + 5 * blockIdx.x;
+  const int seq = item[0], tile = item[1], kv_begin = item[2], kv_end = item[3];
+  const int kv_head = blockIdx.y;
+  const int G = group_size;
+  const int num_qo_heads = G * num_kv_heads;
+  const int q_begin = q_indptr[seq];
+  const int q_len = q_indptr[seq + 1] - q_begin;
+  const int rows = q_len * G;
+  const int ctx = kv_len[seq] - q_len;
+
+  for (int e = threadIdx.x; e < kRows * (D / 2); e += kThreads) {
+    const int r = e / (D / 2), d = 2 * (e - r * (D / 2));
+    const int row = tile * kRows + r;
+    float2 x = make_float2(0.f, 0.f);
+    if (row < rows) {
+      const Act* qrow = q + (q_begin + row / G) * q_token_stride + (kv_head * G + row % G) * q_head_stride;
+      x = unpack2<C>(pack2<C>(to_float(qrow[d]), to_float(qrow[d + 1])));
+    }
+    s_q[r][d] = x.x;
+    s_q[r][d + 1] = x.y;
+  }
+  if (threadIdx.x < kRows) {
+    const int r = threadIdx.x, row = tile * kRows + r;
+    const bool valid = row < rows;
+    const int token = q_begin + row / G;
+    s_limit[r] = valid ? ctx + row / G : -1;
+    s_first[r] = valid && kv_first != nullptr ? kv_first[token] : 0;
+    s_lse[r] = valid ? lse[static_cast<i64>(token) * num_qo_heads + kv_head * G + row % G] : -CUDART_INF_F;
+  }
+  __syncthreads();
+
+  const int r = threadIdx.x % kRows, slot = threadIdx.x / kRows;  // a half-warp holds one key's 16 rows
+  const int limit = s_limit[r], first = s_first[r];
+  const float row_lse = s_lse[r];
+  const bool live = limit >= 0 && row_lse != -CUDART_INF_F;  // a row that sees no key adds nothing
+  const S* k_base = pool + kv_head * head_stride;
+  const int* pages = kv_indices + kv_indptr[seq];
+  float* scores = page_scores + kv_indptr[seq];
+  const int page_mask = (1 << page_shift) - 1;
+  const float score_scale = sm_scale * k_scale[kv_head] * 1.4426950408889634f;
+  // The trip count is the block's, so every lane reaches the shuffles.
+  for (int key0 = kv_begin; key0 < kv_end; key0 += kKeys) {
+    const int key = key0 + slot;
+    float p = 0.f;
+    if (live && key < kv_end && key >= first && key <= limit) {
+      const i64 page = pages[key >> page_shift];
+      if (page != 0) {  // null-page keys are masked
+        const S* row = k_base + page * page_stride + (key & page_mask) * token_stride;
+        float acc = 0.f;
+#pragma unroll
+        for (int s = 0; s < D / kVec; ++s) {
+          const uint4 raw = load16(row + s * kVec);
+#pragma unroll
+          for (int j = 0; j < kVec / 2; ++j) {
+            const float2 k2 = unpack2<C>(k_pair<Cache>(raw, j));
+            acc = fmaf(s_q[r][s * kVec + 2 * j], k2.x, acc);
+            acc = fmaf(s_q[r][s * kVec + 2 * j + 1], k2.y, acc);
+          }
+        }
+        p = fast_exp2(acc * score_scale - row_lse);
+      }
+    }
+#pragma unroll
+    for (int o = kRows / 2; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+    if (r == 0 && p > 0.f) atomicAdd(scores + (key >> page_shift), p);
   }
 }
 
@@ -371,15 +520,56 @@ __device__ __forceinline__ void attention_merge_impl(
            const int* __restrict__ q_indptr, const int* __restrict__ items, ACT* __restrict__ out,          \
            float* __restrict__ o_part, float* __restrict__ lse_part, float sm_scale, int group_size,        \
            int num_kv_heads, int page_shift) {                                                              \
-    kv::paged_attention_impl<ACT, CACHE, D>(q, q_token_stride, q_head_stride, pool, kv_stride, page_stride, \
-                                            head_stride, token_stride, k_scale, v_scale, kv_indptr,         \
-                                            kv_indices, kv_len, q_indptr, items, out, o_part, lse_part,     \
-                                            sm_scale, group_size, num_kv_heads, page_shift);                \
+    kv::paged_attention_impl<ACT, CACHE, D, false>(q, q_token_stride, q_head_stride, pool, kv_stride,       \
+                                                   page_stride, head_stride, token_stride, k_scale, v_scale, \
+                                                   kv_indptr, kv_indices, kv_len, q_indptr, items, out,      \
+                                                   o_part, lse_part, sm_scale, group_size, num_kv_heads,     \
+                                                   page_shift);                                              \
   }
 
-#define KV_ATTENTION_ALL_DIMS(ACTN, ACT, CACHEN, CACHE)                    \
-  KV_ATTENTION(paged_attention_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64)   \
-  KV_ATTENTION(paged_attention_##ACTN##_##CACHEN##_d128, ACT, CACHE, 128)
+// The bounded-cache variant: the same arguments, then kv_first and lse_out (either may be null).
+#define KV_ATTENTION_BOUNDED(NAME, ACT, CACHE, D)                                                           \
+  extern "C" __global__ void __launch_bounds__(kv::kThreads)                                                \
+      NAME(const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                    \
+           const CACHE::storage* __restrict__ pool, long long kv_stride, long long page_stride,             \
+           long long head_stride, long long token_stride, const float* __restrict__ k_scale,                \
+           const float* __restrict__ v_scale, const int* __restrict__ kv_indptr,                            \
+           const int* __restrict__ kv_indices, const int* __restrict__ kv_len,                              \
+           const int* __restrict__ q_indptr, const int* __restrict__ items, ACT* __restrict__ out,          \
+           float* __restrict__ o_part, float* __restrict__ lse_part, float sm_scale, int group_size,        \
+           int num_kv_heads, int page_shift, const int* __restrict__ kv_first, float* __restrict__ lse_out) { \
+    kv::paged_attention_impl<ACT, CACHE, D, true>(q, q_token_stride, q_head_stride, pool, kv_stride,        \
+                                                  page_stride, head_stride, token_stride, k_scale, v_scale,  \
+                                                  kv_indptr, kv_indices, kv_len, q_indptr, items, out,       \
+                                                  o_part, lse_part, sm_scale, group_size, num_kv_heads,      \
+                                                  page_shift, kv_first, lse_out);                            \
+  }
+
+// page_scores takes the attention kernel's leading arguments (the pool's layer view as the launcher
+// passes it to every kernel), so kv_stride and v_scale are accepted and not read.
+#define KV_PAGE_SCORES(NAME, ACT, CACHE, D)                                                                 \
+  extern "C" __global__ void __launch_bounds__(kv::kThreads)                                                \
+      NAME(const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                    \
+           const CACHE::storage* __restrict__ pool, long long /*kv_stride*/, long long page_stride,         \
+           long long head_stride, long long token_stride, const float* __restrict__ k_scale,                \
+           const float* __restrict__ /*v_scale*/, const int* __restrict__ kv_indptr,                        \
+           const int* __restrict__ kv_indices, const int* __restrict__ kv_len,                              \
+           const int* __restrict__ q_indptr, const int* __restrict__ items,                                 \
+           const int* __restrict__ kv_first, const float* __restrict__ lse, float* __restrict__ page_scores, \
+           float sm_scale, int group_size, int num_kv_heads, int page_shift) {                              \
+    kv::page_scores_impl<ACT, CACHE, D>(q, q_token_stride, q_head_stride, pool, page_stride, head_stride,   \
+                                        token_stride, k_scale, kv_indptr, kv_indices, kv_len, q_indptr,     \
+                                        items, kv_first, lse, page_scores, sm_scale, group_size,            \
+                                        num_kv_heads, page_shift);                                          \
+  }
+
+#define KV_ATTENTION_ALL_DIMS(ACTN, ACT, CACHEN, CACHE)                                    \
+  KV_ATTENTION(paged_attention_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64)                   \
+  KV_ATTENTION(paged_attention_##ACTN##_##CACHEN##_d128, ACT, CACHE, 128)                 \
+  KV_ATTENTION_BOUNDED(paged_attention_bounded_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64)   \
+  KV_ATTENTION_BOUNDED(paged_attention_bounded_##ACTN##_##CACHEN##_d128, ACT, CACHE, 128) \
+  KV_PAGE_SCORES(page_scores_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64)                     \
+  KV_PAGE_SCORES(page_scores_##ACTN##_##CACHEN##_d128, ACT, CACHE, 128)
 
 KV_ATTENTION_ALL_DIMS(fp16, __half, fp16, kv::CacheF16)
 KV_ATTENTION_ALL_DIMS(bf16, __nv_bfloat16, bf16, kv::CacheBF16)
@@ -393,9 +583,21 @@ KV_ATTENTION_ALL_DIMS(bf16, __nv_bfloat16, int8, kv::CacheI8)
       NAME(const float* __restrict__ o_part, const float* __restrict__ lse_part,                           \
            const int* __restrict__ merges, const int* __restrict__ q_indptr, ACT* __restrict__ out,        \
            int group_size, int num_kv_heads, int head_dim) {                                               \
-    kv::attention_merge_impl<ACT>(o_part, lse_part, merges, q_indptr, out, group_size, num_kv_heads,      \
-                                  head_dim);                                                               \
+    kv::attention_merge_impl<ACT, false>(o_part, lse_part, merges, q_indptr, out, group_size, num_kv_heads, \
+                                         head_dim);                                                        \
+  }
+
+// The merge of page_scores calls: the same arguments, then lse_out.
+#define KV_MERGE_LSE(NAME, ACT)                                                                            \
+  extern "C" __global__ void __launch_bounds__(128)                                                        \
+      NAME(const float* __restrict__ o_part, const float* __restrict__ lse_part,                           \
+           const int* __restrict__ merges, const int* __restrict__ q_indptr, ACT* __restrict__ out,        \
+           int group_size, int num_kv_heads, int head_dim, float* __restrict__ lse_out) {                  \
+    kv::attention_merge_impl<ACT, true>(o_part, lse_part, merges, q_indptr, out, group_size, num_kv_heads, \
+                                        head_dim, lse_out);                                                \
   }
 
 KV_MERGE(attention_merge_fp16, __half)
 KV_MERGE(attention_merge_bf16, __nv_bfloat16)
+KV_MERGE_LSE(attention_merge_lse_fp16, __half)
+KV_MERGE_LSE(attention_merge_lse_bf16, __nv_bfloat16)
