@@ -104,7 +104,7 @@ def main() -> int:
             page = spec.page_bytes(PS) // len(groups)
             gib = page / 2**30
             print(
-                f"{name:<12} {str(groups):<14} {r['mean_pages']:>11,.0f} {r['peak_pages']:>11,.0f} "
+                f"{name:<12} {groups!s:<14} {r['mean_pages']:>11,.0f} {r['peak_pages']:>11,.0f} "
                 f"{r['mean_pages'] * gib:>9.2f} {r['peak_pages'] * gib:>9.2f} {r['hit_rate']:>6.1%}"
                 f"   ({time.perf_counter() - t0:.1f} s)"
             )

@@ -445,7 +445,7 @@ impl KVCacheManager {
     }
 
     /// Admission on a manager with KV-cache groups, or of a streaming sequence; see
-    /// [`add_sequence_reserving`](Self::add_sequence_reserving).
+    /// [`add_sequence_with`](Self::add_sequence_with).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_sequence_bounded(
         &self,

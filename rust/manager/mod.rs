@@ -340,12 +340,13 @@ impl KVCacheManager {
         cache_prompt: bool,
         now: u64,
     ) -> KvResult<Option<usize>> {
-        self.add_sequence_reserving(
+        self.add_sequence_with(
             seq_id,
             prompt_tokens,
             namespace,
             priority,
             cache_prompt,
+            None,
             None,
             now,
         )
@@ -355,31 +356,8 @@ impl KVCacheManager {
     /// tokens after the cached prefix (`None`: all of them); the rest is reserved chunk by chunk
     /// with [`reserve`](Self::reserve). With `cache_prompt = false` and
     /// [`commit`](Self::commit), this is vLLM's `allocate_slots(num_new_tokens)`.
-    #[allow(clippy::too_many_arguments)]
-    pub fn add_sequence_reserving<P: AsRef<[u32]> + Into<Vec<u32>>>(
-        &self,
-        seq_id: SeqId,
-        prompt_tokens: P,
-        namespace: Option<&str>,
-        priority: i32,
-        cache_prompt: bool,
-        reserve: Option<usize>,
-        now: u64,
-    ) -> KvResult<Option<usize>> {
-        self.add_sequence_with(
-            seq_id,
-            prompt_tokens,
-            namespace,
-            priority,
-            cache_prompt,
-            reserve,
-            None,
-            now,
-        )
-    }
-
-    /// [`add_sequence_reserving`](Self::add_sequence_reserving), optionally as a StreamingLLM
-    /// sequence: `streaming = Some((sink_tokens, recent_tokens))` keeps, in every full-attention
+    ///
+    /// Optionally as a StreamingLLM sequence: `streaming = Some((sink_tokens, recent_tokens))` keeps, in every full-attention
     /// group, the pages of its first `sink_tokens` tokens and of its last `recent_tokens` tokens,
     /// and releases the pages between them as it grows (see [`groups`]). `InvalidArgument`
     /// (nothing changed) for `recent_tokens == 0` or a manager with lower tiers.

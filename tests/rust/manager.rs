@@ -247,7 +247,7 @@ fn run(ops: Vec<Op>, num_pages: usize, ps: usize) {
                 next += 1;
                 let len = tokens.len();
                 match m
-                    .add_sequence_reserving(next, tokens, ns_name(ns), 0, cache, reserve, 0)
+                    .add_sequence_with(next, tokens, ns_name(ns), 0, cache, reserve, None, 0)
                     .unwrap()
                 {
                     Some(hit) => {
