@@ -635,8 +635,10 @@ impl KVCacheManager {
     /// Release the pages of `seq_id` that no query to come can read (see the module docs).
     pub(super) fn drop_bounded(&self, st: &mut State, seq_id: SeqId) -> KvResult<()> {
         let ps = self.page_size;
-        let windows = st.groups.windows.clone();
-        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        // Split borrow: the windows are read while the sequence changes (no copy per append).
+        let State { groups, seqs, .. } = &mut *st;
+        let windows = &groups.windows;
+        let seq = seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         let Some(b) = seq.bounds.as_deref_mut() else {
             return Ok(());
         };
