@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""CI check: every kernels/*.cu compiles to an sm_90 cubin with NVRTC from PyPI (no GPU, no nvcc).
+"""CI check: every kvcore/kernels/csrc/*.cu compiles to an sm_90 cubin with NVRTC from PyPI (no GPU, no nvcc).
 
 Fails (exit 1) on any compiler error or warning (``-Werror=all-warnings``), on an entry point the runtime
 launches that the cubin lacks (kvcore.kernels._nvrtc.KERNEL_NAMES), on a .cu file the runtime does not
@@ -33,7 +33,7 @@ def load_nvrtc_module() -> ModuleType:
     return module
 
 
-def main(folder: str = "kernels") -> int:
+def main(folder: str = str(REPO / "python" / "kvcore" / "kernels" / "csrc")) -> int:
     nv = load_nvrtc_module()
     archs = os.environ.get("KV_ARCHS", "sm_90").split(",")
     kernel_dir = Path(folder).resolve()
@@ -74,4 +74,4 @@ def main(folder: str = "kernels") -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else str(REPO / "kernels")))
+    sys.exit(main(*sys.argv[1:2]))

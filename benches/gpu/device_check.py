@@ -197,7 +197,7 @@ def decode_bandwidth(ceiling: float) -> None:
     import numpy as np
 
     from kvcore import kernels as K
-    from kvcore.kernels.cuda import attention_launcher, occupancy
+    from kvcore.kernels.gpu import attention_launcher, occupancy
     from kvcore.pool import KVPool
 
     section("paged decode bandwidth (Hkv 8, head_dim 128, G 8, page 16)")

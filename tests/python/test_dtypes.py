@@ -19,7 +19,7 @@ from kvcore.pool import dtypes as pool
 from kvcore.sizing import dtypes as sizing
 
 REPO = Path(__file__).resolve().parents[2]
-KERNEL_DIR = REPO / "kernels"
+KERNEL_DIR = REPO / "python" / "kvcore" / "kernels" / "csrc"
 
 # Every spelling the table knows, in the forms configs and command lines use.
 SPELLINGS = sorted({*table.PRECISIONS, *table.ALIASES})

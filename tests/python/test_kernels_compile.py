@@ -1,4 +1,4 @@
-"""CI compile check as a test: every kernels/*.cu compiles to an sm_90 cubin with NVRTC (no GPU).
+"""CI compile check as a test: every kvcore/kernels/csrc/*.cu compiles to an sm_90 cubin with NVRTC (no GPU).
 
 The same options and kernel names as the runtime (kvcore.kernels._nvrtc), with -Werror=all-warnings.
 Skipped when ``cuda.bindings`` (and the NVRTC wheel) is not installed.
@@ -15,7 +15,7 @@ pytest.importorskip("cuda.bindings.nvrtc")
 
 from kvcore.kernels import _nvrtc
 
-KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
+KERNEL_DIR = Path(__file__).resolve().parents[2] / "python" / "kvcore" / "kernels" / "csrc"
 SOURCES = sorted(KERNEL_DIR.glob("*.cu"))
 
 # ptxas registers of the plain attention kernels with NVRTC 13.5 for sm_90, measured before the

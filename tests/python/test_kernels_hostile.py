@@ -7,7 +7,7 @@ to the kernels' int32/int64: ``kv_indices=[2**32 + 1]`` used to wrap onto page 1
 :class:`InvalidPageError` (also ``ValueError``). ``kv_helpers.assert_refused`` compares the pool's bytes and
 scales with a copy taken before each refused call.
 
-The CUDA entry points (:mod:`kvcore.kernels.cuda`) are called here with a *NumPy* pool: their checks run on
+The CUDA entry points (:mod:`kvcore.kernels.gpu`) are called here with a *NumPy* pool: their checks run on
 the host before anything touches a device, so a hostile call is refused with the same error before the
 first CuPy call (which would fail with an ``AttributeError`` on a NumPy pool).
 """
@@ -23,7 +23,7 @@ from kv_helpers import assert_refused, random_pool
 
 from kvcore import kernels as K
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
-from kvcore.kernels import cuda
+from kvcore.kernels import gpu
 from kvcore.kernels.plan import plan_attention
 
 HKV, D, P = 2, 8, 4  # random_pool's kv heads, head_dim and page size; it has 6 pages
@@ -31,7 +31,7 @@ BIG = 2**32 + 1  # 1 once wrapped to int32
 U64_MAX = 2**64 - 1  # -1 (the skip slot) once wrapped to int64
 
 # The dispatching API (the NumPy reference for NumPy pools) and the CUDA entry points' host-side checks.
-IMPLS = [pytest.param(K, id="reference"), pytest.param(cuda, id="cuda")]
+IMPLS = [pytest.param(K, id="reference"), pytest.param(gpu, id="gpu")]
 
 
 def table() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -225,13 +225,13 @@ def test_attention_launcher_checks_its_arguments() -> None:
         pool,
         InvalidArgumentError,
         "sm_scale",
-        lambda: cuda.attention_launcher(q, pool, 0, plan, float("nan"), out),
+        lambda: gpu.attention_launcher(q, pool, 0, plan, float("nan"), out),
     )
     assert_refused(
-        pool, InvalidArgumentError, "layer", lambda: cuda.attention_launcher(q, pool, -1, plan, 0.5, out)
+        pool, InvalidArgumentError, "layer", lambda: gpu.attention_launcher(q, pool, -1, plan, 0.5, out)
     )
     not_a_plan: Any = "plan"
-    assert_refused(pool, InvalidDTypeError, "plan", cuda.attention_launcher, q, pool, 0, not_a_plan, 0.5, out)
+    assert_refused(pool, InvalidDTypeError, "plan", gpu.attention_launcher, q, pool, 0, not_a_plan, 0.5, out)
     bigger = plan_attention(
         (np.array([0, 1], np.int32), np.array([6], np.int32), np.array([1], np.int32)),
         np.arange(2),
@@ -243,7 +243,7 @@ def test_attention_launcher_checks_its_arguments() -> None:
         pool,
         InvalidPageError,
         "kv_indices",
-        lambda: cuda.attention_launcher(q[:1], pool, 0, bigger, 0.5, out[:1]),
+        lambda: gpu.attention_launcher(q[:1], pool, 0, bigger, 0.5, out[:1]),
     )
 
 
@@ -532,17 +532,17 @@ def test_the_cuda_path_takes_device_page_scores_only() -> None:
     q = rows(2)
     scores = np.zeros(3, np.float32)
     for plan in (None, decode_plan()):
-        call = (cuda.paged_decode_attention, q, pool, 0, table())
+        call = (gpu.paged_decode_attention, q, pool, 0, table())
         assert_refused(pool, InvalidDTypeError, "page_scores", *call, plan=plan, page_scores=scores)
     assert_refused(
         pool,
         InvalidDTypeError,
         "page_scores",
-        lambda: cuda.paged_decode_attention(q, pool, 0, table(), plan=plan, page_scores=scores),
+        lambda: gpu.paged_decode_attention(q, pool, 0, table(), plan=plan, page_scores=scores),
     )
     assert_refused(
         pool,
         InvalidDTypeError,
         "page_scores",
-        lambda: cuda.attention_launcher(q, pool, 0, decode_plan(), 0.5, q, scores),
+        lambda: gpu.attention_launcher(q, pool, 0, decode_plan(), 0.5, q, scores),
     )

@@ -1,7 +1,7 @@
 """The paged KV kernels: one API, a NumPy reference and a CUDA kernel behind each operation.
 
 Each call dispatches on the pool's backend: ``numpy`` pools run :mod:`kvcore.kernels.reference` (the
-ground truth, what CPU users run), ``cupy`` pools run the CUDA kernels of ``kernels/*.cu``, compiled by
+ground truth, what CPU users run), ``cupy`` pools run the CUDA kernels of ``kernels/csrc/*.cu``, compiled by
 NVRTC on first use (:mod:`kvcore.kernels.loader`). Page tables and slot mappings are the int32/int64
 arrays the Rust core produces (FlashInfer CSR; ``slot = page_id * page_size + offset``).
 
@@ -54,9 +54,9 @@ def _impl(pool: KVPool) -> ModuleType:
         from kvcore.kernels import reference
 
         return reference
-    from kvcore.kernels import cuda  # imports nothing of CuPy itself: the pool already holds it
+    from kvcore.kernels import gpu  # imports nothing of CuPy itself: the pool already holds it
 
-    return cuda
+    return gpu
 
 
 def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:
@@ -66,8 +66,13 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
         pool: the KV pool.
         layer: the layer written.
         slot_mapping: int64 ``[num_tokens]``, ``slot = page_id * page_size + offset``, -1 = skip; distinct.
+            A list or any integer dtype whose values fit is taken too; on the GPU path a device array
+            is checked for shape and dtype only (reading its values would synchronize).
         k: ``[num_tokens, num_kv_heads, head_dim]`` keys: float16, uint16 (bf16 bits) or float32/64.
         v: same shape, values.
+
+    Side effects: writes layer ``layer`` of the pool at the given slots, and nothing else (nothing at all
+    when an argument is refused).
     """
     _impl(pool).append_kv(pool, layer, slot_mapping, k, v)
 
@@ -120,6 +125,11 @@ def paged_decode_attention(
 
     Returns:
         ``[batch, num_qo_heads, head_dim]`` in the dtype of ``q``.
+
+    Raises:
+        InvalidDTypeError: an argument of the wrong type, shape or dtype (``None`` or a list for ``q``).
+        InvalidArgumentError, InvalidPageError: a value out of range (a page id, an offset, ``sm_scale``,
+            a plan made for another batch, window or pool).
     """
     return _impl(pool).paged_decode_attention(
         q,

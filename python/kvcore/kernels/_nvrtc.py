@@ -18,7 +18,6 @@ wheel (found by ``cuda.pathfinder``), or else from the copy NVRTC >= 13.3 carrie
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
 import sys
 import tempfile
@@ -104,23 +103,17 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
 
 
 def find_kernel_dir() -> Path:
-    """The folder holding ``common.cuh`` and the ``*.cu`` sources.
+    """The folder holding ``common.cuh`` and the ``*.cu`` sources: ``kvcore/kernels/csrc``, beside this file.
 
-    Looked for, in order: ``$KVCORE_KERNEL_DIR``; ``<repo>/kernels`` of a source checkout or an editable
-    install (this file is ``<repo>/python/kvcore/kernels/_nvrtc.py``); ``kvcore/kernels/cuda`` inside an
-    installed wheel (package data).
+    One place for a source checkout, an editable install and a wheel (package data) alike.
 
     Raises:
-        FileNotFoundError: none of them holds ``common.cuh``.
+        FileNotFoundError: the folder has no ``common.cuh`` (a broken install).
     """
-    here = Path(__file__).resolve()
-    candidates = [os.environ.get("KVCORE_KERNEL_DIR"), here.parents[3] / "kernels", here.parent / "cuda"]
-    for c in candidates:
-        if c and (Path(c) / "common.cuh").is_file():
-            return Path(c)
-    raise FileNotFoundError(
-        "kvcore CUDA sources not found (looked in $KVCORE_KERNEL_DIR, <repo>/kernels, kvcore/kernels/cuda)"
-    )
+    folder = Path(__file__).resolve().parent / "csrc"
+    if not (folder / "common.cuh").is_file():
+        raise FileNotFoundError(f"kvcore CUDA sources not found in {folder} (a broken install)")
+    return folder
 
 
 def _nvrtc() -> Any:

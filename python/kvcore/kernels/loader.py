@@ -1,7 +1,7 @@
 """Load kvcore's CUDA kernels on the current device: compile lazily, once, as a cubin for its exact SM.
 
 Path (the same compiler and options CI uses, :mod:`kvcore.kernels._nvrtc`):
-1. ``cuda.bindings.nvrtc`` compiles ``kernels/<family>.cu`` for ``sm_<major><minor>`` of the current
+1. ``cuda.bindings.nvrtc`` compiles ``kernels/csrc/<family>.cu`` for ``sm_<major><minor>`` of the current
    device; the cubin is cached on disk under ``$KVCORE_CACHE_DIR`` (default ``~/.cache/kvcore/cubin``),
    keyed by the sources, the options and the NVRTC version;
 2. ``cupy.RawModule(path=cubin)`` loads it.
@@ -48,7 +48,7 @@ def _sources(kernel_dir: Path, family: str) -> tuple[bytes, bytes]:
 
 @functools.cache
 def load_module(family: str, device_id: int) -> Any:
-    """The ``cupy.RawModule`` of ``kernels/<family>.cu`` on device ``device_id`` (compiled once)."""
+    """The ``cupy.RawModule`` of ``kernels/csrc/<family>.cu`` on device ``device_id`` (compiled once)."""
     cp = require_cupy()
     try:
         kernel_dir = _nvrtc.find_kernel_dir()
@@ -87,7 +87,7 @@ def load_module(family: str, device_id: int) -> Any:
 
 @functools.cache
 def get_kernel(family: str, name: str, device_id: int) -> Any:
-    """The ``cupy.RawKernel`` ``name`` of ``kernels/<family>.cu`` on device ``device_id``."""
+    """The ``cupy.RawKernel`` ``name`` of ``kernels/csrc/<family>.cu`` on device ``device_id``."""
     if name not in _nvrtc.KERNEL_NAMES.get(family, ()):
         raise ConfigError(f"no kernel {name!r} in {family}.cu (see kvcore.kernels._nvrtc.KERNEL_NAMES)")
     return load_module(family, device_id).get_function(name)

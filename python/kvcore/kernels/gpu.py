@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
-from kvcore.kernels import loader, reference
+from kvcore.kernels import checks, loader
 from kvcore.kernels._nvrtc import HEAD_DIMS
 from kvcore.kernels.plan import AttentionPlan, PageTableLike
 from kvcore.pool import KVPool, dtypes
@@ -37,7 +37,7 @@ __all__ = [
     "scatter_pages",
 ]
 
-_THREADS = 128  # attention, merge and append blocks (kernels/paged_attention.cu kThreads)
+_THREADS = 128  # attention, merge and append blocks (csrc/paged_attention.cu kThreads)
 _COPY_THREADS = 256  # page_copy.cu blocks
 
 
@@ -112,13 +112,13 @@ def _elem_strides(a: Any) -> tuple[np.int64, np.int64]:
 
 
 def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:
-    """CUDA ``append_kv``; see :func:`kvcore.kernels.reference.append_kv`."""
+    """CUDA ``append_kv``; the contract is :func:`kvcore.kernels.append_kv`."""
     cp = pool.xp
     layer = pool.check_layer(layer)
-    slots = reference.check_slots(pool, slot_mapping, device_ok=True)  # host: ranged; device: dtype only
+    slots = checks.check_slots(pool, slot_mapping, device_ok=True)  # host: ranged; device: dtype only
     T = int(slots.shape[0])
-    reference.check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim)
-    reference.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
+    checks.check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim)
+    checks.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
     if pool.head_dim % 8:
         raise InvalidArgumentError(f"the CUDA append_kv needs head_dim % 8 == 0, got {pool.head_dim}")
     if T == 0:
@@ -231,11 +231,11 @@ def attention_launcher(
     """
     cp = pool.xp
     layer = pool.check_layer(layer)
-    sm_scale = reference.check_sm_scale(sm_scale, pool.head_dim)
+    sm_scale = checks.check_sm_scale(sm_scale, pool.head_dim)
     check_array(q, "q")
     check_array(out, "out")
-    reference.check_plan(plan, pool, q)
-    reference.check_page_scores(page_scores, plan.page_table.kv_indices.shape[0], device=True)
+    checks.check_plan(plan, pool, q)
+    checks.check_page_scores(page_scores, plan.page_table.kv_indices.shape[0], device=True)
     D = pool.head_dim
     if D not in HEAD_DIMS:
         raise InvalidArgumentError(f"the CUDA attention kernels support head_dim {HEAD_DIMS}, got {D}")
@@ -338,7 +338,7 @@ def _attention(
     cp = pool.xp
     result_dtype = np.dtype(q.dtype)
     if out is not None:
-        reference.output_like(q, cp, out)
+        checks.output_like(q, cp, out)
     qd, _ = _as_activation(q, pool)
     if qd.strides[2] != qd.itemsize:
         qd = cp.ascontiguousarray(qd)
@@ -366,8 +366,8 @@ def paged_decode_attention(
     positions: Any = None,
     page_scores: Any = None,
 ) -> Any:
-    """CUDA decode attention; see :func:`kvcore.kernels.reference.paged_decode_attention`."""
-    layer, plan, scale = reference._prepare(
+    """CUDA ``paged_decode_attention``; the contract is :func:`kvcore.kernels.paged_decode_attention`."""
+    layer, plan, scale = checks.prepare_attention(
         q,
         pool,
         layer,
@@ -400,8 +400,8 @@ def paged_prefill_attention(
     positions: Any = None,
     page_scores: Any = None,
 ) -> Any:
-    """CUDA prefill attention; see :func:`kvcore.kernels.reference.paged_prefill_attention`."""
-    layer, plan, scale = reference._prepare(
+    """CUDA ``paged_prefill_attention``; the contract is :func:`kvcore.kernels.paged_prefill_attention`."""
+    layer, plan, scale = checks.prepare_attention(
         q,
         pool,
         layer,
@@ -430,8 +430,8 @@ def _byte_strides(pool: KVPool) -> tuple[np.int64, np.int64, np.int64, np.int64]
 
 
 def copy_pages(pool: KVPool, pairs: Any) -> None:
-    """CUDA ``copy_pages``: every pair, every layer, K and V, in one launch."""
-    p = reference.check_pairs(pool, pairs)
+    """CUDA ``copy_pages``; the contract is :func:`kvcore.kernels.copy_pages`."""
+    p = checks.check_pairs(pool, pairs)
     if p.shape[0] == 0:
         return
     cp = pool.xp
@@ -457,14 +457,13 @@ def _pinned_device_pointer(a: np.ndarray, cp: Any) -> int | None:
 
 
 def gather_pages(pool: KVPool, page_ids: Any, out: Any) -> Any:
-    """CUDA ``gather_pages``: into a device buffer, or straight into pinned host memory (zero-copy).
+    """CUDA ``gather_pages``; the contract is :func:`kvcore.kernels.gather_pages`.
 
-    An ordinary (pageable) host ``out`` goes through a device staging buffer and one copy. With a host
-    ``out`` the call returns once the data is there; with a device ``out`` it is stream-ordered.
+    Into a device buffer, or straight into pinned host memory (zero-copy).
     """
     cp = pool.xp
-    ids = reference.check_page_ids(pool, page_ids)
-    reference.check_host_buffer(pool, out, ids.shape[0], "out")
+    ids = checks.check_page_ids(pool, page_ids)
+    checks.check_host_buffer(pool, out, ids.shape[0], "out")
     if ids.shape[0] == 0:
         return out
     grid = (ids.shape[0], 2 * pool.num_layers)
@@ -505,10 +504,13 @@ def gather_pages(pool: KVPool, page_ids: Any, out: Any) -> Any:
 
 
 def scatter_pages(pool: KVPool, page_ids: Any, src: Any) -> None:
-    """CUDA ``scatter_pages``: from a device buffer, pinned host memory (zero-copy) or pageable memory."""
+    """CUDA ``scatter_pages``; the contract is :func:`kvcore.kernels.scatter_pages`.
+
+    From a device buffer, pinned host memory (zero-copy) or pageable memory.
+    """
     cp = pool.xp
-    ids = reference.check_page_ids(pool, page_ids)
-    reference.check_host_buffer(pool, src, ids.shape[0], "src")
+    ids = checks.check_page_ids(pool, page_ids)
+    checks.check_host_buffer(pool, src, ids.shape[0], "src")
     if ids.shape[0] == 0:
         return
     grid = (ids.shape[0], 2 * pool.num_layers)

@@ -1,4 +1,4 @@
-// kvcore: definitions shared by every kernel family (kernels/*.cu).
+// kvcore: definitions shared by every kernel family (kvcore/kernels/csrc/*.cu).
 //
 // Compiled at run time by NVRTC (see python/kvcore/kernels/_nvrtc.py): there are no libc headers, so
 // no <cstdint> and no INFINITY; 64-bit integers are `long long` and infinity is CUDART_INF_F.
