@@ -47,7 +47,7 @@ class Precision:
     qmax: float  # largest magnitude stored when quantized (e4m3 448, int8 127); 1.0 when not quantized
     storage: str | None  # NumPy dtype name of a pool element (bf16, fp8: bit patterns); None off the pool
     cuda_type: str | None  # C++ type of a stored element (the tag's `storage`); None off the pool
-    cuda_tag: str | None  # the kernels' cache tag (kernels/csrc/common.cuh), a template type; None off the pool
+    cuda_tag: str | None  # the kernels' cache tag (csrc/common.cuh), a template type; None off the pool
 
 
 # Table order is the order of every listing and error message (fp32 first, as sizing always listed it).

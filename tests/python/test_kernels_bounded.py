@@ -361,7 +361,10 @@ def test_window_starts_match_the_literal_mask() -> None:
 
 
 def test_a_windowed_plan_skips_the_pages_before_every_window() -> None:
-    """Decode: each tile's work is exactly its window (sizes sum to min(window, kv_len) per sequence)."""
+    """Decode: each tile's work is its window from the 16-key step holding the window's first key.
+
+    (Items start at multiples of 16 keys, a warp's step: the CUDA kernel's one-page-per-step path.)
+    """
     lens = np.array([5000, 3000, 40, 256], np.int32)
     pages = -(-lens // 16)
     pt = (
@@ -376,7 +379,9 @@ def test_a_windowed_plan_skips_the_pages_before_every_window() -> None:
             pt, qi, page_size=16, num_qo_heads=8, num_kv_heads=2, chunk_len=chunk, window=256
         )
         work = lambda plan: int((plan.items[:, 3] - plan.items[:, 2]).sum())  # noqa: E731
-        assert work(plain) == lens.sum() and work(windowed) == np.minimum(lens, 256).sum()
+        first_step = np.maximum(lens - 256, 0) // 16 * 16
+        assert work(plain) == lens.sum() and work(windowed) == (lens - first_step).sum()
+        assert (windowed.items[:, 2] % 16 == 0).all()
         assert (
             windowed.kv_first is not None and windowed.kv_first.tolist() == np.maximum(lens - 256, 0).tolist()
         )
@@ -394,7 +399,8 @@ def test_windowed_items_cover_each_tile_from_its_first_visible_key() -> None:
             first_token = int(qi[seq]) + tile * ROWS_PER_TILE // G
             last_row = min((tile + 1) * ROWS_PER_TILE, q_len * G) - 1
             keys = plan.kv_len[seq] - q_len + last_row // G + 1
-            assert rows[0, 2] == plan.kv_first[first_token] and rows[-1, 3] == keys
+            # From the 16-key step holding the first visible key (a warp step; the keys before are masked).
+            assert rows[0, 2] == plan.kv_first[first_token] // 16 * 16 and rows[-1, 3] == keys
             assert (rows[1:, 2] == rows[:-1, 3]).all() and (rows[1:, 2] % 64 == 0).all()
     assert sorted(plan.items[plan.items[:, 4] >= 0, 4].tolist()) == list(range(plan.num_partials))
 

@@ -8,6 +8,7 @@ is float64 attention over the unquantized K/V, computed with no cache at all.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -17,7 +18,7 @@ from kv_helpers import Batch, dense_outputs, write_batch
 
 from kvcore import kernels as K
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
-from kvcore.kernels.plan import ROWS_PER_TILE, plan_attention
+from kvcore.kernels.plan import BLOCK_OVERHEAD_KEYS, ROWS_PER_TILE, plan_attention
 from kvcore.pool import KVPool, Layout, dtypes
 
 # (max, mean) of |paged - dense| against the *unquantized* K/V, for unit-variance K/V/q, per cache
@@ -262,6 +263,55 @@ def test_plan_items_partition_every_tile() -> None:
                 assert rows[0, 4] == -1
     assert not (plan.items[:, 0] == 1).any()
     assert sorted(plan.items[plan.items[:, 4] >= 0, 4].tolist()) == list(range(plan.num_partials))
+
+
+def _uniform_decode_plan(batch: int, ctx: int, **kw: int) -> tuple[Any, int]:
+    pages = ctx // 16
+    pt = (
+        np.arange(batch + 1, dtype=np.int32) * pages,
+        np.arange(1, batch * pages + 1, dtype=np.int32),
+        np.full(batch, 16, np.int32),
+    )
+    qi = np.arange(batch + 1, dtype=np.int32)
+    plan = plan_attention(pt, qi, page_size=16, num_qo_heads=32, num_kv_heads=8, num_sms=132, **kw)
+    return plan, plan.items.shape[0] * 8  # thread blocks: items x kv heads
+
+
+def _estimate(plan: Any, slots: int) -> int:
+    """The planner's cost model, recomputed from the items: waves x (longest item + a block's fixed cost)."""
+    longest = int((plan.items[:, 3] - plan.items[:, 2]).max())
+    return -(-plan.items.shape[0] * 8 // slots) * (longest + BLOCK_OVERHEAD_KEYS)
+
+
+@pytest.mark.parametrize(("batch", "ctx"), [(1, 32768), (8, 32768), (64, 1024), (128, 4096), (256, 16384)])
+def test_split_k_fills_whole_waves(batch: int, ctx: int) -> None:
+    """Llama-3.1-8B decode shapes on 132 SMs x 3 blocks: the chosen split beats every forced chunk length
+    on the cost model, and the last wave is at least 75 % full (or the batch fits one wave)."""
+    slots = 132 * 3
+    plan, blocks = _uniform_decode_plan(batch, ctx)
+    best = _estimate(plan, slots)
+    for chunk in range(256, ctx + 64, 64):
+        forced, _ = _uniform_decode_plan(batch, ctx, chunk_len=chunk)
+        assert best <= _estimate(forced, slots) * 1.1, chunk  # candidates are a sample, not every length
+    waves = blocks / slots
+    assert waves <= 1 or waves / math.ceil(waves) >= 0.75, (blocks, waves)
+    if batch == 1:  # one sequence: its splits spread over most of the GPU
+        assert blocks >= slots // 2
+
+
+def test_work_items_start_on_16_key_steps() -> None:
+    """Plain and windowed plans: every item begins at a multiple of 16 keys (one page per warp step)."""
+    lens = np.array([5000, 777, 40, 300], np.int32)
+    pages = -(-lens // 16)
+    pt = (
+        np.concatenate([[0], np.cumsum(pages)]).astype(np.int32),
+        np.arange(1, pages.sum() + 1, dtype=np.int32),
+        (lens - 1) % 16 + 1,
+    )
+    qi = np.array([0, 1, 8, 9, 40], np.int32)
+    for window in (None, 100, 333):
+        plan = plan_attention(pt, qi, page_size=16, num_qo_heads=8, num_kv_heads=2, window=window)
+        assert (plan.items[:, 2] % 16 == 0).all()
 
 
 def test_attention_rejects_bad_input() -> None:

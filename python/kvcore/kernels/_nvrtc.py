@@ -60,6 +60,7 @@ __all__ = [
     "nvrtc_options",
     "nvrtc_version",
     "register_report",
+    "smem_report",
 ]
 
 # ------------------------------------------------------------------------------------ kernel names
@@ -232,3 +233,11 @@ def register_report(log: str) -> list[tuple[str, int, int]]:
     ):
         out.append((fn, int(regs), int(spill)))
     return out
+
+
+def smem_report(log: str) -> dict[str, int]:
+    """Static shared memory bytes of every function in a ``--ptxas-options=-v`` log."""
+    return {
+        fn: int(smem)
+        for fn, smem in re.findall(r"function '(\w+)'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
+    }

@@ -52,6 +52,13 @@ ROWS_PER_TILE = 16
 CHUNK_ALIGN = 64
 # Below this many keys per chunk the merge costs more than the extra parallelism brings.
 MIN_CHUNK_LEN = 256
+# Work items start at multiples of this (a warp's step of 16 keys: with pages of 16 keys or more the CUDA
+# kernel then finds all of a step's keys in one page).
+STEP_ALIGN = 16
+# Split counts tried per batch, and the fixed cost of one thread block in keys' worth of streaming
+# (its Q load, the 4-warp merge, its output or partial; the merge kernel's pass per extra split).
+SPLIT_CANDIDATES = np.array([1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128], np.int64)
+BLOCK_OVERHEAD_KEYS = 64
 
 
 class PageTableLike(Protocol):
@@ -255,6 +262,32 @@ def window_starts(
     return first.astype(np.int32)
 
 
+def _wave_chunks(
+    span: np.ndarray, seq: np.ndarray, keys: np.ndarray, lo: np.ndarray, num_kv_heads: int, slots: int
+) -> np.ndarray:
+    """Keys per split of every sequence: the candidate split count whose blocks best fill whole waves.
+
+    For each candidate ``s`` of :data:`SPLIT_CANDIDATES`, sequence ``b`` cuts its ``span[b]`` keys into
+    ``ceil(span[b] / c)`` even chunks (multiples of :data:`CHUNK_ALIGN`, at least :data:`MIN_CHUNK_LEN`)
+    with ``c = max(span) / s``; each tile then has as many items as chunks it touches (from ``lo`` to
+    ``keys``), and the batch's time is estimated as ``waves * (longest item + BLOCK_OVERHEAD_KEYS)``,
+    ``waves = ceil(blocks / slots)``. The smallest estimate wins; ties go to fewer splits.
+    """
+    top = max(int(span.max(initial=1)), 1)
+    span1 = np.maximum(span, 1)
+    c = np.maximum(MIN_CHUNK_LEN, _ceil_div(_ceil_div(top, SPLIT_CANDIDATES), CHUNK_ALIGN) * CHUNK_ALIGN)
+    c = np.unique(c)[::-1]  # distinct target lengths, fewest splits first
+    splits = np.maximum(1, _ceil_div(span1[None, :], c[:, None]))  # [candidates, batch]
+    chunks = _ceil_div(_ceil_div(span1[None, :], splits), CHUNK_ALIGN) * CHUNK_ALIGN
+    tc = chunks[:, seq]  # [candidates, tiles]
+    items = np.maximum(1, _ceil_div(keys[None, :], tc) - lo[None, :] // tc)
+    longest = np.minimum(tc, np.maximum(keys - lo, 1)[None, :]).max(axis=1, initial=1)
+    waves = _ceil_div(items.sum(axis=1) * num_kv_heads, slots)
+    best = int(np.argmin(waves * (longest + BLOCK_OVERHEAD_KEYS)))  # first minimum: fewest splits
+    out: np.ndarray = chunks[best]
+    return out
+
+
 def plan_attention(
     page_table: PageTableLike | tuple[Any, Any, Any],
     q_indptr: Any,
@@ -263,7 +296,7 @@ def plan_attention(
     num_qo_heads: int,
     num_kv_heads: int,
     num_sms: int = 132,
-    blocks_per_sm: int = 2,
+    blocks_per_sm: int = 3,
     chunk_len: int | None = None,
     window: int | None = None,
     positions: Any = None,
@@ -277,7 +310,10 @@ def plan_attention(
         num_qo_heads: query heads; a multiple of ``num_kv_heads``.
         num_kv_heads: kv heads of the pool.
         num_sms: streaming multiprocessors (132 on H100/H200); only changes the split count.
-        blocks_per_sm: attention thread blocks resident per SM (the GPU path asks the occupancy API).
+        blocks_per_sm: attention thread blocks resident per SM (the kernels are built for 3; the GPU path
+            asks the occupancy API). The split count is the one whose blocks best fill whole waves of
+            ``num_sms * blocks_per_sm``: the smallest estimated time, waves x (longest item + a block's
+            fixed cost), over a few candidate split counts.
         chunk_len: force the keys per split for every sequence (a multiple of 64).
         window, positions: the attention mask, as :func:`kvcore.kernels.paged_decode_attention` takes it;
             calls with this plan must pass the same. With a window the page table may hold the null
@@ -327,10 +363,7 @@ def plan_attention(
         span[has_q] -= kv_first[qi[:-1][has_q]]
 
     if chunk_len is None:
-        per_head = max(1, _ceil_div(num_sms * blocks_per_sm, num_kv_heads))  # blocks of one wave per kv head
-        chunk = max(MIN_CHUNK_LEN, int(_ceil_div(int((keys - lo).sum()), per_head)))
-        splits = np.maximum(1, span // chunk)  # floor: never more blocks than one wave holds
-        chunk_lens = _ceil_div(_ceil_div(np.maximum(span, 1), splits), CHUNK_ALIGN) * CHUNK_ALIGN
+        chunk_lens = _wave_chunks(span, seq, keys, lo, num_kv_heads, max(1, num_sms * max(1, blocks_per_sm)))
     elif chunk_len < CHUNK_ALIGN or chunk_len % CHUNK_ALIGN:
         raise InvalidArgumentError(
             f"chunk_len: expected a positive multiple of {CHUNK_ALIGN}, got {chunk_len}"
@@ -348,7 +381,7 @@ def plan_attention(
     k = np.arange(n_items) - np.repeat(np.cumsum(n_splits) - n_splits, n_splits)  # split index in its tile
     begin = (skipped[owner] + k) * tile_chunk[owner]
     end = np.minimum(begin + tile_chunk[owner], keys[owner])
-    begin = np.maximum(begin, lo[owner])
+    begin = np.maximum(begin, lo[owner] // STEP_ALIGN * STEP_ALIGN)  # keys before lo are masked
     split_tile = n_splits[owner] > 1
     partial = np.full(n_items, -1, dtype=np.int64)
     partial[split_tile] = np.arange(int(split_tile.sum()))

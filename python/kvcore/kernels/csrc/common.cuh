@@ -22,8 +22,7 @@ typedef long long i64;
 
 // ------------------------------------------------------------------------------ cache precisions
 
-// Each tag names the stored element type and the tensor-core input type the kernels compute with.
-// fp8 and int8 widen exactly to fp16 (every e4m3 and int8 value is an fp16 value).
+// Each tag names the stored element type; a 16-bit one also the tensor-core input type it computes with.
 struct CacheF16 {
   typedef __half storage;
   typedef __half compute;
@@ -34,11 +33,26 @@ struct CacheBF16 {
 };
 struct CacheFP8 {
   typedef unsigned char storage;
-  typedef __half compute;
 };
 struct CacheI8 {
   typedef signed char storage;
-  typedef __half compute;
+};
+
+// The tensor-core input type of (activation, cache): a 16-bit cache computes in its own type (its
+// activations are of that type), an 8-bit one in the activation type. Every e4m3 and int8 value is exactly
+// an fp16 and a bf16 value, so nothing is rounded on the cache side, and bf16 queries keep their range
+// (|q| > 65504 would overflow fp16).
+template <typename Act, typename Cache>
+struct ComputeOf {
+  typedef typename Cache::compute type;
+};
+template <typename Act>
+struct ComputeOf<Act, CacheFP8> {
+  typedef Act type;
+};
+template <typename Act>
+struct ComputeOf<Act, CacheI8> {
+  typedef Act type;
 };
 
 template <typename Cache>
@@ -96,19 +110,38 @@ __device__ __forceinline__ unsigned char quantize<CacheI8>(float x) {
   return quantize_int8(x);
 }
 
-// Two 8-bit cache elements (low byte first, in the low 16 bits of `pair`) widened to an fp16x2 register.
-template <typename Cache>
+// Two 8-bit cache elements (low byte first, in the low 16 bits of `pair`) widened exactly to a register of
+// two compute-type values C (fp16 or bf16).
+template <typename Cache, typename C>
 __device__ __forceinline__ unsigned widen2(unsigned pair);
 template <>
-__device__ __forceinline__ unsigned widen2<CacheFP8>(unsigned pair) {
+__device__ __forceinline__ unsigned widen2<CacheFP8, __half>(unsigned pair) {
   __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair & 0xFFFFu), __NV_E4M3);
   return static_cast<unsigned>(h.x) | (static_cast<unsigned>(h.y) << 16);
 }
 template <>
-__device__ __forceinline__ unsigned widen2<CacheI8>(unsigned pair) {
-  const float lo = static_cast<float>(static_cast<signed char>(pair & 0xFFu));
-  const float hi = static_cast<float>(static_cast<signed char>((pair >> 8) & 0xFFu));
-  return pack2<__half>(lo, hi);
+__device__ __forceinline__ unsigned widen2<CacheFP8, __nv_bfloat16>(unsigned pair) {
+  // e4m3 -> fp16 (one cvt) -> fp32 -> bf16: every step exact.
+  const unsigned h = widen2<CacheFP8, __half>(pair);
+  const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h));
+  return pack2<__nv_bfloat16>(f.x, f.y);
+}
+template <>
+__device__ __forceinline__ unsigned widen2<CacheI8, __half>(unsigned pair) {
+  // No I2F: the fp16 number with bits 0x64XX is 1024 + XX. Byte b + 128 (b ^ 0x80) goes into the low byte
+  // of each half (one PRMT), and 1024 + 128 (0x6480) comes off both halves (one HSUB2): exact.
+  const unsigned u = __byte_perm(pair ^ 0x8080u, 0x64646464u, 0x4140);
+  const __half2 r = __hsub2(*reinterpret_cast<const __half2*>(&u), __halves2half2(__ushort_as_half(0x6480),
+                                                                                   __ushort_as_half(0x6480)));
+  return *reinterpret_cast<const unsigned*>(&r);
+}
+template <>
+__device__ __forceinline__ unsigned widen2<CacheI8, __nv_bfloat16>(unsigned pair) {
+  // The fp32 number with bits 0x4B0000XX is 2^23 + XX (a PRMT and an FADD per value, no I2F).
+  const unsigned x = pair ^ 0x8080u;
+  const float lo = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7540)) - 8388736.0f;
+  const float hi = __uint_as_float(__byte_perm(x, 0x4B000000u, 0x7541)) - 8388736.0f;
+  return pack2<__nv_bfloat16>(lo, hi);
 }
 
 // ------------------------------------------------------------------------------ math and memory
@@ -122,6 +155,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 __device__ __forceinline__ uint4 load16(const void* p) { return __ldg(reinterpret_cast<const uint4*>(p)); }
 
 __device__ __forceinline__ uint2 load8(const void* p) { return __ldg(reinterpret_cast<const uint2*>(p)); }
+
+// A 16-byte shared-memory load the compiler may neither hoist nor merge (asm volatile): a value re-read
+// every loop step instead of held in registers.
+__device__ __forceinline__ uint4 lds16_volatile(const void* p) {
+  uint4 v;
+  const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
 
 // D = A * B + D on tensor cores: m16n8k16, A row-major 16x16, B column-major 16x8, fp32 accumulators.
 // Fragments (PTX ISA, "mma.m16n8k16"): with g = lane / 4 and t = lane % 4,

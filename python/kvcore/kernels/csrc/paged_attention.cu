@@ -25,14 +25,18 @@
 // dimension, two blocks of 8), then O[16][D] += P V with D/8 mma (keys as the K dimension). The dot
 // product over head_dim does not care about the order of its terms, so every lane loads 16 contiguous
 // bytes of a key row and the Q fragments use the same permutation of d (see q_dim below); for P V each
-// lane owns D/8 contiguous elements of the output (out_dim below). All loads are 16-byte vector loads
-// (8 bytes for fp8/int8 V at head_dim 64), and each key's page id is looked up in the CSR indices.
+// lane owns D/8 elements of the output, in runs of one load each (out_dim below). All loads are 16-byte
+// vector loads (8 bytes for fp8/int8 V at head_dim 64). With pages of 16 keys or more a step's keys share
+// one page, whose id is looked up once per step; smaller pages look up each key's page id.
 #include "common.cuh"
 
 namespace kv {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = kWarps * 32;
+// Attention blocks resident per SM the kernels are built for: 3 x 128 threads of at most 168 registers
+// (65536 per SM). CI fails if bf16 head_dim 128 needs more or spills (tests/python/test_kernels_compile.py).
+constexpr int kMinBlocks = 3;
 constexpr int kRows = 16;   // rows per tile
 constexpr int kStep = 16;   // keys per warp step
 
@@ -44,6 +48,10 @@ struct AttnShape {
   static constexpr int kKBlocks = D / 16;            // mma k-blocks over head_dim (Q K^T)
   static constexpr int kOutCols = D / 8;             // output columns per lane = P V mma count
   static constexpr int kVWords = kOutCols * sizeof(S) / 4;  // 32-bit words of V per key per lane
+  // V elements per load (16 bytes, 8 for 8-bit D = 64). Lane group n's columns are kOutCols / kVElems
+  // runs of kVElems, one per load, the 8 groups' runs side by side: one load instruction reads whole
+  // contiguous sectors of a V row (16-bit D = 128: 128 bytes, not the halves of 8 sectors).
+  static constexpr int kVElems = 16 / sizeof(S) < kOutCols ? 16 / sizeof(S) : kOutCols;
   static_assert(D % 64 == 0, "head_dim must be a multiple of 64");
 };
 
@@ -57,35 +65,50 @@ __device__ __forceinline__ int q_dim(int kb, int t, int e) {
   return s * 4 * kVec + t * kVec + 4 * j + e;
 }
 
-// The head_dim index of output column n (mma column, 0..7) of P V mma number j.
-template <int D>
+// The head_dim index of output column n (mma column, 0..7) of P V mma number j (see AttnShape::kVElems).
+template <int kVElems>
 __device__ __forceinline__ int out_dim(int n, int j) {
-  return n * (D / 8) + j;
+  return (j / kVElems) * (8 * kVElems) + n * kVElems + j % kVElems;
 }
 
 // Compute-type pair number `idx` of a 16-byte load of cache elements.
-template <typename Cache>
+template <typename Cache, typename C>
 __device__ __forceinline__ unsigned k_pair(const uint4& raw, int idx) {
   const unsigned w[4] = {raw.x, raw.y, raw.z, raw.w};
   if constexpr (sizeof(typename Cache::storage) == 2) {
     return w[idx];
   } else {
-    return widen2<Cache>(w[idx >> 1] >> ((idx & 1) * 16));
+    return widen2<Cache, C>(w[idx >> 1] >> ((idx & 1) * 16));
   }
 }
 
 // B fragment of P V mma j: V[key a][j] and V[key b][j] (a = 2t or 2t+8, b = a+1) as one compute pair.
-template <typename Cache, int NW>
+template <typename Cache, typename C, int NW>
 __device__ __forceinline__ unsigned v_pair(const unsigned (&va)[NW], const unsigned (&vb)[NW], int j) {
   if constexpr (sizeof(typename Cache::storage) == 2) {
     return __byte_perm(va[j >> 1], vb[j >> 1], (j & 1) ? 0x7632 : 0x5410);
   } else {
     const unsigned byte = j & 3;
-    return widen2<Cache>(__byte_perm(va[j >> 2], vb[j >> 2], byte | ((4 + byte) << 4)));
+    return widen2<Cache, C>(__byte_perm(va[j >> 2], vb[j >> 2], byte | ((4 + byte) << 4)));
   }
 }
 
-template <typename Act, typename Cache, int D, bool kBounded>
+// The 4 warps' softmax states, merged at the end (one per block, whichever path the block takes).
+template <int D>
+struct AttnSmem {
+  float o[kWarps][kRows][D + 1];  // +1: fewer bank conflicts on the column-strided stores
+  float m[kWarps][kRows];
+  float l[kWarps][kRows];
+  uint4 q[D / 16][32];  // the Q fragments of the tile, per k-block and lane
+};
+template <int D>
+__device__ __forceinline__ AttnSmem<D>& attn_smem() {
+  __shared__ AttnSmem<D> smem;
+  return smem;
+}
+
+// kOnePage (page size >= 16): a step's 16 keys lie in one page, found with one page-id lookup.
+template <typename Act, typename Cache, int D, bool kBounded, bool kOnePage>
 __device__ __forceinline__ void paged_attention_impl(
     const Act* __restrict__ q,                          // [num_q_tokens, num_qo_heads, D] (strided rows)
     i64 q_token_stride, i64 q_head_stride,              // elements
@@ -106,12 +129,13 @@ __device__ __forceinline__ void paged_attention_impl(
     float* __restrict__ lse_out = nullptr) {     // kBounded: [num_q_tokens, num_qo_heads] fp32 base 2, or null
   typedef AttnShape<Cache, D> Shape;
   typedef typename Cache::storage S;
-  typedef typename Cache::compute C;
+  typedef typename ComputeOf<Act, Cache>::type C;
   constexpr int kVec = Shape::kVec;
 
-  __shared__ float s_o[kWarps][kRows][D + 1];  // +1: fewer bank conflicts on the column-strided stores
-  __shared__ float s_m[kWarps][kRows];
-  __shared__ float s_l[kWarps][kRows];
+  AttnSmem<D>& smem = attn_smem<D>();
+  float(&s_o)[kWarps][kRows][D + 1] = smem.o;
+  float(&s_m)[kWarps][kRows] = smem.m;
+  float(&s_l)[kWarps][kRows] = smem.l;
 
   const int* item = items + 5 * blockIdx.x;
   const int seq = item[0], tile = item[1], kv_begin = item[2], kv_end = item[3], partial = item[4];
@@ -138,25 +162,43 @@ __device__ __forceinline__ void paged_attention_impl(
     }
   }
 
-  // Q fragments in the compute type: qf[kb] = {row0 d..d+1, row1 d..d+1, row0 d+2..d+3, row1 d+2..d+3}.
-  unsigned qf[Shape::kKBlocks][4];
+  // Q fragments (C is Act: see ComputeOf): qf[kb] = {row0 d..d+1, row1 d..d+1, row0 d+2..d+3, row1 d+2..d+3}
+  // with d = q_dim(kb, t, 0). Lane t's elements of one 16-byte key load are kVec contiguous dims, so its Q
+  // fragments are kVec / 8 16-byte loads per row (the host passes 16-byte aligned rows). Warp 0 loads
+  // them once into shared memory, and every step reads them back (ld.shared, volatile so that they are
+  // not hoisted into registers: 32 registers that the K and V loads in flight need more).
+  static_assert(sizeof(Act) == 2, "activations are 16-bit");
+  uint4(&s_q)[Shape::kKBlocks][32] = smem.q;
+  if (warp == 0) {
+    unsigned qf[Shape::kKBlocks][4];
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const bool valid = limit[h] >= 0;
-    const Act* qrow = q + (valid ? (q_begin + row_id[h] / G) * q_token_stride +
-                                       (kv_head * G + row_id[h] % G) * q_head_stride
-                                 : 0);
+    for (int h = 0; h < 2; ++h) {
+      const bool valid = limit[h] >= 0;
+      const Act* qrow = q + (valid ? (q_begin + row_id[h] / G) * q_token_stride +
+                                         (kv_head * G + row_id[h] % G) * q_head_stride
+                                   : 0);
 #pragma unroll
-    for (int kb = 0; kb < Shape::kKBlocks; ++kb) {
+      for (int s = 0; s < Shape::kKLoads; ++s) {
+        unsigned words[kVec / 2];
 #pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int d = q_dim<kVec>(kb, t, 2 * half);
-        const float a = valid ? to_float(qrow[d]) : 0.f;
-        const float b = valid ? to_float(qrow[d + 1]) : 0.f;
-        qf[kb][h + 2 * half] = pack2<C>(a, b);
+        for (int v = 0; v < kVec / 8; ++v) {
+          const uint4 x = valid ? load16(qrow + s * 4 * kVec + t * kVec + 8 * v) : make_uint4(0, 0, 0, 0);
+          words[4 * v] = x.x;
+          words[4 * v + 1] = x.y;
+          words[4 * v + 2] = x.z;
+          words[4 * v + 3] = x.w;
+        }
+#pragma unroll
+        for (int j = 0; j < kVec / 4; ++j) {
+          qf[s * (kVec / 4) + j][h] = words[2 * j];
+          qf[s * (kVec / 4) + j][h + 2] = words[2 * j + 1];
+        }
       }
     }
+#pragma unroll
+    for (int kb = 0; kb < Shape::kKBlocks; ++kb) s_q[kb][lane] = make_uint4(qf[kb][0], qf[kb][1], qf[kb][2], qf[kb][3]);
   }
+  __syncthreads();
 
   const S* k_base = pool + kv_head * head_stride;
   const S* v_base = k_base + kv_stride;
@@ -171,15 +213,47 @@ __device__ __forceinline__ void paged_attention_impl(
 #pragma unroll
   for (int j = 0; j < Shape::kOutCols; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
 
-  for (int key0 = kv_begin + kStep * warp; key0 < kv_end; key0 += kStep * kWarps) {
+  // Page size >= 16: a step's 16 keys lie in one page (steps start at multiples of 16: the plan aligns
+  // kv_begin), so each step looks up one page id, prefetched a step ahead, and every lane adds its fixed
+  // row offsets (k_off, v_off: 32-bit, the host checks 16 * token_stride fits). Smaller pages look up
+  // the page of every key.
+  constexpr bool one_page = kOnePage;
+  int k_off[2], v_off[4];
+#pragma unroll
+  for (int nb = 0; nb < 2; ++nb) k_off[nb] = (8 * nb + g) * static_cast<int>(token_stride) + t * kVec;
+#pragma unroll
+  for (int r = 0; r < 4; ++r) {
+    v_off[r] = (2 * t + (r & 1) + 8 * (r >> 1)) * static_cast<int>(token_stride) + g * Shape::kVElems;
+  }
+  const int key_start = kv_begin + kStep * warp;
+  int page_next = one_page && key_start < kv_end ? pages[key_start >> page_shift] : 0;
+
+  for (int key0 = key_start; key0 < kv_end; key0 += kStep * kWarps) {
     // ---- loads: K rows key0 + 8 * nb + g, V rows key0 + {2t, 2t+1, 2t+8, 2t+9}; zero past kv_end.
+    const int step_page = page_next;
+    if (one_page && key0 + kStep * kWarps < kv_end) page_next = pages[(key0 + kStep * kWarps) >> page_shift];
+    // A whole step on the null page (bounded caches: pages that left the window) is all masked: it would
+    // leave the softmax state as it is, so it is skipped.
+    if constexpr (kBounded && kOnePage) {
+      if (step_page == 0) continue;
+    }
+    // One page: its rows key0 .. key0 + 15 are all inside it, so even the rows past kv_end can be read
+    // (their scores are masked; V reads the last key's row instead, see below).
+    const S* step_base = one_page ? k_base + static_cast<i64>(step_page) * page_stride +
+                                        static_cast<i64>(key0 & page_mask) * token_stride
+                                  : nullptr;
     uint4 k_raw[2][Shape::kKLoads];
 #pragma unroll
     for (int nb = 0; nb < 2; ++nb) {
       const int key = key0 + 8 * nb + g;
-      if (key < kv_end) {
-        const i64 page = pages[key >> page_shift];
-        const S* row = k_base + page * page_stride + (key & page_mask) * token_stride + t * kVec;
+      const S* row = nullptr;
+      if (one_page) {
+        row = step_base + k_off[nb];
+      } else if (key < kv_end) {
+        row = k_base + static_cast<i64>(pages[key >> page_shift]) * page_stride +
+              static_cast<i64>(key & page_mask) * token_stride + t * kVec;
+      }
+      if (one_page || row != nullptr) {
 #pragma unroll
         for (int s = 0; s < Shape::kKLoads; ++s) k_raw[nb][s] = load16(row + s * 4 * kVec);
       } else {
@@ -192,14 +266,25 @@ __device__ __forceinline__ void paged_attention_impl(
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       const int key = key0 + 2 * t + (r & 1) + 8 * (r >> 1);
+      const S* row = nullptr;
+      int page = step_page;
+      if (one_page) {
+        // Past kv_end (a sequence's last step), read the row of the last key instead: a finite row (it was
+        // computed) times P = 0 adds exactly 0, where a stale row could hold NaN (0 * NaN is NaN).
+        const int off = key < kv_end ? v_off[r]
+                                     : (kv_end - 1 - key0) * static_cast<int>(token_stride) + g * Shape::kVElems;
+        row = step_base + kv_stride + off;
+      } else if (key < kv_end) {
+        page = pages[key >> page_shift];
+        row = v_base + static_cast<i64>(page) * page_stride + static_cast<i64>(key & page_mask) * token_stride +
+              g * Shape::kVElems;
+      }
       if constexpr (kBounded) null_key[r] = false;
-      if (key < kv_end) {
-        const i64 page = pages[key >> page_shift];
-        const S* row = v_base + page * page_stride + (key & page_mask) * token_stride + g * Shape::kOutCols;
+      if (one_page || row != nullptr) {
         if constexpr (Shape::kVWords >= 4) {
 #pragma unroll
           for (int w = 0; w < Shape::kVWords; w += 4) {
-            const uint4 x = load16(reinterpret_cast<const unsigned*>(row) + w);
+            const uint4 x = load16(row + (w / 4) * 8 * Shape::kVElems);
             v_raw[r][w] = x.x;
             v_raw[r][w + 1] = x.y;
             v_raw[r][w + 2] = x.z;
@@ -210,34 +295,37 @@ __device__ __forceinline__ void paged_attention_impl(
           v_raw[r][0] = x.x;
           v_raw[r][1] = x.y;
         }
-        if constexpr (kBounded) {
-          // The null page is a real page of the pool (the load is safe), but whatever it holds must not
-          // reach O: a masked key's P is 0, and 0 * NaN would still be NaN in the P V product.
-          null_key[r] = page == 0;
-          if (null_key[r]) {
-#pragma unroll
-            for (int w = 0; w < Shape::kVWords; ++w) v_raw[r][w] = 0u;
-          }
-        }
+        // The null page is a real page of the pool (the load is safe), but whatever it holds must not reach
+        // O: a masked key's P is 0, and 0 * NaN would still be NaN in the P V product.
+        if constexpr (kBounded) null_key[r] = page == 0;
       } else {
 #pragma unroll
         for (int w = 0; w < Shape::kVWords; ++w) v_raw[r][w] = 0u;
+      }
+    }
+    // Rows on the null page: zero (with one page, a null step was skipped above).
+    if constexpr (kBounded && !kOnePage) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (null_key[r]) {
+#pragma unroll
+          for (int w = 0; w < Shape::kVWords; ++w) v_raw[r][w] = 0u;
+        }
       }
     }
 
     // ---- S = Q K^T for keys key0 .. key0 + 15 (two n-blocks of 8 keys).
     float s_acc[2][4];
 #pragma unroll
-    for (int nb = 0; nb < 2; ++nb) {
-      s_acc[nb][0] = s_acc[nb][1] = s_acc[nb][2] = s_acc[nb][3] = 0.f;
+    for (int nb = 0; nb < 2; ++nb) s_acc[nb][0] = s_acc[nb][1] = s_acc[nb][2] = s_acc[nb][3] = 0.f;
 #pragma unroll
-      for (int s = 0; s < Shape::kKLoads; ++s) {
+    for (int kb = 0; kb < Shape::kKBlocks; ++kb) {
+      const uint4 qv = lds16_volatile(&s_q[kb][lane]);
+      const unsigned qa[4] = {qv.x, qv.y, qv.z, qv.w};
+      const int s = kb / (kVec / 4), j = kb - s * (kVec / 4);
 #pragma unroll
-        for (int j = 0; j < kVec / 4; ++j) {
-          const int kb = s * (kVec / 4) + j;
-          mma16816(s_acc[nb], qf[kb], k_pair<Cache>(k_raw[nb][s], 2 * j), k_pair<Cache>(k_raw[nb][s], 2 * j + 1),
-                   C());
-        }
+      for (int nb = 0; nb < 2; ++nb) {
+        mma16816(s_acc[nb], qa, k_pair<Cache, C>(k_raw[nb][s], 2 * j), k_pair<Cache, C>(k_raw[nb][s], 2 * j + 1), C());
       }
     }
 
@@ -263,7 +351,8 @@ __device__ __forceinline__ void paged_attention_impl(
       row_max[h] = fmaxf(row_max[h], __shfl_xor_sync(0xffffffffu, row_max[h], 2));
       const float m_new = fmaxf(m[h], row_max[h]);
       const float m_use = m_new == -CUDART_INF_F ? 0.f : m_new;  // a row with nothing visible yet
-      corr[h] = fast_exp2(m[h] - m_use);
+      // Exactly 1 when the maximum did not move (padding rows included: their O and l stay 0).
+      corr[h] = m_new == m[h] ? 1.f : fast_exp2(m[h] - m_use);
       m[h] = m_new;
       row_max[h] = m_use;
     }
@@ -277,12 +366,16 @@ __device__ __forceinline__ void paged_attention_impl(
     }
 #pragma unroll
     for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + p[0][2 * h] + p[0][2 * h + 1] + p[1][2 * h] + p[1][2 * h + 1];
+    // Rescale O only when a row's maximum moved somewhere in the warp (corr = 1 otherwise): after the
+    // first steps of a long context it rarely does, and this is 64 multiplies per step at D = 128.
+    if (__any_sync(0xffffffffu, corr[0] != 1.f || corr[1] != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < Shape::kOutCols; ++j) {
-      o[j][0] *= corr[0];
-      o[j][1] *= corr[0];
-      o[j][2] *= corr[1];
-      o[j][3] *= corr[1];
+      for (int j = 0; j < Shape::kOutCols; ++j) {
+        o[j][0] *= corr[0];
+        o[j][1] *= corr[0];
+        o[j][2] *= corr[1];
+        o[j][3] *= corr[1];
+      }
     }
 
     // ---- O += P V: P (16 rows x 16 keys) is already laid out as the A fragment.
@@ -290,7 +383,7 @@ __device__ __forceinline__ void paged_attention_impl(
                             pack2<C>(p[1][2], p[1][3])};
 #pragma unroll
     for (int j = 0; j < Shape::kOutCols; ++j) {
-      mma16816(o[j], pa, v_pair<Cache>(v_raw[0], v_raw[1], j), v_pair<Cache>(v_raw[2], v_raw[3], j), C());
+      mma16816(o[j], pa, v_pair<Cache, C>(v_raw[0], v_raw[1], j), v_pair<Cache, C>(v_raw[2], v_raw[3], j), C());
     }
   }
 
@@ -308,7 +401,7 @@ __device__ __forceinline__ void paged_attention_impl(
   }
 #pragma unroll
   for (int j = 0; j < Shape::kOutCols; ++j) {
-    const int d0 = out_dim<D>(2 * t, j), d1 = out_dim<D>(2 * t + 1, j);
+    const int d0 = out_dim<Shape::kVElems>(2 * t, j), d1 = out_dim<Shape::kVElems>(2 * t + 1, j);
     s_o[warp][g][d0] = o[j][0];
     s_o[warp][g][d1] = o[j][1];
     s_o[warp][g + 8][d0] = o[j][2];
@@ -348,6 +441,18 @@ __device__ __forceinline__ void paged_attention_impl(
       o_part[base * D + d] = val;
       if (d == 0) lse_part[base] = sum > 0.f ? mx + __log2f(sum) : -CUDART_INF_F;
     }
+  }
+}
+
+// One entry point for every page size: the block takes the one-page path when page_size >= 16.
+// Arguments: those of paged_attention_impl, with page_shift, kv_first and lse_out moved to the front.
+template <typename Act, typename Cache, int D, bool kBounded, typename... Args>
+__device__ __forceinline__ void paged_attention_dispatch(int page_shift, const int* kv_first, float* lse_out,
+                                                         Args... args) {
+  if (page_shift >= 4) {
+    paged_attention_impl<Act, Cache, D, kBounded, true>(args..., page_shift, kv_first, lse_out);
+  } else {
+    paged_attention_impl<Act, Cache, D, kBounded, false>(args..., page_shift, kv_first, lse_out);
   }
 }
 
@@ -431,7 +536,7 @@ __device__ __forceinline__ void page_scores_impl(
     float* __restrict__ page_scores,                    // [kv_indptr[batch]] fp32, added to
     float sm_scale, int group_size, int num_kv_heads, int page_shift) {
   typedef typename Cache::storage S;
-  typedef typename Cache::compute C;
+  typedef typename ComputeOf<Act, Cache>::type C;
   constexpr int kVec = 16 / sizeof(S);         // cache elements per 16-byte load
   constexpr int kKeys = kThreads / kRows;      // keys per step: 8
   __shared__ float s_q[kRows][D + 1];          // +1: the 16 rows of one column fall in 16 banks
@@ -492,7 +597,7 @@ __device__ __forceinline__ void page_scores_impl(
           const uint4 raw = load16(row + s * kVec);
 #pragma unroll
           for (int j = 0; j < kVec / 2; ++j) {
-            const float2 k2 = unpack2<C>(k_pair<Cache>(raw, j));
+            const float2 k2 = unpack2<C>(k_pair<Cache, C>(raw, j));
             acc = fmaf(s_q[r][s * kVec + 2 * j], k2.x, acc);
             acc = fmaf(s_q[r][s * kVec + 2 * j + 1], k2.y, acc);
           }
@@ -511,7 +616,7 @@ __device__ __forceinline__ void page_scores_impl(
 // One extern "C" entry point per (activation type, cache precision, head_dim) the runtime launches; the
 // names are listed in python/kvcore/kernels/_nvrtc.py (KERNEL_NAMES) and checked against the cubin by CI.
 #define KV_ATTENTION(NAME, ACT, CACHE, D)                                                                   \
-  extern "C" __global__ void __launch_bounds__(kv::kThreads)                                                \
+  extern "C" __global__ void __launch_bounds__(kv::kThreads, kv::kMinBlocks)                                 \
       NAME(const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                    \
            const CACHE::storage* __restrict__ pool, long long kv_stride, long long page_stride,             \
            long long head_stride, long long token_stride, const float* __restrict__ k_scale,                \
@@ -520,16 +625,15 @@ __device__ __forceinline__ void page_scores_impl(
            const int* __restrict__ q_indptr, const int* __restrict__ items, ACT* __restrict__ out,          \
            float* __restrict__ o_part, float* __restrict__ lse_part, float sm_scale, int group_size,        \
            int num_kv_heads, int page_shift) {                                                              \
-    kv::paged_attention_impl<ACT, CACHE, D, false>(q, q_token_stride, q_head_stride, pool, kv_stride,       \
-                                                   page_stride, head_stride, token_stride, k_scale, v_scale, \
-                                                   kv_indptr, kv_indices, kv_len, q_indptr, items, out,      \
-                                                   o_part, lse_part, sm_scale, group_size, num_kv_heads,     \
-                                                   page_shift);                                              \
+    kv::paged_attention_dispatch<ACT, CACHE, D, false>(                                                     \
+        page_shift, nullptr, nullptr, q, q_token_stride, q_head_stride, pool, kv_stride, page_stride,      \
+        head_stride, token_stride, k_scale, v_scale, kv_indptr, kv_indices, kv_len, q_indptr, items, out,  \
+        o_part, lse_part, sm_scale, group_size, num_kv_heads);                                             \
   }
 
 // The bounded-cache variant: the same arguments, then kv_first and lse_out (either may be null).
 #define KV_ATTENTION_BOUNDED(NAME, ACT, CACHE, D)                                                           \
-  extern "C" __global__ void __launch_bounds__(kv::kThreads)                                                \
+  extern "C" __global__ void __launch_bounds__(kv::kThreads, kv::kMinBlocks)                                 \
       NAME(const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                    \
            const CACHE::storage* __restrict__ pool, long long kv_stride, long long page_stride,             \
            long long head_stride, long long token_stride, const float* __restrict__ k_scale,                \
@@ -538,11 +642,10 @@ __device__ __forceinline__ void page_scores_impl(
            const int* __restrict__ q_indptr, const int* __restrict__ items, ACT* __restrict__ out,          \
            float* __restrict__ o_part, float* __restrict__ lse_part, float sm_scale, int group_size,        \
            int num_kv_heads, int page_shift, const int* __restrict__ kv_first, float* __restrict__ lse_out) { \
-    kv::paged_attention_impl<ACT, CACHE, D, true>(q, q_token_stride, q_head_stride, pool, kv_stride,        \
-                                                  page_stride, head_stride, token_stride, k_scale, v_scale,  \
-                                                  kv_indptr, kv_indices, kv_len, q_indptr, items, out,       \
-                                                  o_part, lse_part, sm_scale, group_size, num_kv_heads,      \
-                                                  page_shift, kv_first, lse_out);                            \
+    kv::paged_attention_dispatch<ACT, CACHE, D, true>(                                                      \
+        page_shift, kv_first, lse_out, q, q_token_stride, q_head_stride, pool, kv_stride, page_stride,     \
+        head_stride, token_stride, k_scale, v_scale, kv_indptr, kv_indices, kv_len, q_indptr, items, out,  \
+        o_part, lse_part, sm_scale, group_size, num_kv_heads);                                             \
   }
 
 // page_scores takes the attention kernel's leading arguments (the pool's layer view as the launcher
