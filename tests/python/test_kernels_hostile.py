@@ -25,6 +25,7 @@ from kvcore import kernels as K
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
 from kvcore.kernels import gpu
 from kvcore.kernels.plan import plan_attention
+from kvcore.pool import KVPool
 
 HKV, D, P = 2, 8, 4  # random_pool's kv heads, head_dim and page size; it has 6 pages
 BIG = 2**32 + 1  # 1 once wrapped to int32
@@ -244,6 +245,26 @@ def test_attention_launcher_checks_its_arguments() -> None:
         InvalidPageError,
         "kv_indices",
         lambda: gpu.attention_launcher(q[:1], pool, 0, bigger, 0.5, out[:1]),
+    )
+
+
+def test_attention_launcher_refuses_what_its_vector_loads_cannot_take() -> None:
+    """Q rows not 16-byte aligned, and a plan whose items do not start on a 16-key step, are refused."""
+    pool = KVPool(num_layers=1, num_pages=6, num_kv_heads=2, head_dim=64, page_size=16, kv_dtype="fp16")
+    pt = (np.array([0, 2], np.int32), np.array([1, 2], np.int32), np.array([16], np.int32))
+    plan = plan_attention(pt, np.arange(2), page_size=16, num_qo_heads=4, num_kv_heads=2)
+    q = np.zeros((1, 4, 64), np.float16)
+    out = np.zeros_like(q)
+    shifted = np.zeros(4 * 64 + 1, np.float16)[1:].reshape(1, 4, 64)  # 2 bytes off a 16-byte boundary
+    assert_refused(
+        pool, InvalidDTypeError, "16-byte", lambda: gpu.attention_launcher(shifted, pool, 0, plan, 0.5, out)
+    )
+    plan.items[0, 2] = 5  # a hand-edited plan: its work would not start on a step
+    assert_refused(
+        pool,
+        InvalidArgumentError,
+        "multiples of 16",
+        lambda: gpu.attention_launcher(q, pool, 0, plan, 0.5, out),
     )
 
 

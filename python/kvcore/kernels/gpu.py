@@ -22,7 +22,7 @@ import numpy as np
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
 from kvcore.kernels import checks, loader
 from kvcore.kernels._nvrtc import HEAD_DIMS
-from kvcore.kernels.plan import AttentionPlan, PageTableLike
+from kvcore.kernels.plan import STEP_ALIGN, AttentionPlan, PageTableLike
 from kvcore.pool import KVPool, dtypes
 from kvcore.pool.checks import check_array
 
@@ -84,7 +84,8 @@ def _convert(a: Any, dtype: Any, cp: Any) -> Any:
 def _row_aligned(a: Any) -> bool:
     """16-byte vector loads of whole rows are legal: unit stride on head_dim, 16-byte aligned rows."""
     s = a.strides
-    return s[2] == a.itemsize and s[0] % 16 == 0 and s[1] % 16 == 0 and a.data.ptr % 16 == 0
+    address = a.data.ptr if hasattr(a.data, "ptr") else a.ctypes.data  # CuPy, or NumPy (the checks' tests)
+    return s[2] == a.itemsize and s[0] % 16 == 0 and s[1] % 16 == 0 and address % 16 == 0
 
 
 def _layer_args(pool: KVPool, layer: int) -> tuple[Any, ...]:
@@ -180,10 +181,10 @@ def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
     return {"num_sms": num_sms, "blocks_per_sm": max(1, blocks)}
 
 
-def _device_plan(plan: AttentionPlan, pool: KVPool) -> dict[str, Any]:
+def _device_plan(plan: AttentionPlan, pool: KVPool) -> dict[Any, Any]:
     """The plan's arrays on the pool's device (copied once per plan and device)."""
     dev = int(pool.data.device.id)
-    arrays: dict[str, Any] | None = plan.device.get(dev)
+    arrays: dict[Any, Any] | None = plan.device.get(dev)
     if arrays is None:
         cp = pool.xp
         with cp.cuda.Device(dev):
@@ -250,11 +251,20 @@ def attention_launcher(
         )
     if not out.flags.c_contiguous or tuple(out.shape) != tuple(q.shape):
         raise InvalidDTypeError("out: must be C-contiguous and shaped like q")
+    if not _row_aligned(q):
+        raise InvalidDTypeError("q: rows must be contiguous along head_dim and 16-byte aligned")
+    if 16 * pool.strides.token + D >= 2**31:  # the kernel's per-lane row offsets within a step are int32
+        raise InvalidArgumentError(f"the pool's token stride ({pool.strides.token} elements) is too large")
+    if plan.items.shape[0] and (plan.items[:, 2] % STEP_ALIGN).any():
+        raise InvalidArgumentError(f"plan: work items must start at multiples of {STEP_ALIGN} keys")
     if not plan.items.shape[0]:
         return lambda: None
     arrays = _device_plan(plan, pool)
     Hkv = pool.num_kv_heads
-    key = f"partials_d{D}"
+    # Scratch per (head_dim, stream): the same plan launched on two streams at once must not share the
+    # partial outputs (the launcher captures the stream current now; launch it on that stream).
+    stream = int(cp.cuda.get_current_stream().ptr)
+    key = ("partials", D, stream)
     if key not in arrays:
         n = max(plan.num_partials, 1)
         arrays[key] = (cp.empty((n, Hkv, 16, D), cp.float32), cp.empty((n, Hkv, 16), cp.float32))
@@ -267,9 +277,10 @@ def attention_launcher(
     kv_first = arrays.get("kv_first", null)
     lse_rows = null
     if page_scores is not None:
-        if "lse_rows" not in arrays:  # every row's final log-sum-exp (base 2), for the page_scores kernel
-            arrays["lse_rows"] = cp.empty((max(plan.num_q_tokens, 1), plan.num_qo_heads), cp.float32)
-        lse_rows = arrays["lse_rows"]
+        lse_key = ("lse_rows", stream)  # every row's final log-sum-exp (base 2), for page_scores
+        if lse_key not in arrays:
+            arrays[lse_key] = cp.empty((max(plan.num_q_tokens, 1), plan.num_qo_heads), cp.float32)
+        lse_rows = arrays[lse_key]
     common = (
         arrays["kv_indptr"],
         arrays["kv_indices"],
@@ -340,8 +351,8 @@ def _attention(
     if out is not None:
         checks.output_like(q, cp, out)
     qd, _ = _as_activation(q, pool)
-    if qd.strides[2] != qd.itemsize:
-        qd = cp.ascontiguousarray(qd)
+    if not _row_aligned(qd):  # the kernel reads Q rows with 16-byte loads: a fresh C-contiguous copy
+        qd = cp.array(qd, copy=True, order="C")
     kernel_out = out if out is not None and out.dtype == qd.dtype and out.flags.c_contiguous else None
     if kernel_out is None:
         kernel_out = cp.empty(qd.shape, dtype=qd.dtype)

@@ -172,7 +172,7 @@ class AttentionPlan:
     window: int | None = None  # sliding window in positions (>= 1), or None: plain causal attention
     positions: np.ndarray | None = None  # [sum(kv_len)] int32 key positions (compacted tables), or None
     kv_first: np.ndarray | None = None  # [num_q_tokens] int32 first key index each token sees (window only)
-    device: dict[int, dict[str, Any]] = field(default_factory=dict, repr=False)  # GPU copies per device id
+    device: dict[int, dict[Any, Any]] = field(default_factory=dict, repr=False)  # GPU copies per device id
 
     @property
     def group_size(self) -> int:
