@@ -95,6 +95,33 @@ def test_the_register_budget_test_can_fail() -> None:
     assert regs["paged_attention_bf16_bf16_d256"] > MAX_ATTENTION_REGISTERS, res.log
 
 
+@pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
+def test_the_device_checks_build_compiles(source: Path) -> None:
+    """-DKV_DEVICE_CHECKS (KVCORE_DEVICE_CHECKS=1): every family compiles without warnings, every entry
+    point is there, and the families that read device page tables or slots hold the host's globals."""
+    res = _nvrtc.compile_cubin(
+        source.read_bytes(), source.name, "sm_90", _nvrtc.include_dirs(KERNEL_DIR), device_checks=True
+    )
+    assert res.ok, res.log
+    assert _nvrtc.missing_kernels(res.cubin, _nvrtc.KERNEL_NAMES[source.stem]) == []
+    if source.stem in ("paged_attention", "append_kv"):
+        assert b"kv_check_limit" in res.cubin and b"kv_check_error" in res.cubin
+    plain = compiled(source)
+    assert b"kv_check_limit" not in plain.cubin  # the default build has no checks
+
+
+def test_device_checks_follow_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kvcore.kernels import loader
+
+    for value, on in (("", False), ("0", False), ("1", True), ("yes", True)):
+        monkeypatch.setenv("KVCORE_DEVICE_CHECKS", value)
+        assert loader.device_checks() is on
+    monkeypatch.delenv("KVCORE_DEVICE_CHECKS")
+    assert loader.device_checks() is False
+    assert "-DKV_DEVICE_CHECKS" in _nvrtc.nvrtc_options("sm_90", [], device_checks=True)
+    assert "-DKV_DEVICE_CHECKS" not in _nvrtc.nvrtc_options("sm_90", [])
+
+
 def test_a_warning_fails_the_build(tmp_path: Path) -> None:
     bad = b'#include "common.cuh"\nextern "C" __global__ void k(int* p) { int unused = 3; p[0] = 1; }\n'
     res = _nvrtc.compile_cubin(bad, "bad.cu", "sm_90", _nvrtc.include_dirs(KERNEL_DIR))

@@ -166,7 +166,9 @@ def include_dirs(kernel_dir: Path | None = None) -> list[str]:
 # ------------------------------------------------------------------------------------ compiling
 
 
-def nvrtc_options(arch: str | None, includes: Sequence[str], *, verbose: bool = False) -> list[str]:
+def nvrtc_options(
+    arch: str | None, includes: Sequence[str], *, verbose: bool = False, device_checks: bool = False
+) -> list[str]:
     """THE NVRTC options of kvcore, for CI and run time alike.
 
     Args:
@@ -174,6 +176,8 @@ def nvrtc_options(arch: str | None, includes: Sequence[str], *, verbose: bool = 
             the caller (CuPy's own NVRTC path adds ``-arch=sm_XX`` itself).
         includes: folders for ``-I`` (:func:`include_dirs`).
         verbose: add ptxas's register/spill report to the log (changes no code).
+        device_checks: compile the device-side bounds checks in (``-DKV_DEVICE_CHECKS``, see
+            ``csrc/common.cuh``): the debug build the loader uses when ``$KVCORE_DEVICE_CHECKS`` is set.
 
     No ``--use_fast_math``: the quantizing division ``x / scale`` must round like NumPy's (IEEE), so the
     pool's bytes agree across backends; the softmax calls ``ex2.approx`` explicitly instead.
@@ -183,6 +187,8 @@ def nvrtc_options(arch: str | None, includes: Sequence[str], *, verbose: bool = 
         opts.insert(0, f"--gpu-architecture={arch}")
     if verbose:
         opts.append("--ptxas-options=-v")
+    if device_checks:
+        opts.append("-DKV_DEVICE_CHECKS")
     return opts + [f"-I{d}" for d in includes]
 
 
@@ -197,14 +203,21 @@ class CompileResult:
 
 
 def compile_cubin(
-    source: bytes, name: str, arch: str, includes: Sequence[str], *, verbose: bool = False
+    source: bytes,
+    name: str,
+    arch: str,
+    includes: Sequence[str],
+    *,
+    verbose: bool = False,
+    device_checks: bool = False,
 ) -> CompileResult:
     """Compile one translation unit to a cubin for ``arch`` with :func:`nvrtc_options`. Needs no GPU."""
     nvrtc = _nvrtc()
     start = time.perf_counter()
     prog = _call(nvrtc.nvrtcCreateProgram(source, name.encode(), 0, [], []))
     try:
-        opts = [o.encode() for o in nvrtc_options(arch, includes, verbose=verbose)]
+        options = nvrtc_options(arch, includes, verbose=verbose, device_checks=device_checks)
+        opts = [o.encode() for o in options]
         status = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)[0]
         log_size = _call(nvrtc.nvrtcGetProgramLogSize(prog))
         log = b" " * log_size

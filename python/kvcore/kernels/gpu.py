@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
+from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
 from kvcore.kernels import checks, loader
 from kvcore.kernels._nvrtc import HEAD_DIMS
 from kvcore.kernels.plan import STEP_ALIGN, AttentionPlan, PageTableLike
@@ -53,7 +53,38 @@ def _launch(
     pool: KVPool, family: str, name: str, grid: tuple[int, ...], block: int, args: tuple[Any, ...]
 ) -> None:
     kernel = loader.get_kernel(family, name, int(pool.data.device.id))
-    kernel(grid, (block,), args)
+    _checked(pool, family, lambda: kernel(grid, (block,), args))()
+
+
+_CHECK_WHAT = {1: "page id read from a device page table (at key", 2: "device slot (at token"}
+
+
+def _checked(pool: KVPool, family: str, launch: Callable[[], None]) -> Callable[[], None]:
+    """``launch`` itself, or with device checks on (:func:`kvcore.kernels.loader.device_checks`) a
+    callable that sets the pool's limits, launches, waits, and raises at the first failed check."""
+    if not loader.device_checks():
+        return launch
+    cp = pool.xp
+    module = loader.load_module(family, int(pool.data.device.id), True)
+    try:
+        limit = cp.ndarray((2,), cp.int64, module.get_global("kv_check_limit"))
+        error = cp.ndarray((4,), cp.int64, module.get_global("kv_check_error"))
+    except Exception:  # a family that reads no page table or slot (page_copy: ids checked on the host)
+        return launch
+    sizes = cp.asarray([pool.num_pages, pool.num_pages * pool.page_size], cp.int64)
+
+    def run() -> None:
+        limit[...] = sizes
+        launch()
+        flag, code, where, value = (int(x) for x in cp.asnumpy(error))  # waits for the launch
+        if flag:
+            error[...] = 0
+            raise InvalidPageError(
+                f"device check ({family}): {_CHECK_WHAT.get(code, 'value (at')} {where}) is {value}, outside "
+                f"the pool's {pool.num_pages} pages of {pool.page_size} slots; the kernel did not use it"
+            )
+
+    return run
 
 
 def _act_name(dtype: Any) -> str | None:
@@ -334,13 +365,13 @@ def attention_launcher(
         )
         launches.append((scores, attn_grid, scores_args))
     if len(launches) == 1:
-        return lambda: attn(attn_grid, (_THREADS,), attn_args)
+        return _checked(pool, "paged_attention", lambda: attn(attn_grid, (_THREADS,), attn_args))
 
     def launch() -> None:
         for kernel, grid, args in launches:
             kernel(grid, (_THREADS,), args)
 
-    return launch
+    return _checked(pool, "paged_attention", launch)
 
 
 def _attention(

@@ -413,3 +413,31 @@ def test_device_slots_outside_the_pool_are_skipped_not_written() -> None:
     num_slots = pool.num_pages * pool.page_size
     K.append_kv(pool, 0, cp.asarray([num_slots, num_slots + 10**9, -5], cp.int64), k, k)
     assert np.array_equal(pool.data.get(), before)
+
+
+def test_device_checks_raise_at_a_bad_device_slot_or_page(monkeypatch: pytest.MonkeyPatch) -> None:
+    """KVCORE_DEVICE_CHECKS=1: the debug build reports what the default build silently skips."""
+    monkeypatch.setenv("KVCORE_DEVICE_CHECKS", "1")
+    pool = KVPool(
+        num_layers=1, num_pages=4, num_kv_heads=2, head_dim=64, page_size=16, kv_dtype="fp16", backend="cupy"
+    )
+    pool.data[...] = 0
+    before = pool.data.get()
+    k = cp.full((2, 2, 64), 7, cp.float16)
+    with pytest.raises(InvalidPageError, match="device slot"):
+        K.append_kv(pool, 0, cp.asarray([-1, 64], cp.int64), k, k)  # -1 is padding; 64 is past the pool
+    assert np.array_equal(pool.data.get(), before)
+    K.append_kv(pool, 0, cp.asarray([-1, 63], cp.int64), k, k)  # good slots: no error left behind
+    # A device page table edited after planning (what a CUDA-graph engine does): page 9 of a 4-page pool.
+    pt = (np.array([0, 2], np.int32), np.array([1, 2], np.int32), np.array([16], np.int32))
+    plan = plan_attention(pt, np.arange(2), page_size=16, num_qo_heads=4, num_kv_heads=2)
+    q = cp.zeros((1, 4, 64), cp.float16)
+    out = cp.zeros_like(q)
+    from kvcore.kernels import gpu
+
+    launch = gpu.attention_launcher(q, pool, 0, plan, 0.125, out)
+    launch()
+    plan.device[int(pool.data.device.id)]["kv_indices"][1] = 9
+    with pytest.raises(InvalidPageError, match="page id"):
+        launch()
+    assert bool(cp.isfinite(out).all())

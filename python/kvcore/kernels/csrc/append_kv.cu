@@ -27,7 +27,10 @@ __device__ __forceinline__ void append_kv_impl(
   typedef typename Cache::storage S;
   const int token = blockIdx.x;
   const i64 slot = slot_mapping[token];
-  if (slot < 0 || slot >= num_slots) return;
+  if (slot < 0 || slot >= num_slots) {
+    if (slot != -1) check_failed(2, token, slot);  // -1 is padding; anything else is a caller's bug
+    return;
+  }
   const i64 page = slot / page_size;
   const i64 offset = slot - page * page_size;
   const int vecs_per_head = head_dim / 8;

@@ -16,9 +16,49 @@
 #include <cuda_fp8.h>
 #include <math_constants.h>
 
+// ------------------------------------------------------------------------------ device checks
+// Compiled in with -DKV_DEVICE_CHECKS (KVCORE_DEVICE_CHECKS=1 at run time, kvcore.kernels.loader): every
+// page id read from a device page table and every device slot is checked against the pool's size, set
+// by the host in kv_check_limit before each launch. A bad one is not used (the access is skipped or reads
+// the null page 0), and the first is recorded in kv_check_error for the host to raise after the launch.
+// Global-namespace variables: their names are not mangled, so the host finds them by name.
+#ifdef KV_DEVICE_CHECKS
+__device__ long long kv_check_limit[2];  // pages of the pool, slots of the pool (pages * page_size)
+__device__ long long kv_check_error[4];  // the first failure: (1, code, where, value); code 1 page, 2 slot
+#endif
+
 namespace kv {
 
 typedef long long i64;
+
+// Record a failed device check (the first one wins); a no-op without KV_DEVICE_CHECKS.
+__device__ __forceinline__ void check_failed(int code, long long where, long long value) {
+#ifdef KV_DEVICE_CHECKS
+  if (atomicCAS(reinterpret_cast<unsigned long long*>(&kv_check_error[0]), 0ull, 1ull) == 0ull) {
+    kv_check_error[1] = code;
+    kv_check_error[2] = where;
+    kv_check_error[3] = value;
+  }
+#else
+  (void)code;
+  (void)where;
+  (void)value;
+#endif
+}
+
+// A page id read from a device page table (`where`: its key index). With checks, one outside the pool is
+// recorded and read as the null page 0 (always a valid page), so the access stays inside the pool.
+__device__ __forceinline__ int checked_page(int page, long long where) {
+#ifdef KV_DEVICE_CHECKS
+  if (page < 0 || page >= kv_check_limit[0]) {
+    check_failed(1, where, page);
+    return 0;
+  }
+#else
+  (void)where;
+#endif
+  return page;
+}
 
 // ------------------------------------------------------------------------------ cache precisions
 

@@ -226,12 +226,12 @@ __device__ __forceinline__ void paged_attention_impl(
     v_off[r] = (2 * t + (r & 1) + 8 * (r >> 1)) * static_cast<int>(token_stride) + g * Shape::kVElems;
   }
   const int key_start = kv_begin + kStep * warp;
-  int page_next = one_page && key_start < kv_end ? pages[key_start >> page_shift] : 0;
+  int page_next = one_page && key_start < kv_end ? checked_page(pages[key_start >> page_shift], key_start) : 0;
 
   for (int key0 = key_start; key0 < kv_end; key0 += kStep * kWarps) {
     // ---- loads: K rows key0 + 8 * nb + g, V rows key0 + {2t, 2t+1, 2t+8, 2t+9}; zero past kv_end.
     const int step_page = page_next;
-    if (one_page && key0 + kStep * kWarps < kv_end) page_next = pages[(key0 + kStep * kWarps) >> page_shift];
+    if (one_page && key0 + kStep * kWarps < kv_end) page_next = checked_page(pages[(key0 + kStep * kWarps) >> page_shift], key0 + kStep * kWarps);
     // A whole step on the null page (bounded caches: pages that left the window) is all masked: it would
     // leave the softmax state as it is, so it is skipped.
     if constexpr (kBounded && kOnePage) {
@@ -250,7 +250,7 @@ __device__ __forceinline__ void paged_attention_impl(
       if (one_page) {
         row = step_base + k_off[nb];
       } else if (key < kv_end) {
-        row = k_base + static_cast<i64>(pages[key >> page_shift]) * page_stride +
+        row = k_base + static_cast<i64>(checked_page(pages[key >> page_shift], key)) * page_stride +
               static_cast<i64>(key & page_mask) * token_stride + t * kVec;
       }
       if (one_page || row != nullptr) {
@@ -275,7 +275,7 @@ __device__ __forceinline__ void paged_attention_impl(
                                      : (kv_end - 1 - key0) * static_cast<int>(token_stride) + g * Shape::kVElems;
         row = step_base + kv_stride + off;
       } else if (key < kv_end) {
-        page = pages[key >> page_shift];
+        page = checked_page(pages[key >> page_shift], key);
         row = v_base + static_cast<i64>(page) * page_stride + static_cast<i64>(key & page_mask) * token_stride +
               g * Shape::kVElems;
       }
@@ -588,7 +588,7 @@ __device__ __forceinline__ void page_scores_impl(
     const int key = key0 + slot;
     float p = 0.f;
     if (live && key < kv_end && key >= first && key <= limit) {
-      const i64 page = pages[key >> page_shift];
+      const i64 page = checked_page(pages[key >> page_shift], key);
       if (page != 0) {  // null-page keys are masked
         const S* row = k_base + page * page_stride + (key & page_mask) * token_stride;
         float acc = 0.f;
