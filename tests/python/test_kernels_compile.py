@@ -126,3 +126,27 @@ def test_a_warning_fails_the_build(tmp_path: Path) -> None:
     bad = b'#include "common.cuh"\nextern "C" __global__ void k(int* p) { int unused = 3; p[0] = 1; }\n'
     res = _nvrtc.compile_cubin(bad, "bad.cu", "sm_90", _nvrtc.include_dirs(KERNEL_DIR))
     assert not res.ok and "unused" in res.log
+
+
+def _byte_perm(x: int, y: int, selector: int) -> int:
+    """CUDA's __byte_perm (PRMT, default mode): result byte i = byte (selector nibble i & 7) of y:x."""
+    pool = (y << 32 | x).to_bytes(8, "little")
+    return int.from_bytes(bytes(pool[(selector >> (4 * i)) & 7] for i in range(4)), "little")
+
+
+def test_the_int8_widen_tricks_of_common_cuh_are_exact_for_every_pair() -> None:
+    """widen2<CacheI8, __half> and <CacheI8, __nv_bfloat16> (no I2F), emulated bit for bit in NumPy."""
+    import numpy as np
+
+    for lo in range(-128, 128):
+        for hi in (-128, -127, -1, 0, 1, 126, 127, lo):
+            pair = (lo & 0xFF) | (hi & 0xFF) << 8
+            halves = _byte_perm(pair ^ 0x8080, 0x64646464, 0x4140)  # two fp16: 1024 + (b + 128)
+            h = np.array([halves & 0xFFFF, halves >> 16], np.uint16).view(np.float16)
+            assert (h - np.float16(1152)).tolist() == [lo, hi]  # __hsub2 by 0x6480 = 1152, exact
+            x = pair ^ 0x8080
+            f = np.array([_byte_perm(x, 0x4B000000, 0x7540), _byte_perm(x, 0x4B000000, 0x7541)], np.uint32)
+            assert (f.view(np.float32) - np.float32(8388736.0)).tolist() == [lo, hi]
+    source = (KERNEL_DIR / "common.cuh").read_text()  # the constants above are the header's
+    constants = ("0x64646464u, 0x4140", "0x6480", "0x4B000000u, 0x7540", "0x4B000000u, 0x7541", "8388736.0f")
+    assert all(c in source for c in constants)
