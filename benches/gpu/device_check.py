@@ -1,361 +1,307 @@
 #!/usr/bin/env python3
-"""The one device check of kvcore's CUDA kernels (H200), ready to run in a single call of a few minutes.
+"""The one device check of kvcore's CUDA kernels (H200): a trustworthy answer in one run of <= 6 minutes.
 
-Steps (each prints a section; a JSON summary goes to ``--out``/device_check.json):
-1. environment: GPU, driver, CuPy, NVRTC; whether a 13.x-NVRTC PTX loads (the PTX-version trap) and a
-   cubin does;
-2. the GPU tests (``tests/python/gpu``: each kernel against its NumPy reference), unless ``--skip-tests``;
-3. the copy ceiling: device-to-device copy bandwidth (bytes read + written) on this machine;
-4. paged decode bandwidth: B x L in {64 x 2k, 8 x 32k}, 8 kv heads, head_dim 128, G = 8, page size 16,
-   bf16 and fp8 caches, pages scattered at random (working set 0.27-0.54 GB, far above the 60 MB L2).
-   Effective bandwidth = K/V bytes read / kernel time; target >= 3.4 TB/s (80 % of the 4.3 TB/s copy);
-5. gather/scatter of pages to/from pinned host memory (zero-copy kernel, and staging + one copy).
-
-Usage (from the repository root, with the native module built for the device's Python or carried):
+Usage, on the device (from the repository root, with the native module python/kvcore/_kvcore.abi3.so
+carried; the sweep and the benchmarks run without it, the pytest part needs it):
     PYTHONUNBUFFERED=1 PYTHONPATH=python python3 benches/gpu/device_check.py --out "$OUT"
+The CPU self-test of this harness (NumPy pools, tiny shapes, no GPU; what tests/python/test_device_check.py
+runs, with --inject-fault to prove a wrong result is caught):
+    PYTHONPATH=python python3 benches/gpu/device_check.py --self-test --out /tmp/device_check
+
+Sections, in order; each prints its elapsed time, and device_check.json under --out is rewritten after each:
+0. prerequisites: CuPy, a CUDA device, the native module, pytest. Each missing piece prints a
+   "MISSING: ..." line and makes the run FAIL; without CuPy or a device it stops there (exit 2). Then
+   the environment, the clocks (nvidia-smi, read-only) and the PTX-version trap (informational).
+1. compile: kvcore's kernel modules (NVRTC, cached on disk for the pytest part) and this check's
+   RawKernels (the pool fill pattern, the 16-byte streaming read).
+2. sweep (native-free, check_sweep.py): every kernel against kvcore.kernels.reference on the same pool
+   contents, page tables built in NumPy: append_kv bit-exact (fp16/bf16/fp8/int8 x HND/NHD), decode
+   (G 1/4/8/32, page size 1/16, split-K forced on and off, HND/NHD, every cache dtype), prefill over a
+   cached prefix, copy/gather/scatter pages; attention also against a dense float64 model. ~30 s; cases
+   not started within --sweep-limit are "not run" (a failure).
+3. benchmarks (check_bench.py): copy and read ceilings; paged decode at Llama-3.1-8B shapes (32 q heads,
+   8 kv heads, head_dim 128, G 4, page 16, pages scattered at random; bf16/fp8/int8; B 64/128/256 x
+   1k/4k/16k, B 1/8 x 32k, one NHD row), each row timed (CUDA events, graphs for short calls) and its
+   output checked against the dense model; gather/scatter to pinned host memory. A row that does not
+   fit before --deadline is "not run" (a failure).
+4. pytest tests/python/gpu (--junitxml=$OUT/junit.xml, --maxfail=20, -rfE, a timeout that keeps the
+   whole run within --time-limit); a failure, a timeout or a skipped test fails the run.
+Then a recap; the last line is the verdict: "VERDICT: PASS|FAIL (n passed, n failed, n not run) in N s"
+(with "; targets n/2 met" on the device: bf16 B=128 x 4k >= 3.4 TB/s, fp8 there >= 80 % of the read
+ceiling; a missed target is a result, not a failure of the check).
+Budget: sweep and benchmarks ~2-3 minutes (--deadline 240 s at most); pytest gets what is left of
+--time-limit (360 s) minus 5 s, so at least 115 s.
+
+Exit status: 0 PASS, 1 FAIL, 2 FAIL with CuPy or the device missing (nothing could be measured).
+Files under --out: device_check.json (every check and figure), device_check.log (all output, with the
+tracebacks stdout leaves out), sweep.txt (every sweep case), junit.xml and pytest.log (the pytest part).
+
+Importing kvcore without its native module: see check_env.py (a bare "shell" package object for kvcore,
+so kvcore/__init__.py, the one importer of the native module, never runs; nothing is faked).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import subprocess
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "python"))
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))  # the check_* helpers beside this file
 
-RESULTS: dict[str, Any] = {}
+from check_ledger import FAULT_TAGS, Budget, Ledger, open_log, short_error  # noqa: E402
 
-
-def section(title: str) -> None:
-    print(f"\n=== {title}", flush=True)
-
-
-def import_kvcore() -> bool:
-    """Import kvcore; without the native module, a stand-in lets the benchmarks (not the tests) run."""
-    try:
-        import kvcore  # noqa: F401
-
-        return True
-    except ImportError as e:
-        print(
-            f"kvcore native module unavailable ({e}); benchmarks only (carry python/kvcore/_kvcore.abi3.so)"
-        )
-        import types
-
-        stub = types.ModuleType("kvcore._kvcore")
-        for name in ("PageAllocator", "KVCacheManager"):
-            setattr(stub, name, type(name, (), {}))
-        stub.__version__ = "stub"  # type: ignore[attr-defined]
-        sys.modules["kvcore._kvcore"] = stub
-        return False
+FAMILIES = ("append_kv", "paged_attention", "page_copy")
 
 
-def environment() -> None:
-    import cupy as cp
-    import numpy as np
-
-    section("environment")
-    dev = cp.cuda.Device()
-    props = cp.cuda.runtime.getDeviceProperties(dev.id)
-    info = {
-        "gpu": props["name"].decode(),
-        "compute_capability": dev.compute_capability,
-        "sms": props["multiProcessorCount"],
-        "l2_bytes": props["l2CacheSize"],
-        "memory_bytes": props["totalGlobalMem"],
-        "driver": cp.cuda.runtime.driverGetVersion(),
-        "runtime": cp.cuda.runtime.runtimeGetVersion(),
-        "cupy": cp.__version__,
-        "numpy": np.__version__,
-        "python": sys.version.split()[0],
-    }
-    try:
-        from kvcore.kernels import _nvrtc
-
-        info["nvrtc"] = _nvrtc.nvrtc_version()
-    except Exception as e:  # reported, not fatal: the loader then falls back to CuPy's NVRTC
-        info["nvrtc"] = f"unavailable: {e}"
-    for k, v in info.items():
-        print(f"{k:>20}: {v}")
-    RESULTS["environment"] = info
-
-
-def ptx_trap() -> None:
-    """Does a PTX of this NVRTC load under this driver? (It should not if NVRTC is newer than the driver.)"""
-    import cupy as cp
-
-    section("PTX-version trap")
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError:
-        print("cuda.bindings missing: skipped")
-        return
-    src = b'extern "C" __global__ void probe(float* x) { x[threadIdx.x] += 1.0f; }\n'
-    out: dict[str, str] = {}
-    for target, kind in (("compute_90", "ptx"), ("sm_90", "cubin")):
-        _, prog = nvrtc.nvrtcCreateProgram(src, b"probe.cu", 0, [], [])
-        nvrtc.nvrtcCompileProgram(prog, 1, [f"--gpu-architecture={target}".encode()])
-        if kind == "ptx":
-            size = nvrtc.nvrtcGetPTXSize(prog)[1]
-            buf = b" " * size
-            nvrtc.nvrtcGetPTX(prog, buf)
-            version = next(
-                (ln for ln in buf.decode(errors="replace").splitlines() if ln.startswith(".version")), "?"
-            )
-        else:
-            size = nvrtc.nvrtcGetCUBINSize(prog)[1]
-            buf = b" " * size
-            nvrtc.nvrtcGetCUBIN(prog, buf)
-            version = "cubin"
-        nvrtc.nvrtcDestroyProgram(prog)
-        path = Path(f"/tmp/kvcore-probe.{kind}")
-        path.write_bytes(buf.rstrip(b"\x00 ") + (b"\x00" if kind == "ptx" else b""))
-        try:
-            fn = cp.RawModule(path=str(path)).get_function("probe")
-            x = cp.zeros(32, cp.float32)
-            fn((1,), (32,), (x,))
-            out[kind] = f"loads and runs ({version})"
-        except Exception as e:
-            out[kind] = f"FAILS ({version}): {type(e).__name__}: {e}"
-        print(f"{kind:>6}: {out[kind]}")
-    RESULTS["ptx_trap"] = out
-
-
-def run_tests(timeout: int) -> None:
-    section("GPU tests (tests/python/gpu, each kernel against its NumPy reference)")
-    start = time.time()
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-x",
-        "-p",
-        "no:cacheprovider",
-        "-o",
-        "addopts=",
-        "tests/python/gpu",
-    ]
-    env = dict(
-        os.environ, PYTHONPATH=os.pathsep.join([str(REPO / "python"), os.environ.get("PYTHONPATH", "")])
-    )
-    try:
-        proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
-        tail = (proc.stdout + proc.stderr).strip().splitlines()
-        print("\n".join(tail[-25:]))
-        RESULTS["tests"] = {
-            "returncode": proc.returncode,
-            "summary": tail[-1] if tail else "",
-            "seconds": time.time() - start,
-        }
-    except subprocess.TimeoutExpired:
-        print(f"GPU tests stopped after {timeout} s")
-        RESULTS["tests"] = {"returncode": None, "summary": f"timeout {timeout}s"}
-
-
-def timed(fn: Any, iters: int, warmup: int = 3) -> float:
-    """Seconds per call of ``fn()``: ``iters`` calls back to back between two CUDA events.
-
-    Back to back keeps the GPU busy, so host-side launch overhead hides behind the previous call.
-    """
-    import cupy as cp
-
-    for _ in range(warmup):
-        fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(iters):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return float(cp.cuda.get_elapsed_time(start, stop)) / 1e3 / iters
-
-
-def copy_ceiling() -> float:
-    import cupy as cp
-
-    section("copy ceiling (device-to-device, bytes read + written)")
-    n = 2 << 30
-    buffers = [cp.ones(n, dtype=cp.uint8), cp.empty(n, dtype=cp.uint8)]
-    t = timed(lambda: cp.copyto(buffers[1], buffers[0]), 10)
-    gbs = 2 * n / t / 1e9
-    print(f"copy of {n / 2**30:.0f} GiB: {t * 1e3:.2f} ms -> {gbs:.0f} GB/s")
-    buffers.clear()
-    cp.get_default_memory_pool().free_all_blocks()
-    RESULTS["copy_ceiling_gbs"] = gbs
-    return gbs
-
-
-def decode_bandwidth(ceiling: float) -> None:
-    import cupy as cp
-    import numpy as np
-
-    from kvcore import kernels as K
-    from kvcore.kernels.gpu import attention_launcher, occupancy
-    from kvcore.pool import KVPool
-
-    section("paged decode bandwidth (Hkv 8, head_dim 128, G 8, page 16)")
-    H, D, P, G = 8, 128, 16, 8
-    rows = []
-    for B, L in ((64, 2048), (8, 32768)):
-        for kv_dtype in ("bf16", "fp8"):
-            num_pages = B * L // P + 1
-            pool = KVPool(
-                num_layers=1,
-                num_pages=num_pages,
-                num_kv_heads=H,
-                head_dim=D,
-                page_size=P,
-                kv_dtype=kv_dtype,
-                backend="cupy",
-            )
-            if kv_dtype == "bf16":  # bf16 patterns of values in [2^-7, 2): finite, no NaN
-                pool.data[...] = cp.random.randint(0x3C00, 0x4000, pool.data.shape, dtype=cp.int32).astype(
-                    cp.uint16
-                )
-            else:  # finite e4m3 patterns
-                pool.data[...] = cp.random.randint(0, 0x77, pool.data.shape, dtype=cp.int32).astype(cp.uint8)
-            rng = np.random.default_rng(0)
-            pages = rng.permutation(np.arange(1, num_pages)).astype(np.int32)
-            pt = (np.arange(0, B * L // P + 1, L // P, dtype=np.int32), pages, np.full(B, P, np.int32))
-            q = cp.asarray(rng.normal(size=(B, H * G, D)).astype(np.float32)).astype(cp.float16)
-            if kv_dtype == "bf16":
-                from kvcore.pool import dtypes
-
-                q = dtypes.float_to_bf16_bits(q.astype(cp.float32), cp)
-            plan = K.plan_attention(
-                pt, np.arange(B + 1), page_size=P, num_qo_heads=H * G, num_kv_heads=H, **occupancy(pool, q)
-            )
-            out = cp.empty_like(q)
-            ref = K.paged_decode_attention(q, pool, 0, pt, plan=plan)  # the public path, once
-            launch = attention_launcher(q, pool, 0, plan, 1 / D**0.5, out)
-            t = timed(launch, 50)
-            assert bool(cp.all(out == ref)), "launcher and public path disagree"
-            kv_bytes = 2 * B * L * H * D * pool.storage_dtype.itemsize
-            gbs = kv_bytes / t / 1e9
-            row = {
-                "B": B,
-                "L": L,
-                "kv_dtype": kv_dtype,
-                "ms": t * 1e3,
-                "kv_gb": kv_bytes / 1e9,
-                "gbs": gbs,
-                "of_ceiling": gbs / ceiling,
-                "items": int(plan.items.shape[0]),
-                "splits": int(plan.num_partials),
-                "chunk_len": int(plan.chunk_lens.max()),
-            }
-            rows.append(row)
-            print(
-                f"B={B:3d} L={L:6d} {kv_dtype:>4}: {t * 1e3:7.3f} ms, K/V {kv_bytes / 1e9:.3f} GB "
-                f"-> {gbs:6.0f} GB/s "
-                f"({100 * gbs / ceiling:.0f} % of the {ceiling:.0f} GB/s copy; target 3400) "
-                f"[{row['items']} blocks x {H} heads, chunk {row['chunk_len']}]",
-                flush=True,
-            )
-            del pool
-            cp.get_default_memory_pool().free_all_blocks()
-    RESULTS["decode"] = rows
-
-
-def offload_bandwidth() -> None:
-    import cupy as cp
-    import numpy as np
-
-    from kvcore import kernels as K
-    from kvcore.pool import KVPool
-
-    section("gather / scatter of pages to pinned host memory")
-    pool = KVPool(
-        num_layers=8,
-        num_pages=1025,
-        num_kv_heads=8,
-        head_dim=128,
-        page_size=16,
-        kv_dtype="bf16",
-        backend="cupy",
-    )
-    ids = np.random.default_rng(1).permutation(np.arange(1, 1025))[:512].astype(np.int32)
-    pinned = pool.host_buffer(512)
-    staging = cp.empty(pinned.shape, dtype=pinned.dtype)
-    nbytes = pinned.nbytes
-    res = {}
-    res["gather_zero_copy_gbs"] = nbytes / timed(lambda: K.gather_pages(pool, ids, pinned), 5) / 1e9
-    res["gather_to_device_gbs"] = nbytes / timed(lambda: K.gather_pages(pool, ids, staging), 5) / 1e9
-    res["d2h_copy_gbs"] = nbytes / timed(lambda: staging.get(out=pinned), 5) / 1e9
-    res["scatter_zero_copy_gbs"] = nbytes / timed(lambda: K.scatter_pages(pool, ids, pinned), 5) / 1e9
-    res["h2d_copy_gbs"] = nbytes / timed(lambda: staging.set(pinned), 5) / 1e9
-    try:  # kvcore.tiers.HostTier (pinned slots) through its store/load, against the copies above
-        from kvcore.tiers import HostTier
-
-        host = HostTier(pool, 512)
-        slots = np.arange(512, dtype=np.int32)
-        keys = np.zeros((512, 16), dtype=np.uint8)
-        toks = np.zeros((512, pool.page_size), dtype=np.uint32)
-        names: list[str | None] = [None] * 512
-
-        def store() -> None:
-            assert host.store(pool, ids, slots, keys, keys, toks, names).all()
-            cp.cuda.Device().synchronize()
-
-        def load() -> None:
-            assert host.load(pool, slots, ids, keys).all()
-            cp.cuda.Device().synchronize()
-
-        res["host_tier_store_gbs"] = nbytes / timed(store, 5) / 1e9
-        res["host_tier_load_gbs"] = nbytes / timed(load, 5) / 1e9
-        res["host_tier_store_vs_d2h"] = res["host_tier_store_gbs"] / res["d2h_copy_gbs"]
-        res["host_tier_load_vs_h2d"] = res["host_tier_load_gbs"] / res["h2d_copy_gbs"]
-    except Exception as e:  # one failure does not hide the other figures
-        print(f"host tier: FAILED {type(e).__name__}: {e}")
-        res["host_tier_error"] = f"{type(e).__name__}: {e}"
-    for k, v in res.items():
-        if isinstance(v, str):
-            continue
-        size = f"{nbytes / 2**20:.0f} MiB, 512 pages of {pool.page_bytes / 2**10:.0f} KiB"
-        print(f"{k:>24}: {v:8.1f} GB/s   ({size})")
-    RESULTS["offload"] = res
-
-
-def main() -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", default=os.environ.get("OUT", "."), help="folder for device_check.json")
-    ap.add_argument("--skip-tests", action="store_true", help="benchmarks only")
-    ap.add_argument("--test-timeout", type=int, default=300, help="seconds for the GPU tests")
-    args = ap.parse_args()
-    started = time.time()
-    have_native = import_kvcore()
-    from kvcore.pool._cupy import gpu_available
+    ap.add_argument(
+        "--out", default=os.environ.get("OUT") or str(REPO / "out"), help="output folder (default $OUT)"
+    )
+    ap.add_argument("--self-test", action="store_true", help="NumPy backend, tiny shapes, no GPU, no pytest")
+    ap.add_argument(
+        "--deadline", type=float, default=240.0, help="seconds for everything before pytest (rows skipped)"
+    )
+    ap.add_argument("--time-limit", type=float, default=360.0, help="seconds for the whole run")
+    ap.add_argument(
+        "--sweep-limit", type=float, default=150.0, help="seconds for the sweep (later cases not run)"
+    )
+    ap.add_argument("--test-timeout", type=float, default=None, help="cap on the pytest part's seconds")
+    ap.add_argument("--skip-tests", action="store_true", help="no pytest part (the verdict is then FAIL)")
+    ap.add_argument(
+        "--skip-sweep", action="store_true", help="no correctness sweep (the verdict is then FAIL)"
+    )
+    ap.add_argument(
+        "--inject-fault",
+        default="",
+        help=f"comma-separated results to corrupt before comparison ({', '.join(FAULT_TAGS)}): must FAIL",
+    )
+    ap.add_argument(
+        "--simulate-missing-native",
+        action="store_true",
+        help="refuse to import kvcore._kvcore (as on a device where it was not carried)",
+    )
+    args = ap.parse_args(argv)
+    faults = {f.strip() for f in args.inject_fault.split(",") if f.strip()}
+    unknown = faults - set(FAULT_TAGS)
+    if unknown:
+        ap.error(f"--inject-fault: unknown {sorted(unknown)}; choose from {', '.join(FAULT_TAGS)}")
+    args.faults = frozenset(faults)
+    return args
 
-    if not gpu_available():
-        print("no usable CUDA device (or no CuPy): nothing to check here")
-        return 2
-    environment()
-    ptx_trap()
-    if not args.skip_tests and have_native:
-        run_tests(args.test_timeout)
-    ceiling = copy_ceiling()
-    for step in (lambda: decode_bandwidth(ceiling), offload_bandwidth):
+
+def prerequisites(ledger: Ledger, info: Any, *, device: bool) -> bool:
+    """Print every piece and record the required ones; False when nothing can be measured."""
+    from check_env import prerequisites as pieces
+
+    print(f"  {info.how}")
+    found = pieces(info, device=device)
+    for p in found:
+        mark = "ok" if p.present else ("MISSING" if p.required else "absent")
+        print(f"  {p.name:>32}: {mark} ({p.detail})")
+    for p in found:
+        if p.required and not p.present:
+            print(f"MISSING: {p.name}: {p.detail}")
+        if p.required:
+            ledger.ok("prerequisites", p.name, p.present, p.detail)
+    ledger.results["prerequisites"] = {p.name: {"present": p.present, "detail": p.detail} for p in found}
+    ledger.results["import"] = asdict(info)
+    return all(p.present for p in found if p.name in ("CuPy", "CUDA device")) or not device
+
+
+def environment(ledger: Ledger, *, device: bool) -> dict[str, Any]:
+    import check_env
+
+    env = check_env.environment() if device else check_env.host_environment()
+    for k, v in env.items():
+        print(f"  {k:>32}: {v}")
+    if device:
+        clk = check_env.clocks_now()
+        print(f"  {check_env.format_clocks(clk)}")
+        env["clocks_idle"] = clk
+        env["ptx_trap"] = check_env.ptx_trap(str(env["compute_capability"]))
+        for kind, status in env["ptx_trap"].items():
+            print(f"  {'PTX trap ' + kind:>32}: {status}")
+    ledger.results["environment"] = env
+    return env
+
+
+def compile_kernels(dev: Any, ledger: Ledger) -> None:
+    """kvcore's kernel modules (timed apart, so the sweep's time is its own) and the check's RawKernels."""
+    from kvcore.kernels import loader
+
+    device_id = int(dev.cp.cuda.Device().id)
+    for family in FAMILIES:
+        start = time.monotonic()
         try:
-            step()
-        except Exception as e:  # report and go on: every figure that can be measured is worth having
-            import traceback
+            loader.load_module(family, device_id)
+            ledger.ok("compile", f"compile {family}", True)
+            print(f"  {family}.cu: loaded in {time.monotonic() - start:.1f} s")
+        except Exception as e:
+            ledger.ok("compile", f"compile {family}", False, short_error(e))
+            print(f"  {family}.cu: FAILED {ledger.checks[-1].detail}")
+    for kernel, status in dev.compile_helpers().items():
+        ledger.ok("compile", f"compile {kernel}", status == "ok", "" if status == "ok" else status)
+        print(f"  {kernel} (this check's RawKernel): {status}")
 
-            traceback.print_exc()
-            RESULTS.setdefault("errors", []).append(f"{type(e).__name__}: {e}")
-    RESULTS["seconds"] = time.time() - started
-    out = Path(args.out) / "device_check.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(RESULTS, indent=2, default=str))
-    print(f"\nwrote {out} ({RESULTS['seconds']:.0f} s)")
-    failed = RESULTS.get("errors") or (RESULTS.get("tests", {}).get("returncode") not in (0, None))
-    return 1 if failed else 0
+
+def pytest_part(ledger: Ledger, budget: Budget, args: argparse.Namespace, info: Any, out_dir: Path) -> None:
+    import importlib.util
+
+    from check_pytest import run_pytest
+
+    name = "pytest tests/python/gpu"
+    if args.self_test:
+        print("  skipped in the self-test (it checks this harness on the CPU, not the kernels)")
+        return
+    reason = ""
+    if args.skip_tests:
+        reason = "--skip-tests"
+    elif not info.native:
+        reason = "the native module kvcore._kvcore is missing (carry python/kvcore/_kvcore.abi3.so)"
+    elif importlib.util.find_spec("pytest") is None:
+        reason = "pytest is not installed"
+    timeout = budget.total_left() - 5
+    if args.test_timeout is not None:
+        timeout = min(timeout, args.test_timeout)
+    if not reason and timeout < 20:
+        reason = f"out of time: {budget.total_left():.0f} s left of --time-limit {budget.time_limit_s:.0f}"
+    if reason:
+        ledger.record("pytest", name, "not_run", reason)
+        print(f"  NOT RUN: {reason}")
+        return
+    print(f"  timeout {timeout:.0f} s")
+    res = run_pytest(
+        ["tests/python/gpu"],
+        cwd=REPO,
+        out_dir=out_dir,
+        timeout=timeout,
+        extra_pythonpath=[str(REPO / "python")],
+        tail=20,
+    )
+    ledger.ok("pytest", name, res.ok, res.summary)
+    ledger.results["pytest"] = asdict(res)
+    print(f"  pytest: {'ok' if res.ok else 'FAILED'}: {res.summary} ({res.seconds:.0f} s)")
+
+
+def finish(ledger: Ledger) -> bool:
+    """The recap (short: the device returns only the tail of stdout) and, last, the verdict line."""
+    print("\n=== recap")
+    print(f"  {'section':<14} {'seconds':>8} {'passed':>7} {'failed':>7} {'not run':>8}")
+    for s in ledger.sections:
+        print(f"  {s['name']:<14} {s['seconds']:>8.1f} {s['pass']:>7} {s['fail']:>7} {s['not_run']:>8}")
+    targets = ledger.results.get("targets") or []
+    for t in targets:
+        got = "not measured" if t["measured_tbs"] is None else f"{t['measured_tbs']:.3f} TB/s"
+        print(f"  target {t['target']}: {got} -> {'met' if t['met'] else 'NOT met'}")
+    bad = ledger.failures()
+    if bad:
+        print(f"  {len(bad)} failures (at most 6 per section here; all in device_check.json):")
+        for section in dict.fromkeys(c.section for c in bad):
+            mine = [c for c in bad if c.section == section]
+            for c in mine[:6]:
+                what = c.status.replace("_", " ")
+                print(f"    [{section}] {c.name}: {what}{': ' + c.detail[:160] if c.detail else ''}")
+            if len(mine) > 6:
+                print(f"    [{section}] ... {len(mine) - 6} more")
+    passed, line = ledger.verdict()
+    if targets:
+        line += f"; targets {sum(t['met'] for t in targets)}/{len(targets)} met"
+    path = ledger.write_json()
+    print(f"  JSON: {path}")
+    print(line, flush=True)
+    return passed
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    open_log(out_dir)
+    budget = Budget(args.deadline, args.time_limit)
+    device = not args.self_test
+    ledger = Ledger(out_dir, strict=device, budget=budget)
+    ledger.results["run"] = {
+        "mode": "device (CuPy)" if device else "self-test (NumPy)",
+        "argv": sys.argv[1:] if argv is None else argv,
+        "deadline_s": args.deadline,
+        "time_limit_s": args.time_limit,
+        "sweep_limit_s": args.sweep_limit,
+        "faults": sorted(args.faults),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    print(f"device_check: {ledger.results['run']['mode']}, output in {out_dir}")
+    if args.faults:
+        print(f"  injecting faults into: {', '.join(sorted(args.faults))} (the run must FAIL)")
+
+    import check_env
+
+    try:
+        info = check_env.import_kvcore(simulate_missing_native=args.simulate_missing_native)
+    except Exception as e:  # kvcore itself is broken (not just its native module): nothing can run
+        ledger.record("prerequisites", "import kvcore", "fail", short_error(e))
+        print(f"MISSING: an importable kvcore: {ledger.checks[-1].detail}")
+        finish(ledger)
+        return 1
+    usable = False
+    env: dict[str, Any] = {}
+    with ledger.section("prerequisites", "prerequisites and environment"):
+        usable = prerequisites(ledger, info, device=device)
+        if usable:
+            env = environment(ledger, device=device)
+    if not usable:
+        print("MISSING: CuPy or a usable CUDA device: nothing can be checked on this machine")
+        finish(ledger)
+        return 2
+    try:
+        run_sections(ledger, budget, args, info, env, out_dir)
+    except Exception as e:  # outside any section (the device could not even be opened): still a verdict
+        ledger.record("harness", "device_check", "fail", short_error(e))
+        print(f"  ABORTED: {ledger.checks[-1].detail}")
+    return 0 if finish(ledger) else 1
+
+
+def run_sections(
+    ledger: Ledger, budget: Budget, args: argparse.Namespace, info: Any, env: dict[str, Any], out_dir: Path
+) -> None:
+    """Every section after the prerequisites, in order; each one's failure is its own."""
+    import check_bench
+    import check_env
+    import check_sweep
+    from check_backend import CupyDevice, Device
+
+    device = not args.self_test
+    dev = CupyDevice(args.faults) if device else Device(args.faults)
+    sweep_shapes = check_sweep.FULL if device else check_sweep.TINY
+    bench_shapes = check_bench.LLAMA if device else check_bench.TINY
+    if device:
+        with ledger.section("compile", "compile (kvcore kernels via NVRTC, this check's RawKernels)"):
+            compile_kernels(dev, ledger)
+    with ledger.section("sweep", "correctness sweep (native-free): kernels against kvcore.kernels.reference"):
+        if args.skip_sweep:
+            ledger.unavailable("sweep", "correctness sweep", "--skip-sweep")
+            print("  NOT RUN: --skip-sweep")
+        else:
+            check_sweep.run_sweep(dev, ledger, sweep_shapes, out_dir, args.sweep_limit)
+    ceiling: dict[str, float] = {}  # bytes per second: "copy" (read + write), "read"
+    with ledger.section("ceilings", "bandwidth ceilings"):
+        if device:
+            print(f"  {check_env.format_clocks(check_env.clocks_now())}")
+        ceiling.update(check_bench.ceilings(dev, ledger, budget, bench_shapes))
+    with ledger.section("decode", "paged decode attention: bandwidth and output check per row"):
+        check_bench.attention_rows(dev, ledger, budget, bench_shapes, ceiling, env.get("l2_bytes"))
+    with ledger.section("offload", "gather / scatter of pages to pinned host memory"):
+        check_bench.offload(dev, ledger, budget, bench_shapes, native=info.native)
+        if device:
+            print(f"  {check_env.format_clocks(check_env.clocks_now())}")
+    with ledger.section("pytest", "GPU tests (tests/python/gpu, each kernel against its NumPy reference)"):
+        pytest_part(ledger, budget, args, info, out_dir)
 
 
 if __name__ == "__main__":

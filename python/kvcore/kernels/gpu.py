@@ -188,8 +188,8 @@ def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
     """``num_sms`` and ``blocks_per_sm`` of the attention kernel ``q`` would launch on the pool's device.
 
     From CUDA's occupancy calculator (registers and shared memory of the compiled kernel, the
-    bounded-cache variant when ``bounded``); 2 blocks per SM if it cannot be asked. These size the split-K
-    partition (:func:`plan_attention`).
+    bounded-cache variant when ``bounded``); 3 blocks per SM (what the kernels are built for) if it
+    cannot be asked. These size the split-K partition (:func:`plan_attention`).
     """
     check_array(q, "q")
     cp = pool.xp
@@ -198,7 +198,7 @@ def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
     act = _act_name(q.dtype) or ("bf16" if pool.kv_dtype == "bf16" else "fp16")
     if pool.kv_dtype in ("fp16", "bf16"):
         act = pool.kv_dtype
-    blocks = 2
+    blocks = 3  # kMinBlocks of csrc/paged_attention.cu
     if pool.head_dim in HEAD_DIMS:
         try:
             kind = "paged_attention_bounded" if bounded else "paged_attention"
@@ -207,8 +207,8 @@ def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
             blocks = int(
                 cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _THREADS, 0)
             )
-        except Exception:  # an older CuPy without the call: keep the conservative default
-            blocks = 2
+        except Exception:  # an older CuPy without the call: what the kernels are built for
+            blocks = 3
     return {"num_sms": num_sms, "blocks_per_sm": max(1, blocks)}
 
 
