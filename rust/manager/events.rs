@@ -144,6 +144,61 @@ impl KVCacheManager {
         });
     }
 
+    /// Record that the tree swapped in a sequence's copies (`(position, old, new)` on the path of
+    /// `node`, which ends `end_pages` from the root): each key leaves with its old page and comes
+    /// back with the new one, so that a router's key -> page index follows.
+    pub(super) fn record_swapped(
+        &self,
+        st: &mut State,
+        node: NodeId,
+        end_pages: usize,
+        swapped: &[(usize, PageId, PageId)],
+    ) -> KvResult<()> {
+        if st.events.is_none() {
+            return Ok(());
+        }
+        let mut path = Vec::with_capacity(end_pages);
+        st.tree.path_pages(node, end_pages, &mut path);
+        for &(pos, old, new) in swapped {
+            let ns = path
+                .get(pos)
+                .map(|&(_, ns)| ns)
+                .ok_or_else(|| internal_missing("a swapped page"))?;
+            let name = st.namespace_label(ns);
+            let events = st
+                .events
+                .as_mut()
+                .ok_or_else(|| internal_missing("events"))?;
+            let key = events
+                .key_of
+                .remove(&old)
+                .ok_or_else(|| internal_missing("a swapped page's key"))?;
+            let parent = match pos.checked_sub(1) {
+                Some(prev) => Some(
+                    *events
+                        .key_of
+                        .get(&path[prev].0)
+                        .ok_or_else(|| internal_missing("the parent page's key"))?,
+                ),
+                None => None,
+            };
+            events.key_of.insert(new, key);
+            events.log.push(KvEvent::Removed {
+                keys: vec![key],
+                pages: vec![old],
+                medium: MEDIUM_HBM.to_owned(),
+            });
+            events.log.push(KvEvent::Stored {
+                keys: vec![key],
+                parent,
+                namespace: name,
+                pages: vec![new],
+                medium: MEDIUM_HBM.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// Record a reset that left nothing cached.
     pub(super) fn record_cleared(&self, st: &mut State) {
         if let Some(events) = st.events.as_mut() {

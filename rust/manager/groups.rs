@@ -589,6 +589,7 @@ impl KVCacheManager {
             hit: vec![hit * ps],
             keys: keys[..hit.min(keys.len())].to_vec(),
             bounds: Some(Box::new(bounds)),
+            copies: Vec::new(),
         };
         st.seqs.insert(seq_id, seq);
         // A streaming sequence admitted past its recent window releases the middle of its hit

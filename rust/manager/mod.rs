@@ -144,6 +144,11 @@ struct Sequence {
     extra: Vec<Vec<PageId>>,
     /// Windows, streaming and compaction state (`None`: an unbounded sequence).
     bounds: Option<Box<groups::Bounds>>,
+    /// Page ranges `[start, end)` the tree already had when the sequence offered its own copies
+    /// (a fully cached page-aligned prompt recomputes its last page; two sequences computing the
+    /// same prefix): once the sequence's copies are computed, the tree takes them and frees its
+    /// own (see [`adopt_copies`](KVCacheManager::adopt_copies)).
+    copies: Vec<(usize, usize)>,
 }
 
 impl Sequence {
@@ -511,6 +516,7 @@ impl KVCacheManager {
                 keys: Vec::new(),
                 extra: Vec::new(),
                 bounds: None,
+                copies: Vec::new(),
             },
         );
         if hit.num_pages > 0 {
@@ -599,6 +605,8 @@ impl KVCacheManager {
         let ps = self.page_size;
         let old_len = seq.tokens.len();
         let new_len = old_len + tokens.len();
+        // Pages offered before this call are computed (appending says the old tokens are).
+        let computed_copies = seq.copies.len();
         if tokens.is_empty() && num_lookahead == 0 && seq.slots == old_len {
             return Ok(true);
         }
@@ -711,7 +719,43 @@ impl KVCacheManager {
         if bounded {
             self.drop_bounded(st, seq_id)?;
         }
+        self.adopt_copies(st, seq_id, computed_copies)?;
         Ok(true)
+    }
+
+    /// The tree takes the sequence's copies of the pages in its first `count` recorded ranges
+    /// (computed by now) where only this sequence holds the tree's own, which it frees; those
+    /// ranges are then forgotten, swapped or not (another holder of the tree's pages uses them:
+    /// nothing is held for nobody). One walk up the sequence's path per range, once.
+    fn adopt_copies(&self, st: &mut State, seq_id: SeqId, count: usize) -> KvResult<()> {
+        let Some(seq) = st.seqs.get_mut(&seq_id) else {
+            return Ok(());
+        };
+        if count == 0 {
+            return Ok(());
+        }
+        let ranges: Vec<(usize, usize)> = seq.copies.drain(..count.min(seq.copies.len())).collect();
+        let (node, lock_pages, inserted) = (seq.node, seq.lock_pages, seq.num_inserted_pages);
+        for (start, end) in ranges {
+            let end = end.min(inserted);
+            if start >= end {
+                continue;
+            }
+            let seq = &st.seqs[&seq_id];
+            let swapped = st
+                .tree
+                .adopt_copies(node, lock_pages, start, &seq.pages[start..end])
+                .map_err(internal)?;
+            if swapped.is_empty() {
+                continue;
+            }
+            self.record_swapped(st, node, lock_pages, &swapped)?;
+            let (old, new): (Vec<PageId>, Vec<PageId>) =
+                swapped.iter().map(|&(_, o, n)| (o, n)).unzip();
+            self.alloc.retain_serialized(&new).map_err(internal)?; // the tree's reference moves
+            self.alloc.free_serialized(&old).map_err(internal)?;
+        }
+        Ok(())
     }
 
     /// Roll `seq_id` back to its first `num_tokens` tokens (rejected drafts), releasing the
@@ -890,6 +934,9 @@ impl KVCacheManager {
         if bounded {
             self.drop_bounded(st, seq_id)?;
         }
+        // What commit cached is computed: the tree can take the sequence's copies now.
+        let ready = st.seqs.get(&seq_id).map_or(0, |seq| seq.copies.len());
+        self.adopt_copies(st, seq_id, ready)?;
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.num_committed = seq.num_committed.max(num_tokens);
         Ok(seq.num_inserted_pages * self.page_size)
@@ -968,6 +1015,9 @@ impl KVCacheManager {
         seq.node = ins.node;
         seq.num_inserted_pages = full;
         seq.lock_pages = full;
+        if ins.num_existing_pages > 0 && seq.bounds.is_none() {
+            seq.copies.push((done, done + ins.num_existing_pages));
+        }
         let priority = seq.priority;
         if st.events.is_some() && ins.num_adopted_pages > 0 {
             let seq = &st.seqs[&seq_id];
@@ -1007,7 +1057,8 @@ impl KVCacheManager {
                 seq.num_committed
             )));
         }
-        let seq = seq.clone();
+        let mut seq = seq.clone();
+        seq.copies.clear(); // the parent's to adopt (the child shares its pages and its lock)
         if seq.bounded() || !seq.extra.is_empty() {
             self.retain_table(st, &seq.pages)?;
             for t in &seq.extra {

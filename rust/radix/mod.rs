@@ -635,6 +635,59 @@ impl RadixTree {
         Ok(())
     }
 
+    /// Swaps in the caller's own copies of cached pages: on the path of `node` (which ends
+    /// `end_pages` pages from the root), the page at each position `first + i` becomes
+    /// `pages[i]`, in every node that only the caller's one lock on `node` holds (`lock_ref ==
+    /// 1`) and no pin covers. Positions already holding the caller's page, or whose page is
+    /// elsewhere in the tree, are left. Returns the `(position, old, new)` of each swap: the tree
+    /// now holds `new` instead of `old` (the caller moves the tree's reference). Keys, counts,
+    /// recency and the eviction index do not change: the same tokens, the same number of pages.
+    ///
+    /// For a sequence that recomputed pages the tree already had (a fully cached page-aligned
+    /// prompt recomputes its last page): once its copies are computed, the tree takes them and
+    /// lets its own go, so that nothing is held for a sequence that does not use it.
+    ///
+    /// Errors (nothing changed): `InvalidArgument` if `node` is not live or the positions run
+    /// past `end_pages`.
+    pub fn adopt_copies(
+        &mut self,
+        node: NodeId,
+        end_pages: usize,
+        first: usize,
+        pages: &[PageId],
+    ) -> KvResult<Vec<(usize, PageId, PageId)>> {
+        self.check_node(node)?;
+        if first + pages.len() > end_pages {
+            return Err(KvError::InvalidArgument(format!(
+                "adopt_copies: positions {first}..{} past the node's {end_pages} pages",
+                first + pages.len()
+            )));
+        }
+        let mut swapped = Vec::new();
+        let (mut id, mut end) = (node, end_pages);
+        while id != ROOT && end > first {
+            let n = &self.nodes[id as usize];
+            let start = end.saturating_sub(n.pages.len());
+            let (parent, lone) = (n.parent, n.lock_ref == 1 && n.pin_ref == 0);
+            if lone {
+                for pos in start.max(first)..end.min(first + pages.len()) {
+                    let (old, new) = (
+                        self.nodes[id as usize].pages[pos - start],
+                        pages[pos - first],
+                    );
+                    if old != new && new != crate::NULL_PAGE && !self.in_tree.contains(new) {
+                        self.nodes[id as usize].pages[pos - start] = new;
+                        self.in_tree.remove(old);
+                        self.in_tree.insert(new);
+                        swapped.push((pos, old, new));
+                    }
+                }
+            }
+            (id, end) = (parent, start);
+        }
+        Ok(swapped)
+    }
+
     // ---------------------------------------------------------------------------------------
     // Locks
     // ---------------------------------------------------------------------------------------

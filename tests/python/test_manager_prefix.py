@@ -8,6 +8,7 @@ import pytest
 
 import kvcore
 from kvcore import InvalidArgumentError, InvalidPageError, KVCacheManager, PrefixMatch
+from kvcore.events import PageRemoved, PageStored
 
 PS = 4
 
@@ -163,3 +164,64 @@ def test_usage_counts_pages_in_use_and_occupancy_everything_not_free() -> None:
     m.add_sequence(2, list(range(100, 108)))  # 2 pages in use (and cached)
     s = m.stats()
     assert s.usage == pytest.approx(0.2) and s.occupancy == pytest.approx(0.6)
+
+
+def _live_pages(m: KVCacheManager, *ids: int) -> int:
+    return len({int(p) for i in ids for p in m.seq_pages(i)})
+
+
+def test_a_recomputed_last_page_replaces_the_cached_copy_once_computed() -> None:
+    """A fully cached page-aligned prompt recomputes its last page (the model needs its logits) into a
+    fresh page. Until that page is computed (the next append), the cached copy stays; then the tree
+    takes the sequence's copy and frees its own, so nothing is counted in use that no sequence uses."""
+    m = KVCacheManager(20, PS, events=True)
+    prompt = list(range(1, 2 * PS + 1))  # 2 full pages
+    cached(m, 1, prompt)
+    m.take_events()
+    old = m.match_prefix(prompt).pages.tolist()
+    m.add_sequence(2, prompt)
+    mine = m.seq_pages(2).tolist()
+    assert mine[0] == old[0] and mine[1] != old[1]  # the hit stops one page short: a fresh last page
+    assert m.stats().num_pages_in_use == 3  # the cached copy is still the valid one this step
+    assert m.append(2, [99])
+    s = m.stats()
+    assert s.num_pages_in_use == _live_pages(m, 2) == 3 and s.num_pages_cached == 0
+    assert m.match_prefix(prompt).pages.tolist() == mine[:2]  # the tree holds the sequence's copy
+    assert s.num_pages_free == 20 - 1 - 3  # the old copy went back to the pool
+    events = m.take_events()
+    removed = [e for e in events if isinstance(e, PageRemoved)]
+    stored = [e for e in events if isinstance(e, PageStored)]
+    assert [e.pages for e in removed] == [[old[1]]] and [mine[1]] in [e.pages for e in stored]
+    m.free_sequence(2)
+    s = m.stats()
+    assert s.num_pages_in_use == 0 and s.num_pages_cached == 2 and s.num_pages_free == 17
+
+
+def test_a_committed_copy_replaces_the_cached_one_at_once() -> None:
+    m = KVCacheManager(20, PS)
+    prompt = list(range(1, 2 * PS + 1))
+    cached(m, 1, prompt)
+    m.add_sequence(2, prompt, cache_prompt=False)
+    m.commit(2, 2 * PS)  # the engine computed the prompt: its copy is the one to keep
+    s = m.stats()
+    assert s.num_pages_in_use == _live_pages(m, 2) == 2 and s.num_pages_cached == 0
+    assert m.match_prefix(prompt).pages.tolist() == m.seq_pages(2).tolist()
+
+
+def test_a_cached_copy_another_sequence_holds_is_kept() -> None:
+    """Two sequences recompute the same last page: the tree's copy is locked by both, so neither swaps
+    (a swap would free a page the other's lock protects); pages are never freed under a holder."""
+    m = KVCacheManager(20, PS)
+    prompt = list(range(1, 2 * PS + 1))
+    cached(m, 1, prompt)
+    tree_copy = m.match_prefix(prompt).pages.tolist()
+    m.add_sequence(2, prompt)
+    m.add_sequence(3, prompt)
+    assert m.append(2, [7]) and m.append(3, [8])
+    assert m.match_prefix(prompt).pages.tolist() == tree_copy
+    s = m.stats()
+    assert s.num_pages_in_use == _live_pages(m, 2, 3) + 1  # + the tree's copy both lock
+    m.free_sequence(2)
+    m.free_sequence(3)
+    s = m.stats()
+    assert s.num_pages_in_use == 0 and s.num_pages_free + s.num_pages_cached == 19
