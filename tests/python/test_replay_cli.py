@@ -114,3 +114,24 @@ def test_timed_mode_needs_timestamps(tmp_path: Path, capsys: pytest.CaptureFixtu
     argv = [str(trace), "--trace-block-size", "16", "--mode", "timed", "--out", str(tmp_path), "--no-plot"]
     assert run(argv) == 2
     assert "timestamps" in capsys.readouterr().err
+
+
+def test_timed_json_names_the_scheduler_chunk_and_decode_chunk_is_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Old command lines with --decode-chunk still run, give the same figures and say it is ignored;
+    the settings give the prompt tokens a request computes per step instead."""
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    base = [str(trace), "--trace-block-size", "16", "--page-size", "4", "--capacity-pages", "100"]
+    base += ["--policy", "lru", "--json", "--no-plot", "--out", str(tmp_path / "out")]
+    assert run([*base, "--decode-chunk", "8"]) == 0
+    with_chunk = capsys.readouterr()
+    assert run(base) == 0
+    without = capsys.readouterr()
+    assert "--decode-chunk is ignored" in with_chunk.err and without.err == ""
+    a, b = json.loads(with_chunk.out), json.loads(without.out)
+    assert a["mode"] == "timed" and a["settings"]["prefill_chunk_tokens"] == 200  # 10,000 / 50 tok/s
+    assert "decode_chunk" not in a["settings"]
+    for doc in (a, b):
+        del doc["results"]["lru"]["elapsed_s"]
+    assert a["results"] == b["results"] and a["results"]["lru"]["num_served"] == 3

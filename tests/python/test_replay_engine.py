@@ -3,11 +3,16 @@ requests, and the capacity resolution through kvcore.sizing."""
 
 from __future__ import annotations
 
+import contextlib
+from typing import Any
+
 import numpy as np
 import pytest
 
+import kvcore
+import kvcore.replay.engine
 from kvcore import CacheStats
-from kvcore.exceptions import ConfigError
+from kvcore.exceptions import ConfigError, RequestRejected
 from kvcore.replay import (
     PolicyResult,
     ReplayConfig,
@@ -20,6 +25,8 @@ from kvcore.replay import (
     resolve_capacity,
     run_replay,
 )
+from kvcore.replay.tokens import TokenSource
+from kvcore.scheduler import Request, Scheduler, SchedulerEvent
 from kvcore.sizing import load_model, plan
 
 
@@ -107,6 +114,7 @@ def test_lru_and_lfu_differ_as_they_should() -> None:
 
 
 def timed(trace: Trace, pages: int, ps: int, **kw: float) -> tuple[PolicyResult, list[CacheStats]]:
+    """A timed replay at ``pages`` pages of ``ps`` tokens; the usage split it reported after each change."""
     seen: list[CacheStats] = []
 
     def observe(t: float, s: CacheStats) -> None:
@@ -118,82 +126,202 @@ def timed(trace: Trace, pages: int, ps: int, **kw: float) -> tuple[PolicyResult,
 
 
 def test_timed_preemption_hand_computed() -> None:
-    # A and B arrive together; each 8-token prompt (2 pages of 4) decodes 8 tokens in two 4-token steps.
-    trace = make_trace([([1, 2], 8, 8), ([3, 4], 8, 8)], bs=4, times_ms=[0, 0])
-    result, seen = timed(trace, 6, 4, prefill_rate=1e9, decode_rate=4.0, decode_chunk=4)
-    # t=0: both admitted (4 pages), each reserves 4 tokens (6 pages, none free). t=1: A needs a page,
-    # nothing is evictable: B (youngest) is preempted; its 3 full pages become cached, A evicts one.
-    # t=2: A finishes; B comes back: 8 of its 12 tokens are cached (4 recomputed), evicting one of A's
-    # pages, then its last step evicts another.
-    r = result
-    assert (r.num_served, r.num_refused, r.num_preemptions, r.num_append_failures) == (2, 0, 1, 1)
+    # Sixteen one-page requests, 1 s apart, each answered by its prefill (output length 0 still samples
+    # the one token that ends it): the scheduler's estimator learns that answers are 1 token long. Then
+    # A and B (8-token prompts, 2 pages of 4, 8 output tokens) arrive together at 100 s: each is admitted
+    # for its prompt and the one answer page it is expected to need (3 + 3 of the 6 pages).
+    rows = [([100 + k], 4, 0) for k in range(16)] + [([1, 2], 8, 8), ([3, 4], 8, 8)]
+    trace = make_trace(rows, bs=4, times_ms=[1000.0 * k for k in range(16)] + [100_000, 100_000])
+    r, seen = timed(trace, 6, 4, prefill_rate=1e9, decode_rate=4.0)
+    # Both prefill at 100 s and sample their first token, then decode 4 tokens a second; their 5th
+    # decode step (position 12) needs a 4th page each: none is free or cached, so B (the youngest) is
+    # preempted, its 3 full pages cached; A evicts one of them and finishes at 101.75 s (8 tokens: its
+    # last one sampled, never computed). B comes back: its prompt's 8 tokens hit, the 4 generated tokens
+    # it had computed and its sampled one are computed again (5 tokens, 4 of them recomputed), and it
+    # decodes its last 2.
+    assert (r.num_served, r.num_refused, r.num_preemptions, r.num_append_failures) == (18, 0, 1, 1)
     assert r.recomputed_tokens == 4
-    assert r.num_evicted_pages == 3
+    # B's return is tried at each of A's last 3 steps and fails: the 2 pages it would hit are the only
+    # ones A does not hold, so none is left for its new ones (add_sequence answers None, nothing changes).
+    assert r.num_admission_failures == 3
+    # 10 by the warm-up requests, 6 for A and B, B's third page (for A), one of A's (for B's return).
+    assert r.num_evicted_pages == 18
     assert r.peak_running == 2 and r.peak.in_use == 6
-    assert (r.prompt_tokens, r.hit_tokens) == (16, 0)
-    assert r.simulated_s == pytest.approx(3.0, abs=1e-6)
+    assert (r.prompt_tokens, r.hit_tokens) == (16 * 4 + 16, 0)
+    assert r.simulated_s == pytest.approx(100 + 8e-9 + 7 / 4 + 5e-9 + 2 / 4, abs=1e-9)
+    assert r.queue_wait_max_s == 0.0
     assert max(s.num_pages_in_use for s in seen) == 6
 
 
 def test_timed_queue_timeout_and_too_large() -> None:
-    # Three usable pages of 4 tokens. A holds 2 then 3 pages for 1 s; B cannot get in and waits too
-    # long (limit 0.5 s); C (20 tokens = 5 pages) can never fit.
+    # Three usable pages of 4 tokens. A holds 2 then 3 pages for 0.75 s (the scheduler admits it for its
+    # prompt and its 4-token answer: all 3 pages); B cannot get in and waits too long (limit 0.5 s); C
+    # (20 tokens = 5 pages) can never fit. The scheduler predicts that B does not fit, so no admission
+    # is even tried and failed.
     trace = make_trace(
         [([1, 2], 8, 4), ([3, 4], 8, 4), ([5, 6, 7, 8, 9], 20, 1)], bs=4, times_ms=[0, 0, 5000]
     )
-    r, _ = timed(trace, 3, 4, prefill_rate=1e9, decode_rate=4.0, decode_chunk=4, max_queue_wait_s=0.5)
+    r, _ = timed(trace, 3, 4, prefill_rate=1e9, decode_rate=4.0, max_queue_wait_s=0.5)
     assert (r.num_served, r.num_refused_timeout, r.num_refused_too_large, r.num_refused) == (1, 1, 1, 2)
-    assert r.num_admission_failures == 2
+    assert r.num_admission_failures == 0
     assert r.queue_wait_max_s == 0.0  # A, the one served, never waited
 
 
 def test_timed_queue_head_that_times_out_unblocks_the_next() -> None:
-    # Four usable pages of 4 tokens. A holds 3 pages until t=1. B (3 pages) cannot fit and blocks the
-    # queue; C (1 page) waits behind it. When D arrives at 0.7 s, B has waited too long: it is refused
-    # and C, the new head, gets the free page at once; D follows when C (no output) finishes.
+    # Four usable pages of 4 tokens. A holds 3 pages until 0.75 s (its prefill, then 3 decode steps of
+    # 0.25 s). B (3 pages and its answer's page) cannot fit and blocks the queue; C (1 page) waits behind
+    # it; D arrives at 0.7 s. At the step of 0.75 s, B has waited too long: it is refused, and C, the new
+    # head, is admitted (after 0.45 s), then D.
     rows = [([1, 2], 8, 4), ([3, 4, 5], 12, 0), ([6], 4, 0), ([7], 4, 0)]
-    trace = make_trace(rows, bs=4, times_ms=[0, 100, 200, 700])
-    r, _ = timed(trace, 4, 4, prefill_rate=1e9, decode_rate=4.0, decode_chunk=4, max_queue_wait_s=0.5)
+    trace = make_trace(rows, bs=4, times_ms=[0, 100, 300, 700])
+    r, _ = timed(trace, 4, 4, prefill_rate=1e9, decode_rate=4.0, max_queue_wait_s=0.5)
     assert (r.num_served, r.num_refused_timeout, r.num_refused) == (3, 1, 1)
-    assert r.queue_wait_max_s == pytest.approx(0.5)
+    assert r.queue_wait_max_s == pytest.approx(0.45)
 
 
 def test_timed_waiting_request_is_admitted_when_room_appears() -> None:
+    # A's prefill step samples its first token, 3 decode steps its other 3: it leaves at 0.75 s, B runs next.
     trace = make_trace([([1, 2], 8, 4), ([3, 4], 8, 4)], bs=4, times_ms=[0, 0])
-    r, _ = timed(trace, 3, 4, prefill_rate=1e9, decode_rate=4.0, decode_chunk=4, max_queue_wait_s=10)
+    r, _ = timed(trace, 3, 4, prefill_rate=1e9, decode_rate=4.0, max_queue_wait_s=10)
     assert (r.num_served, r.num_refused) == (2, 0)
-    assert r.queue_wait_max_s == pytest.approx(1.0)
-    assert r.simulated_s == pytest.approx(2.0)
+    assert r.queue_wait_max_s == pytest.approx(0.75)
+    assert r.simulated_s == pytest.approx(1.5)
 
 
 def test_timed_multi_turn_hits_the_decoded_answer() -> None:
-    # Turn 2 = turn 1's prompt (blocks 1, 2) + its answer (block 7) + a new message (block 8).
+    # Turn 2 = turn 1's prompt (blocks 1, 2) + its answer (block 7) + a new message (block 8). Turn 1
+    # answers 5 tokens (block 7 and the first token of block 10): the engine computes K/V for every
+    # answer token but the last, so block 7's page is full, cached, and hit by turn 2.
     trace = Trace(
         input_lens=np.array([8, 16]),
-        output_lens=np.array([4, 4]),
+        output_lens=np.array([5, 4]),
         hash_indptr=np.array([0, 2, 6]),
         hash_ids=np.array([1, 2, 1, 2, 7, 8]),
         block_size=4,
         timestamps_ms=np.array([0.0, 10_000.0]),
-        output_indptr=np.array([0, 1, 2]),
-        output_ids=np.array([7, 9]),
+        output_indptr=np.array([0, 2, 3]),
+        output_ids=np.array([7, 10, 9]),
     )
-    r, _ = timed(trace, 100, 4, decode_chunk=4)
+    r, _ = timed(trace, 100, 4)
     assert r.hit_tokens == 12  # 8 prompt + 4 answer tokens of turn 1
 
 
 @pytest.mark.parametrize("policy", ["lru", "lfu", "priority"])
 def test_timed_generated_workload_under_pressure_loses_nothing(policy: str) -> None:
     trace = generate_workload(WorkloadConfig(num_requests=300, seed=3, session_rate=6.0))
-    r, seen = timed(trace, 2_000, 16, decode_rate=20.0, max_queue_wait_s=20.0)
+    r, seen = timed(trace, 1_200, 16, decode_rate=20.0, max_queue_wait_s=20.0, policy=policy)  # type: ignore[arg-type]
     res = r
     assert res.num_served + res.num_refused == trace.num_requests
-    assert res.num_preemptions > 0 and res.num_admission_failures > 0
-    assert all(s.num_pages_total == 2_000 for s in seen)
-    assert res.peak.in_use <= 2_000
+    assert res.num_preemptions > 0 and res.num_refused_timeout > 0 and res.num_refused_too_large > 0
+    assert res.num_append_failures == res.num_preemptions  # each failed decode append preempts one
+    assert res.num_admission_failures > 0
+    assert all(s.num_pages_total == 1_200 for s in seen)
+    assert res.peak.in_use <= 1_200
     mean = res.mean
-    assert mean.in_use + mean.cached + mean.pinned + mean.free == pytest.approx(2_000)
+    assert mean.in_use + mean.cached + mean.pinned + mean.free == pytest.approx(1_200)
     assert 0 < res.hit_rate_tokens < 1
+
+
+def drive_by_hand(
+    trace: Trace, pages: int, ps: int, prefill_rate: float, decode_rate: float, max_wait: float
+) -> tuple[dict[str, float], list[SchedulerEvent]]:
+    """The timed replay's engine as its documentation describes it, written plainly: a Scheduler over
+    a fresh manager (no budget or cap that binds, chunks of prefill_rate / decode_rate tokens), every
+    request submitted at its arrival, a step lasting as long as its slowest row, each sampled token the
+    trace's answer token. The figures a replay reports, from the scheduler's own events."""
+    m = kvcore.KVCacheManager(pages + 1, ps)
+    src = TokenSource(trace)
+    sched = Scheduler(
+        m,
+        max_num_batched_tokens=pages * ps,
+        max_num_seqs=pages,
+        max_queue_wait_s=max_wait,
+        long_prefill_token_threshold=max(1, int(prefill_rate // decode_rate)),
+    )
+    arrival = (trace.timestamps_ms / 1000.0).tolist()
+    order = sorted(range(trace.num_requests), key=lambda i: arrival[i])
+    out_lens = trace.output_lens.tolist()
+    in_lens = trace.input_lens.tolist()
+    events: list[SchedulerEvent] = []
+    t, k = arrival[order[0]], 0
+    while k < len(order) or sched.has_work():
+        while k < len(order) and arrival[order[k]] <= t:
+            i = order[k]
+            k += 1
+            with contextlib.suppress(RequestRejected):  # its event is in the next plan
+                sched.submit(Request(i, src.prompt(i), max_new_tokens=max(1, out_lens[i])), arrival[i])
+        if not sched.has_work():
+            t = arrival[order[k]]
+            continue
+        plan = sched.step(t)
+        events += plan.events
+        assert plan, "nothing computable"
+        dt = 1 / decode_rate if (~plan.is_prefill).any() else 0.0
+        for n, pre in zip(plan.num_tokens.tolist(), plan.is_prefill.tolist(), strict=True):
+            if pre:
+                dt = max(dt, n / prefill_rate)
+        tokens = {}
+        for rid, start, n in zip(
+            plan.request_ids[plan.sample].tolist(),
+            plan.starts[plan.sample].tolist(),
+            plan.num_tokens[plan.sample].tolist(),
+            strict=True,
+        ):
+            g = start + n - in_lens[rid]  # the answer token this row samples
+            tokens[rid] = int(src.answer(rid, g, g + 1)[0]) if g < out_lens[rid] else 0
+        sched.update(plan, tokens)
+        t += dt
+    events += sched.take_events()
+    first = [e for e in events if e.kind == "admitted" and not e.detail["resumed"]]
+    waits = np.array([e.time_s - arrival[e.request_id] for e in first])  # type: ignore[index]
+    rejected = [e.detail["reason"] for e in events if e.kind == "rejected"]
+    ends = [e.detail["reason"] for e in events if e.kind == "finished"]
+    s = sched.stats()
+    figures = {
+        "num_served": ends.count("length"),
+        "num_refused_timeout": rejected.count("timeout"),
+        "num_refused_too_large": rejected.count("too_large") + ends.count("capacity"),
+        "num_preemptions": s.num_preemptions,
+        "num_admission_failures": s.num_failed_admissions,
+        "recomputed_tokens": s.recomputed_tokens,
+        "prompt_tokens": sum(in_lens[e.request_id] for e in first),  # type: ignore[index]
+        "prefill_tokens_saved": sum(e.detail["hit_tokens"] for e in first),
+        "queue_wait_mean_s": float(waits.mean()),
+        "queue_wait_max_s": float(waits.max()),
+        "simulated_s": t - arrival[order[0]],
+    }
+    return figures, events
+
+
+def test_timed_replay_is_the_scheduler_driven_by_hand() -> None:
+    """Every figure of a timed replay under pressure (waits, timeouts, preemptions, recomputation, the
+    end time) is what kvcore.scheduler decides when driven plainly by hand on the same requests."""
+    trace = generate_workload(WorkloadConfig(num_requests=200, seed=3, session_rate=6.0))
+    want, events = drive_by_hand(trace, 1_200, 16, 10_000.0, 20.0, 20.0)
+    assert want["num_preemptions"] > 0 and want["num_refused_timeout"] > 0  # the run is under pressure
+    assert any(e.kind == "preempted" for e in events)
+    r, _ = timed(trace, 1_200, 16, decode_rate=20.0, max_queue_wait_s=20.0)
+    got = {name: getattr(r, name) for name in want}
+    assert got == pytest.approx(want, rel=1e-12, abs=1e-9)
+    assert r.num_served + r.num_refused == trace.num_requests
+
+
+def test_timed_replay_follows_its_schedulers_decisions(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The replay has no scheduling of its own: a Scheduler that runs one request at a time makes the
+    replay run one at a time, and every wait grows."""
+
+    class OneAtATime(Scheduler):
+        def __init__(self, cache: kvcore.KVCacheManager, **kw: Any) -> None:
+            super().__init__(cache, **{**kw, "max_num_seqs": 1})
+
+    trace = generate_workload(WorkloadConfig(num_requests=100, seed=1))
+    cfg = ReplayConfig(capacity_pages=20_000, page_size=16, mode="timed")
+    free = replay(trace, cfg)
+    monkeypatch.setattr(kvcore.replay.engine, "Scheduler", OneAtATime)
+    one = replay(trace, cfg)
+    assert free.peak_running > 1 and one.peak_running == 1
+    assert one.queue_wait_mean_s > free.queue_wait_mean_s and one.simulated_s > free.simulated_s
+    assert one.num_served + one.num_refused == free.num_served + free.num_refused == 100
 
 
 def test_sequential_matches_between_runs_and_report_renders() -> None:

@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import kvcore.cli
+import kvcore.replay.engine
+from kvcore import KVCacheManager
 from kvcore.exceptions import ConfigError
 from kvcore.replay import read_trace
 from kvcore.replay.pressure import PressureReplayConfig, replay_pressure
+from kvcore.scheduler import Scheduler
 
 CONVERSATION = (
     Path(__file__).resolve().parents[2].parent / "shared" / "data" / "traces" / "conversation_trace.jsonl"
@@ -43,6 +47,32 @@ def test_a_tiny_trace_by_hand(tmp_path: Path) -> None:
     assert r.simulated_s == pytest.approx(10.0 + 0.05 + 0.2)
     assert r.num_preemptions == 0 and r.preemption_tax == 0.0
     assert r.queue_wait_p50_s == r.queue_wait_p99_s == 0.0  # each admitted on arrival
+
+
+def test_the_pressure_replay_is_the_timed_replays_engine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--pressure runs on the timed replay's engine (kvcore.replay.engine), whose every decision is its
+    Scheduler's: one that runs a single request at a time makes two simultaneous requests run one after
+    the other."""
+    rows = [
+        {"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [1, 2]},
+        {"timestamp": 0, "input_length": 100, "output_length": 3, "hash_ids": [3, 4]},
+    ]
+    trace = read_trace(write_trace(tmp_path / "t.jsonl", rows), block_size=50)
+    cfg = PressureReplayConfig(capacity_pages=100, page_size=10, prefill_rate=1000.0, decode_rate=10.0)
+    both = replay_pressure(trace, cfg, pressure="none")
+    # One step prefills both (0.2 s), two decode steps of 0.1 s finish both.
+    assert both.simulated_s == pytest.approx(0.4) and both.queue_wait_p99_s == 0.0
+
+    class OneAtATime(Scheduler):
+        def __init__(self, cache: KVCacheManager, **kw: Any) -> None:
+            super().__init__(cache, **{**kw, "max_num_seqs": 1})
+
+    monkeypatch.setattr(kvcore.replay.engine, "Scheduler", OneAtATime)
+    one = replay_pressure(trace, cfg, pressure="none")
+    assert one.simulated_s == pytest.approx(2 * (0.1 + 0.2))  # 0.1 s of prefill, 2 decode steps each
+    assert one.queue_wait_p99_s == pytest.approx(0.3, rel=0.02) and one.num_served == 2
 
 
 @needs_trace

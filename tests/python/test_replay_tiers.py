@@ -167,19 +167,20 @@ def test_value_policy_weighs_the_replays_page_bytes() -> None:
 
 def test_timed_load_time_replaces_prefill() -> None:
     # R3 finds 3 pages of A in host. Its prefill waits for the loads, 3 x 1 MB at 1 MB/s = 3 s, then
-    # computes the 4 tokens found nowhere; without the tier it computes all 16. Each request decodes one
-    # token (1 / 50 s). Requests are 1000 s apart, so R3 ends the run.
+    # computes the 4 tokens found nowhere; without the tier it computes all 16. Each request's one output
+    # token is sampled from its prefill step's logits (no decode step). Requests are 1000 s apart, so R3
+    # ends the run.
     def run(**kw: object) -> PolicyResult:
         cfg = ReplayConfig(capacity_pages=8, page_size=4, mode="timed", page_bytes=PAGE_BYTES, **kw)  # type: ignore[arg-type]
         return replay(ABCA, cfg)
 
     hbm = run()
-    assert hbm.simulated_s == pytest.approx(3000 + 16 / 10_000 + 1 / 50)
+    assert hbm.simulated_s == pytest.approx(3000 + 16 / 10_000)
     r = run(host_tier_slots=16, store_policy="all", host_bandwidth_gbps=0.001)
     (host,) = r.tiers
     assert (host.hit_tokens, host.num_loaded_pages) == (12, 3)
     assert host.load_s == pytest.approx(3.0)
-    assert r.simulated_s == pytest.approx(3000 + 3.0 + 4 / 10_000 + 1 / 50)
+    assert r.simulated_s == pytest.approx(3000 + 3.0 + 4 / 10_000)
     assert (r.num_served, r.num_preemptions, r.queue_wait_max_s) == (4, 0, 0.0)
 
 

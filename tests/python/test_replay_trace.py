@@ -245,3 +245,29 @@ def test_huge_ids_are_remapped_and_stay_distinct() -> None:
     np.testing.assert_array_equal(a[:8], b[:8])
     assert not set(a[8:16].tolist()) & set(b[8:10].tolist())
     np.testing.assert_array_equal(np.diff(a.astype(np.int64)), np.ones(15))
+
+
+def test_answer_at_gives_each_rows_answer_token() -> None:
+    """answer_at (one step's sampled tokens, vectorized) against answer() one token at a time: answers
+    of one run (fresh ids), of several runs (answer ids with jumps and repeats), empty answers, and
+    positions at or past output_len (0: never computed)."""
+    bs = 4
+    outs = [6, 0, 9, 3]
+    trace = Trace(
+        input_lens=np.array([5, 4, 8, 2], dtype=np.int64),
+        output_lens=np.array(outs, dtype=np.int64),
+        hash_indptr=np.array([0, 2, 3, 5, 6], dtype=np.int64),
+        hash_ids=np.array([1, 2, 1, 3, 4, 5], dtype=np.int64),
+        block_size=bs,
+        output_indptr=np.array([0, 2, 2, 5, 6], dtype=np.int64),
+        output_ids=np.array([10, 11, 20, 7, 20, 30], dtype=np.int64),  # request 2: three runs
+    )
+    for tr in (trace, make_trace([[1, 2], [1], [1, 3], [5]], [5, 4, 8, 2], outs, bs)):  # + fresh answers
+        src = TokenSource(tr)
+        ids = np.array([i for i in range(4) for _ in range(outs[i] + 2)], dtype=np.int64)
+        pos = np.array([p for i in range(4) for p in range(outs[i] + 2)], dtype=np.int64)
+        pairs = zip(ids.tolist(), pos.tolist(), strict=True)
+        want = [int(src.answer(i, p, p + 1)[0]) if p < outs[i] else 0 for i, p in pairs]
+        got = src.answer_at(ids, pos)
+        assert got.dtype == np.uint32 and got.tolist() == want
+        assert src.answer_at(ids[::-1], pos[::-1]).tolist() == want[::-1]

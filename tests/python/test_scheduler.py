@@ -50,6 +50,8 @@ def serve(
     while sched.has_work():
         plan = sched.step(float(steps))
         assert plan.num_batched_tokens <= sched.max_num_batched_tokens
+        if sched.long_prefill_token_threshold is not None:
+            assert (plan.num_tokens[plan.is_prefill] <= sched.long_prefill_token_threshold).all()
         assert len(set(plan.request_ids.tolist())) == plan.batch_size
         if engine is not None:
             toks = engine.forward(plan)
@@ -211,13 +213,28 @@ def test_a_request_that_waits_too_long_is_refused_in_the_plan() -> None:
         st.tuples(st.integers(1, 60), st.integers(1, 20), st.integers(0, 2)), min_size=1, max_size=12
     ),
     quantile=st.sampled_from([0.3, 0.95]),
+    chunk=st.one_of(st.none(), st.integers(1, 16)),
 )
 def test_every_request_is_served_or_refused_and_the_cache_ends_empty(
-    num_pages: int, page_size: int, budget: int, cap: int, queue: str, lens: list, quantile: float
+    num_pages: int,
+    page_size: int,
+    budget: int,
+    cap: int,
+    queue: str,
+    lens: list,
+    quantile: float,
+    chunk: int | None,
 ) -> None:
     m = kvcore.KVCacheManager(num_pages, page_size)
     est = OutputLengthEstimator(quantile, min_samples=1)
-    sched = Scheduler(m, max_num_batched_tokens=budget, max_num_seqs=cap, queue=queue, estimator=est)
+    sched = Scheduler(
+        m,
+        max_num_batched_tokens=budget,
+        max_num_seqs=cap,
+        queue=queue,
+        estimator=est,
+        long_prefill_token_threshold=chunk,
+    )
     reqs = [
         Request(i, [(i * 7 + j) % 50 for j in range(n)], max_new_tokens=o, priority=p)
         for i, (n, o, p) in enumerate(lens)
@@ -631,3 +648,178 @@ def test_a_plan_recorded_twice_changes_nothing_the_second_time() -> None:
         after = [(sched.request_tokens(r), sched.num_generated(r), m.seq_len(r)) for r in (1, 2)]
         assert after == before, f"step {step}"
     m._check_invariants()
+
+
+def test_long_prefill_token_threshold_chunks_each_prompt() -> None:
+    """With a budget that would take both prompts whole, each request still computes at most the
+    threshold per step, and samples only with its prompt's last chunk."""
+    m = kvcore.KVCacheManager(64, 4)
+    sched = Scheduler(m, max_num_batched_tokens=1000, long_prefill_token_threshold=16)
+    sched.submit(Request(1, list(range(40)), max_new_tokens=2))
+    sched.submit(Request(2, list(range(100, 120)), max_new_tokens=2))
+    rows = []
+    while sched.has_work():
+        plan = sched.step()
+        cols = (plan.request_ids.tolist(), plan.num_tokens.tolist(), plan.sample.tolist())
+        rows.append(list(zip(*cols, strict=True)))
+        sched.update(plan, {int(r): 7 for r in plan.request_ids[plan.sample]})
+    assert rows[:3] == [
+        [(1, 16, False), (2, 16, False)],
+        [(1, 16, False), (2, 4, True)],
+        [(2, 1, True), (1, 8, True)],  # decode rows lead the plan
+    ]
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(kvcore.ConfigError):
+            Scheduler(m, long_prefill_token_threshold=bad)  # type: ignore[arg-type]
+
+
+def test_prefix_lookup_runs_before_each_admission_only() -> None:
+    """The lookup hook sees each admitted request's tokens and namespace just before its add_sequence
+    (the sequence does not exist yet), and never runs for a request that waits for memory."""
+    m = kvcore.KVCacheManager(9, 4)  # 8 pages
+    calls: list[tuple[int, str | None, bool]] = []
+
+    def lookup(tokens: np.ndarray, namespace: str | None) -> None:
+        rid = int(tokens[0])  # the test's prompts start with their request id
+        calls.append((rid, namespace, rid in m))
+
+    sched = Scheduler(m, max_num_batched_tokens=64, prefix_lookup=lookup)
+    sched.submit(Request(1, [1, *range(20, 39)], max_new_tokens=8, namespace="a"))  # 7 pages with its answer
+    sched.submit(Request(2, [2, *range(50, 59)], max_new_tokens=2))  # waits: 3 pages
+    steps = 0
+    while sched.has_work():
+        plan = sched.step(float(steps))
+        if steps < 8:
+            assert calls == [(1, "a", False)], steps  # 2 waited all along, without lookups
+        sched.update(plan, {int(r): 7 for r in plan.request_ids[plan.sample]})
+        steps += 1
+    assert calls == [(1, "a", False), (2, None, False)]
+    with pytest.raises(kvcore.ConfigError):
+        Scheduler(m, prefix_lookup=42)  # type: ignore[arg-type]
+
+
+def test_admitted_events_carry_the_uncapped_hbm_prefix() -> None:
+    """A page-aligned prompt found whole in HBM: its hit is capped at len - 1 (the last page is
+    computed again, for its logits), its hbm_prefix_tokens are all of it."""
+    m = kvcore.KVCacheManager(33, 4)
+    sched = Scheduler(m)
+    prompt = list(range(16))
+    for rid in (1, 2):
+        sched.submit(Request(rid, prompt, max_new_tokens=1))
+        plan = sched.step()
+        (ev,) = [e for e in plan.events if e.kind == "admitted"]
+        sched.update(plan, {rid: 5})
+        if rid == 1:
+            assert (ev.detail["hit_tokens"], ev.detail["hbm_prefix_tokens"]) == (0, 0)
+    assert (ev.detail["hit_tokens"], ev.detail["hbm_prefix_tokens"], ev.detail["resumed"]) == (12, 16, False)
+
+
+def test_admission_keeps_room_for_unreserved_prompt_chunks() -> None:
+    """A prompt prefilled in chunks reserves its pages a chunk at a time; the pages of its later
+    chunks stay promised to it, so a request that arrives meanwhile waits instead of being admitted
+    into them (which would preempt one of the two)."""
+    m = kvcore.KVCacheManager(11, 4)  # 10 pages
+    sched = Scheduler(m, long_prefill_token_threshold=4)
+    sched.submit(Request(1, list(range(32)), max_new_tokens=1), 0.0)  # 8 pages, 1 a step
+    admitted: dict[int, int] = {}
+    step = 0
+    while sched.has_work():
+        if step == 1:
+            sched.submit(Request(2, list(range(100, 108)), max_new_tokens=1), 1.0)  # 2 pages + 1
+        plan = sched.step(float(step))
+        admitted |= {e.request_id: step for e in plan.events if e.kind == "admitted"}  # type: ignore[misc]
+        sched.update(plan, {int(r): 7 for r in plan.request_ids[plan.sample]})
+        step += 1
+    assert admitted == {1: 0, 2: 8}  # 2 starts once 1 has computed its whole prompt and left
+    assert sched.stats().num_preemptions == 0
+
+
+def test_admission_counts_the_evictable_pages_a_hit_takes() -> None:
+    """An admission that hits cached, evictable pages takes them out of the room as well: a second
+    admission in the same step sees the room that is really left."""
+    m = kvcore.KVCacheManager(11, 4)  # 10 pages
+    sched = Scheduler(m, max_num_batched_tokens=256)
+    prompt = list(range(24))  # 6 pages
+    sched.submit(Request(1, prompt, max_new_tokens=1))
+    plan = sched.step()
+    sched.update(plan, {1: 7})
+    assert m.stats().num_pages_cached == 6
+    sched.submit(Request(2, [*prompt, 90, 91, 92, 93], max_new_tokens=4))  # hits 6 pages, 2 more
+    sched.submit(Request(3, list(range(200, 212)), max_new_tokens=4))  # 3 pages + 1
+    plan = sched.step(1.0)
+    assert plan.request_ids.tolist() == [2]  # 10 - 8 pages left for 3's 4: it waits
+    t = 2.0
+    while sched.has_work():
+        sched.update(plan, {int(r): 7 for r in plan.request_ids[plan.sample]})
+        plan = sched.step(t)
+        t += 1
+    assert sched.stats().num_preemptions == 0 and sched.stats().num_finished == 3
+
+
+def _host_cache(num_pages: int) -> kvcore.KVCacheManager:
+    return kvcore.KVCacheManager(num_pages, 4, lower_tiers=[("host", 64)], store_policy="all")
+
+
+def _complete(m: kvcore.KVCacheManager, *, loads_ok: bool | list[bool] = True) -> int:
+    """Complete the queued transfers (no bytes move here); the number of loads."""
+    b = m.take_transfers()
+    stores = np.unique(b.store_ops).tolist()
+    ok = [True] * len(stores) + ([loads_ok] * len(b.load_ops) if isinstance(loads_ok, bool) else loads_ok)
+    if stores or len(b.load_ops):
+        m.complete_transfers(stores + b.load_ops.tolist(), ok)
+    return len(b.load_ops)
+
+
+def test_a_failed_load_is_computed_after_all() -> None:
+    """A request admitted with a host-tier hit waits for its loads; when one fails, the manager cuts
+    the hit before it, and the scheduler computes the prompt from there on."""
+    m = _host_cache(9)
+    sched = Scheduler(m, max_num_batched_tokens=64)
+    prompt = list(range(17))
+    sched.submit(Request(1, prompt, max_new_tokens=1))
+    sched.update(sched.step(), {1: 5})
+    _complete(m)  # 1's 4 full pages stored to host
+    m.evict(8)
+    sched.submit(Request(2, prompt, max_new_tokens=1))
+    plan = sched.step(1.0)
+    assert [e.kind for e in plan.events] == ["finished", "queued", "admitted", "loading"]
+    assert plan.loading == [2] and not plan and sched.stats().hit_tokens == 16
+    assert _complete(m, loads_ok=[True, False, True, True]) == 4  # the second page is lost
+    plan = sched.step(2.0)
+    assert (plan.request_ids.tolist(), plan.starts.tolist(), plan.num_tokens.tolist()) == ([2], [4], [13])
+    assert sched.stats().hit_tokens == 4
+    assert sched.update(plan, {2: 5}) == [(2, "length")]
+
+
+def test_a_request_alone_waits_for_loading_ones_rather_than_ending() -> None:
+    """The only running request finds no room to grow while another, admitted, still waits for its
+    loads and holds pages: it waits (it used to end with reason capacity), and once the other runs,
+    the other, the younger, is preempted for it."""
+    m = _host_cache(9)  # 8 pages
+    sched = Scheduler(m, max_num_batched_tokens=64, estimator=optimistic())
+    shared = list(range(100, 116))  # 4 pages, stored to host then evicted from HBM
+    sched.submit(Request(9, shared, max_new_tokens=1))
+    reasons = dict(sched.update(sched.step(), {9: 5}))
+    _complete(m)
+    m.evict(8)
+    # 1: 2 pages, then grows to 6 (24 tokens); at 6 s it needs its 4th page, which 2 holds.
+    sched.submit(Request(1, list(range(8)), max_new_tokens=16), 1.0)
+    sched.submit(Request(2, [*shared, 1], max_new_tokens=1), 2.0)  # its 4 pages load, and 1 more
+    t = 1.0
+    preempted: list[int] = []
+    stuck_steps = 0
+    while sched.has_work():
+        plan = sched.step(t)
+        preempted += [e.request_id for e in plan.events if e.kind == "preempted"]  # type: ignore[misc]
+        if 6.0 <= t < 12.0:
+            assert plan.loading == [2] and not plan  # 1 waits, alone: no row this step
+            stuck_steps += 1
+        if t >= 12.0:  # 2's loads complete only from here
+            _complete(m)
+        else:
+            m.complete_transfers(np.unique(m.take_transfers(loads=False).store_ops).tolist(), True)
+        reasons |= dict(sched.update(plan, {int(r): 5 for r in plan.request_ids[plan.sample]}))
+        t += 1.0
+        assert t < 200
+    assert reasons == {9: "length", 1: "length", 2: "length"}
+    assert preempted == [2] and stuck_steps == 6

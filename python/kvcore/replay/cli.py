@@ -183,21 +183,20 @@ def register(subparsers: Any) -> None:
         type=float_arg(0, strict=True),
         default=10_000.0,
         metavar="TOK_S",
-        help="timed: prefill tokens/s per request",
+        help="timed: prefill tokens/s per request (each step: prefill-rate / decode-rate prompt tokens)",
     )
     run.add_argument(
         "--decode-rate",
         type=float_arg(0, strict=True),
         default=50.0,
         metavar="TOK_S",
-        help="timed: decode tokens/s per request",
+        help="timed: decode tokens/s per request (one kvcore.scheduler step per decode token)",
     )
     run.add_argument(
         "--decode-chunk",
         type=int_arg(1),
-        default=32,
         metavar="N",
-        help="timed: tokens reserved per decode step",
+        help="ignored, kept for old command lines: the scheduler reserves one slot per decode step",
     )
     run.add_argument(
         "--max-queue-wait",
@@ -207,8 +206,10 @@ def register(subparsers: Any) -> None:
         help="timed: seconds a request may wait before it is refused",
     )
     pr = p.add_argument_group(
-        "memory pressure (--pressure): the trace through kvcore.scheduler, step by step, at each --load; "
-        "--prefill-rate is then the engine's tokens/s and --decode-rate its decode steps/s"
+        "memory pressure (--pressure): the timed replay's engine (kvcore.scheduler, step by step) at each "
+        "--load, with and without the pressure controller; --prefill-rate is then the whole engine's "
+        "tokens/s (a step lasts its prefill tokens / rate, plus a decode step) and --decode-rate its "
+        "decode steps/s"
     )
     pr.add_argument(
         "--pressure",
@@ -397,7 +398,7 @@ def _run(args: argparse.Namespace) -> int:
         mode=mode,
         prefill_rate=args.prefill_rate,
         decode_rate=args.decode_rate,
-        decode_chunk=args.decode_chunk,
+        **({"decode_chunk": args.decode_chunk} if args.decode_chunk is not None else {}),
         max_queue_wait_s=args.max_queue_wait,
         **_tier_options(args, capacity.page_size, capacity.page_bytes),
     )
@@ -422,6 +423,8 @@ def _run(args: argparse.Namespace) -> int:
         trace, config, policies=policies, capacity=capacity, sweep_pages=sweep_pages, progress=args.progress
     )
     notes: list[str] = []
+    if args.decode_chunk is not None:
+        notes.append("--decode-chunk is ignored: the timed replay reserves one slot per decode step")
     out_dir.mkdir(parents=True, exist_ok=True)
     if not args.no_plot:
         if matplotlib_available():

@@ -11,45 +11,62 @@ cached prefix (``add_sequence``), its prompt's full pages are cached, and it is 
 are not generated, so not cached. The manager's eviction policy decides what goes when the cache is
 full (LRU: least recently used leaves first). Only a prompt larger than the whole cache is refused.
 
-**timed**: simulated time, no sleeping. Requests arrive at their timestamps and queue (first come,
-first served). The head of the queue is admitted when ``add_sequence`` finds room (evicting cached
-pages as needed); a request that waits longer than ``max_queue_wait_s`` is refused, and so is one that
-cannot fit even when nothing else runs. An admitted request computes its uncached prompt tokens at
-``prefill_rate`` tokens/s, then decodes ``output_length`` tokens at ``decode_rate`` tokens/s, reserving
-``decode_chunk`` slots per ``append`` (pages that fill are cached, so a later turn can hit them), and is
-freed after its last token. When an ``append`` finds no room, the youngest running request is
-**preempted** (freed, its full pages stay cached, and requeued at the front, vLLM's recompute
-preemption); it comes back when a running request finishes, recomputing its prompt and the tokens
-generated so far (mostly cache hits). A request alone in the cache that still cannot grow is refused.
-Every request ends served or refused; none is lost.
+**timed**: simulated time, no sleeping, through :class:`kvcore.scheduler.Scheduler` (the scheduler an
+engine embeds, first come first served, no pressure controller), stepped as an engine would: requests
+are submitted at their timestamps, each step's plan is computed (``step``), and its sampled tokens are
+the trace's answer tokens (``update``). Every scheduling decision is the scheduler's, and the figures
+come from its events (admissions, preemptions, refusals) and the manager's answers. Each request runs as
+if alone: it computes its uncached prompt tokens at ``prefill_rate`` tokens/s and decodes at
+``decode_rate`` tokens/s, so a step lasts ``1 / decode_rate`` when it decodes and a request's prefill
+chunk is ``prefill_rate / decode_rate`` tokens (the scheduler's ``long_prefill_token_threshold``); the
+step budget and the running cap never bind. What the scheduler does that shapes the figures:
 
-Memory follows the capacity, not the trace's numbers: a request's tokens are built only when they can
-fit the cache (a prompt longer than the whole cache is refused without them, as ``add_sequence``
-would refuse it), and an answer a decode chunk at a time.
+- admission predicts demand: the head of the queue waits until its prompt's uncached pages and the
+  answer its class is expected to give (:class:`~kvcore.scheduler.OutputLengthEstimator`: the whole
+  ``output_length`` until 16 answers were seen, then their 95th percentile) fit beside what the running
+  requests still need; a request that waits longer than ``max_queue_wait_s`` is refused (``timeout``),
+  and so is one that cannot fit even when nothing else runs (``too_large``);
+- prompts are prefilled in chunks, and their pages are cached as they are computed: a request that
+  arrives while another still computes the same prefix does not hit it yet;
+- the prefill step's logits give the first output token, and the last one is sampled but never
+  computed (its page is not cached); a decode step reserves one slot per request;
+- when a decode or a chunk finds no room, the lowest-priority, youngest running request is
+  **preempted** by recompute (its full pages stay cached; it is requeued at the front and recomputes
+  what it had computed, mostly cache hits). A request alone that still cannot grow is refused.
+
+Every request ends served or refused; none is lost. ``decode_chunk`` is not used any more (the
+scheduler reserves one slot per decode step); it stays accepted so that older configurations run.
+
+Memory follows the capacity, not the trace's numbers: a prompt that cannot fit the cache with its first
+token is refused without its tokens being built (as ``submit`` would refuse it), answer tokens are
+built a step at a time, and a queued request holds its prompt's tokens, as an engine's queue does.
 
 **Lower tiers** (``host_tier_slots``, ``disk_tier_slots``): the manager is built with a host-DRAM and/or a
 disk tier below HBM and a store policy (``selective``, ``all``, ``value``; see ``_kvcore.pyi``). No bytes
-move in a replay: after each admission and release (and, timed, each decode step) the engine takes the
-queued stores and loads and completes every one OK, so a store is visible to the next lookup and an
-admitted request is ready at once. A request's hit may then come partly from a tier
-(``hit_tokens(seq_id)``); in timed mode its prefill starts only after its loads, which take
-``pages x page_bytes / bandwidth`` of simulated time (the tiers one after the other, no contention between
-requests, as prefill has none either), and then computes only the tokens found nowhere. Stores are
-write-backs off the request's path and cost it nothing. Per tier, the result counts hits, pages stored
-and loaded (bytes = pages x ``page_bytes``), and the stores the manager skipped and why.
+move in a replay: after each admission and release (timed: after each step and each update) the engine
+takes the queued stores and completes every one OK, so a store is visible to the next lookup. A request's
+hit may then come partly from a tier (``hit_tokens(seq_id)``). Sequential: its loads complete at once.
+Timed: the scheduler holds the request (``loading``) until its loads complete, which they do after
+``pages x page_bytes / bandwidth`` of simulated time (its pages one after the other, the tiers one after
+the other; the loads of the requests admitted in one step complete together, when the longest is
+done); it then computes only the tokens found nowhere. Stores are write-backs off the request's path and
+cost it nothing. Per tier, the result counts hits, pages stored and loaded (bytes = pages x
+``page_bytes``), and the stores the manager skipped and why.
 
 **Remote tier** (``remote_index_slots``): a lower tier below the others whose content lives in a shared
 store of page keys (:mod:`kvcore.replay.shared`), which several instances may write
-(:mod:`kvcore.replay.instances`). Before each admission the engine asks the store which pages of the
-prompt it holds beyond those the instance's remote index knows (at most ``remote_lookup_keys`` of them,
-as :meth:`kvcore.tiers.Mover.lookup` does) and indexes them; a remote store adds its keys to the store;
-a remote load succeeds only if the store holds its key (otherwise the manager cuts the hit there, and
-the engine counts the shorter hit). ``replay`` alone gives the remote tier a private store.
+(:mod:`kvcore.replay.instances`). Before each admission (timed: the scheduler's ``prefix_lookup``) the
+engine asks the store which pages of the prompt it holds beyond those the instance's remote index knows
+(at most ``remote_lookup_keys`` of them, as :meth:`kvcore.tiers.Mover.lookup` does) and indexes them; a
+remote store adds its keys to the store; a remote load succeeds only if the store holds its key
+(otherwise the manager cuts the hit there, and the engine counts the shorter hit). ``replay`` alone
+gives the remote tier a private store.
 
 Hit accounting (see :mod:`kvcore.replay.report`): ``hit_tokens`` are uncapped. ``add_sequence`` caps
-its answer at ``prompt_len - 1``; the two differ only for a page-aligned prompt, so the engine asks
-``peek_prefix_len`` (no side effects) first for those prompts only, about one in ``page_size`` of
-them, which costs almost nothing. ``peek_prefix_len`` sees HBM only, so with tiers a page-aligned prompt
+its answer at ``prompt_len - 1``; the two differ only for a page-aligned prompt, so the sequential engine
+asks ``peek_prefix_len`` (no side effects) first for those prompts only, about one in ``page_size`` of
+them, which costs almost nothing; the scheduler reports the same uncapped prefix in its ``admitted``
+events (``hbm_prefix_tokens``). ``peek_prefix_len`` sees HBM only, so with tiers a page-aligned prompt
 counts fully only when HBM holds all of it; otherwise its hit is the manager's capped answer, short by the
 last page when that page is found only in a lower tier (the manager offers no uncapped lookup of them).
 """
@@ -59,7 +76,6 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from itertools import count
@@ -68,9 +84,9 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvcore import CacheStats, KVCacheManager
+from kvcore import CacheStats, KVCacheManager, TransferBatch
 from kvcore._json import show
-from kvcore.exceptions import ConfigError
+from kvcore.exceptions import ConfigError, RequestRejected
 from kvcore.replay.capacity import Capacity
 from kvcore.replay.progress import Progress
 from kvcore.replay.report import (
@@ -84,6 +100,7 @@ from kvcore.replay.report import (
 from kvcore.replay.shared import MemoryStore, SharedStore
 from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import Trace
+from kvcore.scheduler import PressureController, Request, Scheduler, StepPlan
 
 __all__ = [
     "DEFAULT_BANDWIDTH_GBPS",
@@ -112,7 +129,7 @@ DEFAULT_REMOTE_LOOKUP_KEYS = 2048
 #: heads x 128 x 2 (K, V) x 2 B), the value policy's default of 2 MiB per 16-token page.
 DEFAULT_TOKEN_BYTES = 128 * 1024
 
-#: Called after every change of the cache's usage with (simulated time or request index, stats).
+#: Called with (simulated time or request index, stats) after each step and update (timed), or admission.
 Observer = Callable[[float, CacheStats], None]
 
 _TIMELINE_POINTS = 2000  # samples kept for the plot, at most about this many
@@ -128,7 +145,9 @@ class ReplayConfig:
     mode: str = "sequential"  # one of MODES
     prefill_rate: float = 10_000.0  # timed: uncached prompt tokens computed per s per request, > 0, finite
     decode_rate: float = 50.0  # timed: tokens generated per second per request, > 0, finite
-    decode_chunk: int = 32  # timed: tokens reserved per append, >= 1 (coarser is faster to simulate)
+    decode_chunk: int = (
+        32  # not used (the scheduler reserves one slot per decode step); >= 1, for old configs
+    )
     max_queue_wait_s: float = 60.0  # timed: longest wait for admission before a refusal, >= 0, finite
     host_tier_slots: int = 0  # pages of the host-DRAM tier below HBM, >= 0 (0: no host tier)
     disk_tier_slots: int = 0  # pages of the disk tier below host, >= 0 (0: no disk tier)
@@ -219,11 +238,13 @@ def _manager(cfg: ReplayConfig) -> KVCacheManager:
 
 
 class _Transfers:
-    """Completes every queued transfer at once (a replay moves no bytes) and tallies the loads' time
-    (``bytes / bandwidth``, which the timed mode makes requests wait).
+    """Completes the queued transfers (a replay moves no bytes) and tallies the loads' time (``bytes /
+    bandwidth``, which the timed mode makes requests wait).
 
-    ``settle`` after each manager call that may queue stores or loads: a store not completed is invisible
-    to lookups, and a sequence with a load in flight is not ready (its tables cannot be used).
+    ``settle`` (sequential) completes everything at once, after each manager call that may queue stores
+    or loads: a store not completed is invisible to lookups, and a sequence with a load in flight is not
+    ready (its tables cannot be used). ``start`` (timed) completes the stores and the loads that fail at
+    once and returns the others, which the timed replay completes when their simulated time is up.
 
     With a remote tier, its stores add their keys to the shared ``store`` (as instance ``instance``),
     and each of its loads succeeds only if the store holds the key (a failed load cuts the hit: the
@@ -247,14 +268,11 @@ class _Transfers:
         self.num_pages_from_others = 0  # remote pages loaded that another instance stored
         self.num_load_failures = 0  # loads the store could not serve (their hits were cut)
 
-    def settle(self) -> float:
-        """Complete what is queued; the simulated seconds its loads take (one after the other)."""
-        b = self.take()
-        if not b:
-            return 0.0
-        store_ops = np.unique(b.store_ops)
-        ok: bool | npt.NDArray[np.bool_] = True
-        load_ok = None  # [num_loads] bool where some loads may fail; None: all succeed
+    def _decide(self, b: TransferBatch) -> tuple[list[int], npt.NDArray[np.bool_], float]:
+        """The batch's store op ids, which of its loads will succeed ([num_loads] bool) and their
+        seconds (one after the other); counts those per tier, and adds the remote stores' keys to the
+        shared store."""
+        load_ok = np.ones(len(b.load_ops), dtype=bool)
         if self.remote >= 0 and self.store is not None:
             rows = np.flatnonzero(b.store_tiers == self.remote)
             if len(rows):
@@ -264,25 +282,45 @@ class _Transfers:
                 origin = self.store.origins(b.load_keys[rows])  # [len(rows)] int32, -1: absent
                 found = origin >= 0
                 self.num_pages_from_others += int((found & (origin != self.instance)).sum())
-                if not found.all():
-                    load_ok = np.ones(len(b.load_ops), dtype=bool)
-                    load_ok[rows] = found
-                    self.num_load_failures += int((~found).sum())
-                    ok = np.concatenate([np.ones(len(store_ops), dtype=bool), load_ok])
-        self.complete(store_ops.tolist() + b.load_ops.tolist(), ok)
-        if not len(b.load_tiers):
+                load_ok[rows] = found
+                self.num_load_failures += int((~found).sum())
+        seconds = 0.0
+        if len(b.load_tiers):
+            moved = b.load_tiers[load_ok]  # a missing page moves nothing
+            per_tier = np.bincount(moved, minlength=len(self.page_s)) * self.page_s
+            for t, s in enumerate(per_tier.tolist()):
+                self.load_s[t] += s
+            seconds = float(per_tier.sum())
+        return np.unique(b.store_ops).tolist(), load_ok, seconds
+
+    def settle(self) -> float:
+        """Complete what is queued; the simulated seconds its loads take (one after the other)."""
+        b = self.take()
+        if not b:
             return 0.0
-        moved = b.load_tiers if load_ok is None else b.load_tiers[load_ok]  # a missing page moves nothing
-        per_tier = np.bincount(moved, minlength=len(self.page_s)) * self.page_s
-        for t, s in enumerate(per_tier.tolist()):
-            self.load_s[t] += s
-        return float(per_tier.sum())
+        stores, load_ok, seconds = self._decide(b)
+        ok = np.concatenate([np.ones(len(stores), dtype=bool), load_ok])
+        self.complete(stores + b.load_ops.tolist(), ok)
+        return seconds
+
+    def start(self) -> list[int]:
+        """Complete the queued stores and the loads that fail now; the op ids of the loads that will
+        succeed, for the caller to complete when they are done."""
+        b = self.take()
+        if not b:
+            return []
+        stores, load_ok, _ = self._decide(b)
+        failed = b.load_ops[~load_ok].tolist()
+        if stores or failed:
+            self.complete(stores + failed, [True] * len(stores) + [False] * len(failed))
+        return b.load_ops[load_ok].tolist()
 
 
 class _Lookup:
     """Before an admission, asks the shared store which pages of the prompt it holds beyond those this
     instance's remote index knows, and indexes them, so that ``add_sequence`` loads them. The few lines
-    of :meth:`kvcore.tiers.Mover.lookup`, with the replay's store; one bounded question per prompt."""
+    of :meth:`kvcore.tiers.Mover.lookup`, with the replay's store; one bounded question per prompt. The
+    timed replay gives it to the scheduler as its ``prefix_lookup``."""
 
     def __init__(self, m: KVCacheManager, store: SharedStore, max_keys: int) -> None:
         self.keys, self.known, self.mark = m.prompt_keys, m.tier_prefix_len, m.mark_tier_pages
@@ -292,15 +330,15 @@ class _Lookup:
         self.num_lookups = 0  # questions asked of the store (prompts whose pages the index did not all know)
         self.num_marked_pages = 0  # pages the store held that the index did not know, newly indexed
 
-    def __call__(self, tokens: npt.NDArray[np.uint32]) -> None:
-        known = self.known("remote", tokens)
+    def __call__(self, tokens: npt.NDArray[np.uint32], namespace: str | None = None) -> None:
+        known = self.known("remote", tokens, namespace)
         if known >= len(tokens) // self.page_size:  # the index knows every full page: nothing to ask
             return
-        keys = self.keys(tokens)  # [full pages, 16] uint8
+        keys = self.keys(tokens, namespace)  # [full pages, 16] uint8
         self.num_lookups += 1
         found = self.store.leading(keys[known : known + self.max_keys])
         if found:
-            self.num_marked_pages += self.mark("remote", tokens, known + found)
+            self.num_marked_pages += self.mark("remote", tokens, known + found, namespace)
 
 
 def _tier_results(
@@ -591,12 +629,53 @@ def _sequential(
     return sim.result()
 
 
+def _prefill_chunk_tokens(cfg: ReplayConfig) -> int:
+    """Prompt tokens one request computes per step in a timed replay: what it prefills in a decode
+    step's time, ``prefill_rate / decode_rate`` (at least 1, at most the cache's tokens)."""
+    cache_tokens = cfg.capacity_pages * cfg.page_size
+    ratio = cfg.prefill_rate / cfg.decode_rate  # may overflow to infinity: the cache bounds it
+    return cache_tokens if ratio >= cache_tokens else max(1, math.floor(ratio))
+
+
+def _finite(t: float) -> float:
+    """``t``, a simulated time; a ConfigError when it overflowed (finite inputs can: a rate of 1e-320
+    tokens/s), since nothing after it could be simulated or reported."""
+    if not math.isfinite(t):
+        raise ConfigError(
+            "timed replay: the simulated time overflows a double (rates too small or timestamps too large)"
+        )
+    return t
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """The engine a timed replay simulates around its :class:`~kvcore.scheduler.Scheduler`.
+
+    ``shared_prefill`` False (``kvcore replay``): each request prefills at ``prefill_rate`` and decodes at
+    ``decode_rate`` as if it ran alone, so a step lasts as long as its slowest row (a decode token
+    ``1 / decode_rate``, a chunk of ``n`` prompt tokens ``n / prefill_rate``), and a request's chunk is
+    ``prefill_rate / decode_rate`` tokens at most (the scheduler's ``long_prefill_token_threshold``), so
+    that no chunk holds the decodes back. True (``kvcore replay --pressure``): the rates are the whole
+    engine's: a step lasts its prefill tokens over ``prefill_rate``, plus ``1 / decode_rate`` when it
+    decodes. None for the budget or the cap: never binding (the cache's tokens, its pages).
+    """
+
+    shared_prefill: bool = False
+    max_num_batched_tokens: int | None = None  # tokens per step; None: the cache's tokens
+    max_num_seqs: int | None = None  # running requests; None: the cache's pages
+    max_queued_requests: int | None = None  # waiting requests past which submit refuses; None: no limit
+    controller: PressureController | None = None  # None: the scheduler alone
+
+
 class _Timed:
-    """State of one timed replay (a class so the hot paths read attributes, not closures' cells).
+    """State of one timed replay: the requests through a :class:`~kvcore.scheduler.Scheduler` over a
+    fresh manager, stepped as an engine would, in simulated time (a class so the hot paths read
+    attributes, not closures' cells).
 
     ``requests``: the indices of the requests this instance gets ([k] int64; None: all). Several
-    instances over one trace, each its own manager, share a remote ``store`` and take turns in global
-    time order (``next_time`` / ``advance``); one alone runs to the end with ``run``.
+    instances over one trace, each its own manager and scheduler, share a remote ``store`` and take
+    turns in global time order (``next_time`` / ``advance``); one alone runs to the end with ``run``.
+    ``arrival_s``: each request's arrival, seconds ([num_requests]; None: the trace's timestamps).
     """
 
     def __init__(
@@ -609,208 +688,236 @@ class _Timed:
         requests: npt.NDArray[np.int64] | None = None,
         store: SharedStore | None = None,
         instance: int = 0,
+        engine: _Engine | None = None,
+        arrival_s: list[float] | None = None,
     ) -> None:
         if trace.timestamps_ms is None:
             raise ConfigError("timed mode needs a trace with timestamps")
         self.start = time.perf_counter()
         self.cfg = cfg
         self.src = src
-        self.ps = cfg.page_size
-        self.m = _manager(cfg)
+        self.ps = ps = cfg.page_size
+        m = self.m = _manager(cfg)
         self.tiered = bool(cfg.lower_tiers)
         self.tier_names = [name for name, _, _ in cfg.lower_tiers]
         if "remote" in self.tier_names and store is None:
             store = MemoryStore()  # one instance alone: the remote tier holds only its own stores
-        self.moves = _Transfers(self.m, cfg, store, instance)
-        self.lookup = _Lookup(self.m, store, cfg.remote_lookup_keys) if store is not None else None
+        self.moves = _Transfers(m, cfg, store, instance)
+        self.lookup = _Lookup(m, store, cfg.remote_lookup_keys) if store is not None else None
         self.tier_hits = dict.fromkeys(self.tier_names, 0)  # hit tokens from each tier at first admission
+        # Seconds to load one page from each tier, by name (a request's loads: its hit pages per tier).
+        self.tier_page_s = dict(zip(self.tier_names, self.moves.page_s.tolist(), strict=True))
         n = trace.num_requests
-        self.arrival: list[float] = (trace.timestamps_ms / 1000.0).tolist()
+        self.arrival: list[float] = (
+            (trace.timestamps_ms / 1000.0).tolist() if arrival_s is None else list(arrival_s)
+        )
         if requests is None:
-            self.order: list[int] = np.argsort(trace.timestamps_ms, kind="stable").tolist()
+            self.order: list[int] = np.argsort(self.arrival, kind="stable").tolist()
         else:
-            self.order = requests[np.argsort(trace.timestamps_ms[requests], kind="stable")].tolist()
+            arr = np.asarray(self.arrival)
+            self.order = requests[np.argsort(arr[requests], kind="stable")].tolist()
         self.n = len(self.order)  # requests this instance gets
-        self.ai = 0  # arrivals processed (an index into order)
-        self.t = self.arrival[self.order[0]] if self.order else 0.0  # time of the last event
+        self.ai = 0  # arrivals submitted (an index into order)
+        self.t = self.arrival[self.order[0]] if self.order else 0.0  # when the engine is next free
         self.in_lens: list[int] = trace.input_lens.tolist()
+        self.in_lens_np = trace.input_lens.astype(np.int64)  # [num_requests]
         self.out_lens: list[int] = trace.output_lens.tolist()
         self.prios: list[int] = trace.priorities.tolist() if trace.priorities is not None else [0] * n
-        self.cache_tokens = cfg.capacity_pages * cfg.page_size  # no sequence can ever hold more
-        self.generated = [0] * n  # output tokens reserved so far, per request
-        self.epoch = [0] * n  # bumped at each preemption: older heap events are stale
-        self.started: set[int] = set()  # admitted at least once (a preempted one is not new again)
-        self.running: dict[int, None] = {}  # live requests in admission order (last = youngest)
-        self.heap: list[tuple[float, int, int, int]] = []  # (time, tie-break, request, epoch)
+        self.cache_tokens = cache_tokens = cfg.capacity_pages * ps  # no sequence can ever hold more
+        eng = self.engine = engine if engine is not None else _Engine()
+        self.prefill_s = 1.0 / cfg.prefill_rate  # seconds per prompt token
+        self.decode_s = 1.0 / cfg.decode_rate  # seconds per decode step
+        chunk = None if eng.shared_prefill else _prefill_chunk_tokens(cfg)
+        self.sched = Scheduler(
+            m,
+            max_num_batched_tokens=eng.max_num_batched_tokens or cache_tokens,
+            max_num_seqs=eng.max_num_seqs or cfg.capacity_pages,
+            max_queue_wait_s=cfg.max_queue_wait_s,
+            max_queued_requests=eng.max_queued_requests,
+            controller=eng.controller,
+            long_prefill_token_threshold=chunk,
+            prefix_lookup=self.lookup,
+        )
+        self.busy = False  # the last step computed something and work is left: the next starts at t
+        self.loads: list[tuple[float, int, list[int]]] = []  # heap: (done at, tie-break, load op ids)
         self.tie = count()
-        self.waiting: deque[int] = deque()  # new arrivals, first come first served
-        self.preempted: deque[int] = deque()  # requeued requests, served before new arrivals
-        self.blocked_on = -1  # the queue head that failed to fit, until something is released
+        self.served = np.zeros(n, dtype=bool)  # [num_requests] ended by length (or stop)
+        self.refused: dict[str, int] = {}  # refusals by the scheduler's reason (capacity is too_large)
+        self.admitted_at = np.full(n, math.nan)  # [num_requests] first admission, s (NaN: never admitted)
+        self.first_token = np.full(n, math.nan)  # [num_requests] first token sampled, s (NaN: none)
         self.waits: list[float] = []  # arrival to first admission, per admitted request
         self.got = [0] * n  # uncapped hit tokens at first admission, per request
         self.looked_up = np.zeros(n, dtype=bool)  # admitted at least once
+        self.running = 0  # admitted and not yet preempted or ended (loading ones included)
+        self.num_steps = 0  # scheduler steps, empty ones included
+        self.max_level = 0  # highest pressure level a plan applied
         self.c = _counters(self.n)
         t0 = self.t
         span = (max(self.arrival[i] for i in self.order) - t0) if self.order else 0.0
-        self.usage = _Usage(self.m, t0, span, observer, "simulated seconds")
-        self.done = 0
+        self.usage = _Usage(m, t0, span, observer, "simulated seconds")
+        self.done = 0  # requests ended, served or refused
 
     def hit_rate(self) -> float:
         c = self.c
         return c["hit_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
 
-    def admit(self, idx: int, t: float) -> bool:
-        c, ps, src = self.c, self.ps, self.src
-        first = idx not in self.started
-        g = self.generated[idx]
-        length = self.in_lens[idx] + g
-        if length > self.cache_tokens:  # longer than the whole cache: add_sequence would refuse it
-            c["num_admission_failures"] += 1
-            return False
-        tokens = src.prompt(idx) if g == 0 else src.prompt_and_answer(idx, g)
-        if self.lookup is not None:
-            self.lookup(tokens)
-        whole = self.m.peek_prefix_len(tokens) if first and length % ps == 0 else -1
-        hit = self.m.add_sequence(idx, tokens, None, self.prios[idx])
-        if hit is None:
-            c["num_admission_failures"] += 1
-            return False
-        load_s = 0.0
-        if self.tiered:
-            failed = self.moves.num_load_failures
-            load_s = self.moves.settle()
-            if self.moves.num_load_failures != failed:  # a page the store lost: the hit was cut there
-                hit = sum(self.m.hit_tokens(idx).values())
-            if first and hit:
-                split = self.m.hit_tokens(idx)
-                for name in self.tier_names:
-                    self.tier_hits[name] += split[name]
-        if first:
-            self.started.add(idx)
-            got = whole if whole == length else hit  # see _sequential
-            self.got[idx] = got
-            self.looked_up[idx] = True
-            c["prompt_tokens"] += length
-            c["hit_tokens"] += got
-            c["hit_pages"] += got // ps
-            c["prompt_pages"] += -(-length // ps)
-            c["prefill_tokens_saved"] += hit
-            self.waits.append(t - self.arrival[idx])
-        else:
-            c["recomputed_tokens"] += length - hit
-        self.running[idx] = None
-        if len(self.running) > c["peak_running"]:
-            c["peak_running"] = len(self.running)
-        # Loads first (load_s: 0 without tiers), then the tokens found nowhere.
-        done = t + load_s + (length - hit) / self.cfg.prefill_rate
-        heapq.heappush(self.heap, (done, next(self.tie), idx, self.epoch[idx]))
-        self.usage.sample(t, self.hit_rate())
-        return True
-
-    def refuse(self, idx: int, reason: str) -> None:
-        self.c[reason] += 1
-        self.c["num_refused"] += 1
+    def end(self, rid: int, reason: str) -> None:
+        """Request ``rid`` left the scheduler: served (``length`` or ``stop``) or refused (the
+        scheduler's reason; ``capacity``, an answer that outgrew the cache, counts as ``too_large``)."""
         self.done += 1
-
-    def try_admit(self, t: float) -> None:
-        """Admit from the queue head while there is room; refuse what waited too long or can never fit."""
-        waiting, preempted, limit = self.waiting, self.preempted, self.cfg.max_queue_wait_s
-        while True:
-            while waiting and t - self.arrival[waiting[0]] > limit:
-                self.refuse(waiting.popleft(), "num_refused_timeout")
-            queue = preempted if preempted else waiting
-            if not queue:
-                return
-            idx = queue[0]
-            if idx == self.blocked_on:  # it failed, and nothing was released since
-                return
-            if self.admit(idx, t):
-                queue.popleft()
-                continue
-            if not self.running:  # an empty cache cannot hold it: it never will
-                queue.popleft()
-                self.refuse(idx, "num_refused_too_large")
-                continue
-            self.blocked_on = idx
+        if reason in ("length", "stop"):
+            self.served[rid] = True
             return
+        key = "too_large" if reason == "capacity" else reason
+        self.refused[key] = self.refused.get(key, 0) + 1
 
-    def release(self, idx: int, t: float) -> None:
-        self.m.free_sequence(idx)
-        if self.tiered:
-            self.moves.settle()
-        del self.running[idx]
-        self.blocked_on = -1
-        self.usage.sample(t, self.hit_rate())
+    def submit(self, t: float) -> None:
+        """Submit the arrivals due by ``t``. A prompt that cannot fit the cache with its first token
+        is refused as ``submit`` would refuse it, without its tokens being built (memory follows the
+        capacity, not the numbers in the trace)."""
+        order, arrival, sched, src = self.order, self.arrival, self.sched, self.src
+        while self.ai < self.n and arrival[order[self.ai]] <= t:
+            i = order[self.ai]
+            self.ai += 1
+            if self.in_lens[i] >= self.cache_tokens:
+                self.end(i, "too_large")
+                continue
+            request = Request(
+                i, src.prompt(i), max_new_tokens=max(1, self.out_lens[i]), priority=self.prios[i]
+            )
+            try:
+                sched.submit(request, arrival[i])  # it waits from its arrival, during the last step
+            except RequestRejected as e:
+                self.end(i, e.reason)
 
-    def preempt(self, idx: int, t: float) -> None:
-        self.release(idx, t)
-        self.epoch[idx] += 1
-        self.preempted.appendleft(idx)
-        self.c["num_preemptions"] += 1
+    def observe(self, plan: StepPlan) -> list[int]:
+        """Read the plan's events: first admissions (their wait and hits), the running count; the
+        requests that wait for loads since this plan."""
+        c, ps, m = self.c, self.ps, self.m
+        loading: list[int] = []
+        for ev in plan.events:
+            kind = ev.kind
+            if kind == "admitted":
+                self.running += 1
+                if self.running > c["peak_running"]:
+                    c["peak_running"] = self.running
+                if ev.detail["resumed"]:
+                    continue
+                rid = ev.request_id
+                assert rid is not None
+                length = self.in_lens[rid]
+                hit = ev.detail["hit_tokens"]
+                if self.tiered:
+                    split = m.hit_tokens(rid)  # after the failed loads: a cut hit counts cut
+                    hit = sum(split.values())
+                    for name in self.tier_names:
+                        self.tier_hits[name] += split[name]
+                # A whole page-aligned prompt in HBM counts uncapped (hit_tokens is at most len - 1).
+                prefix = ev.detail["hbm_prefix_tokens"]
+                got = prefix if prefix == length else hit
+                self.got[rid] = got
+                self.looked_up[rid] = True
+                self.admitted_at[rid] = ev.time_s
+                self.waits.append(ev.time_s - self.arrival[rid])
+                c["prompt_tokens"] += length
+                c["hit_tokens"] += got
+                c["hit_pages"] += got // ps
+                c["prompt_pages"] += -(-length // ps)
+                c["prefill_tokens_saved"] += hit
+            elif kind in ("preempted", "finished"):
+                self.running -= 1
+            elif kind == "loading" and ev.request_id is not None:
+                loading.append(ev.request_id)
+        return loading
 
-    def step(self, t: float, idx: int) -> None:
-        """Request ``idx``'s next event: reserve its next decode chunk, or finish."""
-        g, out = self.generated[idx], self.out_lens[idx]
-        if g >= out:
-            self.release(idx, t)
-            self.c["num_served"] += 1
-            self.done += 1
-            self.try_admit(t)
-            return
-        size = min(self.cfg.decode_chunk, out - g)
-        length = self.in_lens[idx] + g
-        # Beyond the whole cache no eviction makes room and append must fail: build no tokens for it.
-        chunk = self.src.answer(idx, g, g + size) if length + size <= self.cache_tokens else None
-        append = self.m.append
-        while chunk is None or not append(idx, chunk):
-            self.c["num_append_failures"] += 1
-            if len(self.running) == 1:  # alone and still no room: this request can never finish here
-                self.release(idx, t)
-                self.refuse(idx, "num_refused_too_large")
-                self.try_admit(t)
-                return
-            victim = next(reversed(self.running))
-            self.preempt(victim, t)
-            if victim == idx:
-                return
-        if self.tiered:
-            self.moves.settle()
-        self.generated[idx] = g + size
-        heapq.heappush(self.heap, (t + size / self.cfg.decode_rate, next(self.tie), idx, self.epoch[idx]))
-        if -(-(length + size) // self.ps) != -(-length // self.ps):  # new pages: usage changed
-            self.usage.sample(t, self.hit_rate())
+    def defer_loads(self, t: float, ops: list[int], loading: list[int]) -> None:
+        """The loads ``ops`` of the requests admitted at ``t`` complete when the longest of them is
+        done (a request's pages one after the other, the tiers one after the other; requests do not
+        contend, as prefills do not)."""
+        page_s, ps = self.tier_page_s, self.ps
+        longest = 0.0
+        for rid in loading:
+            split = self.m.hit_tokens(rid)
+            longest = max(longest, sum(split[name] // ps * s for name, s in page_s.items()))
+        heapq.heappush(self.loads, (_finite(t + longest), next(self.tie), ops))
+
+    def step_s(self, plan: StepPlan) -> float:
+        """Simulated seconds of a non-empty plan's forward pass (see :class:`_Engine`)."""
+        pre = plan.num_tokens[plan.is_prefill]  # [prefill rows] int32
+        decode = self.decode_s if len(pre) < plan.batch_size else 0.0
+        if not len(pre):
+            return decode
+        if self.engine.shared_prefill:
+            return int(pre.sum()) * self.prefill_s + decode
+        return max(decode, int(pre.max()) * self.prefill_s)
 
     def next_time(self) -> float:
-        """Simulated time of the next event (infinite: none is left)."""
-        t_arrive = self.arrival[self.order[self.ai]] if self.ai < self.n else math.inf
-        heap = self.heap
-        return heap[0][0] if heap and heap[0][0] <= t_arrive else t_arrive
+        """Simulated time of the next event (infinite: none is left): the next step when the engine is
+        busy, else the next arrival or load completion (and, while requests wait with nothing
+        computable and nothing loading, a decode step's time on)."""
+        if self.busy:
+            return self.t
+        nxt = self.arrival[self.order[self.ai]] if self.ai < self.n else math.inf
+        if self.loads:
+            return min(nxt, self.loads[0][0])
+        if self.sched.has_work():
+            return min(nxt, self.t + self.decode_s)
+        return nxt
 
     def advance(self) -> bool:
-        """Process the next event (a request's step before an arrival at the same time); False when
-        none is left."""
-        heap, ai = self.heap, self.ai
-        t_arrive = self.arrival[self.order[ai]] if ai < self.n else math.inf
-        if heap and heap[0][0] <= t_arrive:
-            t, _, idx, ep = heapq.heappop(heap)
-            self.t = t
-            if ep == self.epoch[idx]:
-                self.step(t, idx)
-        elif ai < self.n:
-            self.t = t = t_arrive
-            idx = self.order[ai]
-            self.ai = ai + 1
-            self.waiting.append(idx)
-            if not self.preempted:  # a preempted request comes back when a request finishes
-                self.try_admit(t)
-        else:
+        """Process the next event: complete the loads due, submit the arrivals due, then one scheduler
+        step and its forward pass; False when none is left."""
+        t = self.next_time()
+        if t == math.inf:
             return False
+        self.t = t
+        loads = self.loads
+        while loads and loads[0][0] <= t:
+            self.m.complete_transfers(heapq.heappop(loads)[2], True)
+        self.submit(t)
+        sched = self.sched
+        if not sched.has_work():
+            self.busy = False
+            return True
+        plan = sched.step(t)
+        self.num_steps += 1
+        if plan.level > self.max_level:
+            self.max_level = plan.level
+        # Stores, and loads that fail, complete now (a failed load cuts the hit the events count).
+        ops = self.moves.start() if self.tiered else []
+        loading = self.observe(plan)
+        if ops:
+            self.defer_loads(t, ops, loading)
+        for rej in plan.rejected:
+            self.end(rej.request_id if rej.request_id is not None else -1, rej.reason)
+        for rid, reason in plan.finished:
+            self.end(rid, reason)
+        usage = self.usage
+        usage.sample(t, self.hit_rate())
+        if not plan:  # nothing computable: requests loading (ready now if all their loads failed)
+            self.busy = any(self.m.is_ready(rid) for rid in plan.loading)
+            return True
+        t_end = _finite(t + self.step_s(plan))
+        ids = plan.request_ids[plan.sample]
+        ends = (plan.starts + plan.num_tokens)[plan.sample]
+        tokens = self.src.answer_at(ids, ends - self.in_lens_np[ids])  # each row's next answer token
+        first = self.first_token[ids]
+        self.first_token[ids[np.isnan(first)]] = t_end
+        for rid, reason in sched.update(plan, tokens):
+            self.end(rid, reason)
+        if self.tiered:
+            self.moves.start()  # the stores of the pages this step filled (update queues no load)
+        self.t = t_end
+        self.busy = sched.has_work()
+        usage.sample(t_end, self.hit_rate())
         return True
 
     def finish(self) -> float:
         """Check that every request ended; returns the simulated end time."""
-        if self.waiting or self.preempted or self.running:
+        if self.sched.has_work() or self.ai < self.n or self.loads:
             raise AssertionError("timed replay ended with requests still queued or running")
+        if self.done != self.n:
+            raise AssertionError("timed replay lost requests")
         return self.t
 
     def run(self, progress: Progress | None) -> float:
@@ -839,7 +946,22 @@ class _Timed:
                 queue_wait_p99_s=float(np.percentile(waits, 99)),
                 queue_wait_max_s=float(waits.max()),
             )
-        c["simulated_s"] = span
+        s = self.sched.stats()
+        refused = dict(self.refused)
+        too_large, timeout = refused.pop("too_large", 0), refused.pop("timeout", 0)
+        if refused:  # a controller or a queue limit: the pressure replay's, not this report's
+            raise AssertionError(f"timed replay refused for reasons it does not report: {refused}")
+        c.update(
+            num_served=int(self.served[self.order].sum()),
+            num_refused=too_large + timeout,
+            num_refused_too_large=too_large,
+            num_refused_timeout=timeout,
+            num_admission_failures=s.num_failed_admissions,
+            num_preemptions=s.num_preemptions,
+            num_append_failures=s.num_failed_reservations - s.num_failed_admissions,
+            recomputed_tokens=s.recomputed_tokens,
+            simulated_s=span,
+        )
         if c["num_served"] + c["num_refused"] != self.n:
             raise AssertionError("timed replay lost requests")
         cfg = self.cfg
@@ -878,8 +1000,8 @@ def replay(
     """Replay ``trace`` through a fresh :class:`~kvcore.KVCacheManager` (see the module docs).
 
     ``tokens`` reuses the token source of an earlier replay of the same trace (it costs a little to
-    build). ``observer(t, stats)`` is called after every change of usage (timed) or after every
-    admission (sequential), for invariant checks; it slows the replay down.
+    build). ``observer(t, stats)`` is called after every step's plan and its update (timed) or after
+    every admission (sequential), for invariant checks; it slows the replay down.
 
     Raises:
         ConfigError: timed mode on a trace without timestamps (ConfigError is a ValueError).
@@ -961,7 +1083,7 @@ def run_replay(
     settings: dict[str, object] = {
         "prefill_rate": config.prefill_rate,
         "decode_rate": config.decode_rate,
-        "decode_chunk": config.decode_chunk,
+        "prefill_chunk_tokens": _prefill_chunk_tokens(config),
         "max_queue_wait_s": config.max_queue_wait_s,
     }
     if config.lower_tiers:  # only then: the HBM-only report stays as it was

@@ -38,7 +38,7 @@ import numpy.typing as npt
 
 from kvcore.exceptions import ConfigError
 from kvcore.replay.capacity import Capacity
-from kvcore.replay.engine import ReplayConfig, _check_finite, _Sequential, _Timed
+from kvcore.replay.engine import ReplayConfig, _check_finite, _prefill_chunk_tokens, _Sequential, _Timed
 from kvcore.replay.progress import Progress
 from kvcore.replay.report import InstanceResult, InstancesReport, PolicyResult, WorkloadSummary
 from kvcore.replay.shared import MemoryStore, SharedStore
@@ -214,7 +214,7 @@ def replay_instances(
         settings.update(
             prefill_rate=config.prefill_rate,
             decode_rate=config.decode_rate,
-            decode_chunk=config.decode_chunk,
+            prefill_chunk_tokens=_prefill_chunk_tokens(config),
             max_queue_wait_s=config.max_queue_wait_s,
         )
     return InstancesReport(

@@ -3,11 +3,14 @@
 
 Why: the question an operator asks before an overload is whether it becomes refusals with a reason or
 an engine that thrashes (preempting and recomputing) while every request's latency explodes. This
-replays the arrivals of a trace, compressed by ``load`` (2.0: twice as fast), through the real
-scheduler and manager, in simulated time, stepping the scheduler as an engine would:
+replays the arrivals of a trace, compressed by ``load`` (2.0: twice as fast), on the timed replay's
+engine (:mod:`kvcore.replay.engine`: the real scheduler and manager stepped in simulated time; ``none``
+is that engine as ``kvcore replay`` runs it, but for the step's time and limits below), with this
+comparison's settings:
 
 - each step computes the plan's prefill tokens at ``prefill_rate`` tokens/s (the whole engine) and its
   decode rows in ``1 / decode_rate`` s (one token each, a memory-bound step), one after the other;
+  ``max_num_batched_tokens`` and ``max_num_seqs`` bound a step;
 - requests arrive at their (compressed) timestamps and are submitted; a refusal at submit
   (``RequestRejected``) or in the queue (a timeout after ``max_queue_wait_s``) is counted by reason;
 - prompts are the trace's blocks (a shared prefix is a cache hit); answers are ``output_length`` tokens
@@ -27,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from kvcore import KVCacheManager
-from kvcore.exceptions import ConfigError, RequestRejected
+from kvcore.exceptions import ConfigError
+from kvcore.replay.engine import ReplayConfig, _Engine, _Timed
 from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import Trace
-from kvcore.scheduler import PressureConfig, PressureController, Request, Scheduler
+from kvcore.scheduler import PressureConfig, PressureController
 
 __all__ = ["PRESSURE_MODES", "PressureReplayConfig", "PressureResult", "format_pressure", "replay_pressure"]
 
@@ -81,7 +84,7 @@ class PressureResult:
     goodput_rps: float
     simulated_s: float
     num_steps: int
-    peak_usage: float
+    peak_usage: float  # most pages in use / usable pages, read after each step's plan
     max_level: int
     controller_counts: dict[str, dict[str, int]] = field(default_factory=dict)
     elapsed_s: float = 0.0
@@ -106,10 +109,8 @@ def replay_pressure(
         raise ConfigError(f"load must be finite and > 0, got {load!r}")
     if trace.timestamps_ms is None:
         raise ConfigError("a pressure replay needs a trace with timestamps")
-    started = time.perf_counter()
     src = tokens if tokens is not None else TokenSource(trace)
     cfg = config
-    m = KVCacheManager(cfg.capacity_pages + 1, cfg.page_size)
     controller = None
     if pressure == "graduated":
         cc = controller_config or PressureConfig(
@@ -121,101 +122,37 @@ def replay_pressure(
             relax_after_s=10.0,
         )
         controller = PressureController(cc)
-    sched = Scheduler(
-        m,
+    engine = _Engine(
+        shared_prefill=True,
         max_num_batched_tokens=cfg.max_num_batched_tokens,
         max_num_seqs=cfg.max_num_seqs,
-        max_queue_wait_s=cfg.max_queue_wait_s,
         max_queued_requests=cfg.max_queued_requests,
         controller=controller,
     )
+    replay_cfg = ReplayConfig(
+        capacity_pages=cfg.capacity_pages,
+        page_size=cfg.page_size,
+        mode="timed",
+        prefill_rate=cfg.prefill_rate,
+        decode_rate=cfg.decode_rate,
+        max_queue_wait_s=cfg.max_queue_wait_s,
+    )
     n = trace.num_requests
     arrival = (trace.timestamps_ms - trace.timestamps_ms.min()) / 1000.0 / load  # [n] float64 s
-    order = np.argsort(arrival, kind="stable").tolist()
-    arr_list = arrival.tolist()
-    out_lens = np.maximum(trace.output_lens, 1).tolist()
-    prios = trace.priorities.tolist() if trace.priorities is not None else [0] * n
-    first_token = [math.nan] * n
-    refused: dict[str, int] = {}
-    served = 0
-    ended = 0
-    t = 0.0
-    ai = 0
-    steps = 0
-    peak = 0.0
-    max_level = 0
-    usable = cfg.capacity_pages
-    prefill_s = 1.0 / cfg.prefill_rate
-    decode_s = 1.0 / cfg.decode_rate
-
-    ok = np.zeros(n, dtype=bool)  # served (ended by length or stop)
-    admitted_at = np.full(n, math.nan)  # [n] first admission time, s (NaN: never admitted)
-
-    def note_end(rid: int, reason: str) -> None:
-        nonlocal served, ended
-        ended += 1
-        if reason in ("length", "stop"):
-            served += 1
-            ok[rid] = True
-        else:
-            key = "too_large" if reason == "capacity" else reason
-            refused[key] = refused.get(key, 0) + 1
-
-    while ended < n:
-        while ai < n and arr_list[order[ai]] <= t:
-            i = order[ai]
-            ai += 1
-            try:
-                sched.submit(
-                    Request(i, src.prompt(i), max_new_tokens=int(out_lens[i]), priority=int(prios[i])), t
-                )
-            except RequestRejected as e:
-                note_end(i, e.reason)
-        if not sched.has_work():
-            if ai >= n:
-                break
-            t = max(t, arr_list[order[ai]])  # idle until the next arrival
-            continue
-        plan = sched.step(t)
-        steps += 1
-        for ev in plan.events:
-            if ev.kind == "admitted" and not ev.detail["resumed"] and ev.request_id is not None:
-                admitted_at[ev.request_id] = ev.time_s
-        for rej in plan.rejected:
-            note_end(rej.request_id if rej.request_id is not None else -1, rej.reason)
-        for rid, reason in plan.finished:
-            note_end(rid, reason)
-        if plan.level > max_level:
-            max_level = plan.level
-        if plan.batch_size == 0:
-            # Nothing computable (loads, or everything queued behind memory): time moves to the next
-            # arrival or a decode step's length, whichever is first.
-            nxt = arr_list[order[ai]] if ai < n else math.inf
-            t = min(nxt, t + decode_s) if math.isfinite(nxt) else t + decode_s
-            continue
-        dt = plan.num_prefill_tokens * prefill_s + (decode_s if plan.num_decode else 0.0)
-        t += dt
-        sample_ids = plan.request_ids[plan.sample].tolist()
-        toks = [rid & 0xFFFF for rid in sample_ids]
-        for rid in sample_ids:
-            if math.isnan(first_token[rid]):
-                first_token[rid] = t
-        for rid, reason in sched.update(plan, toks):
-            note_end(rid, reason)
-        st = m.stats()
-        u = st.num_pages_in_use / usable
-        if u > peak:
-            peak = u
-        if steps > 50_000_000:  # pragma: no cover - a guard against a scheduler bug, not a limit
-            raise AssertionError("pressure replay made no progress")
-    s = sched.stats()
-    if served + sum(refused.values()) != n or s.num_finished + s.num_rejected != n:
+    sim = _Timed(trace, replay_cfg, src, None, engine=engine, arrival_s=arrival.tolist())
+    sim.run(None)
+    t_end = sim.finish()
+    s = sim.sched.stats()
+    refused = dict(sim.refused)
+    served = int(sim.served.sum())
+    if served + sum(refused.values()) != n:
         raise AssertionError(f"pressure replay lost requests: {served} served, {refused} refused of {n}")
-    ttft = np.array(first_token) - arrival  # [n] s; NaN: no first token
+    ttft = sim.first_token - arrival  # [n] s; NaN: no first token
     got = ~np.isnan(ttft)
     waits_first = ttft[got]
+    admitted_at = sim.admitted_at
     queue_waits = (admitted_at - arrival)[~np.isnan(admitted_at)]  # arrival to first admission
-    good = int(np.sum(ok & got & (np.nan_to_num(ttft, nan=np.inf) <= cfg.ttft_target_s)))
+    good = int(np.sum(sim.served & got & (np.nan_to_num(ttft, nan=np.inf) <= cfg.ttft_target_s)))
     span = max(float(arrival.max()) if n else 0.0, 1e-9)
     return PressureResult(
         pressure=pressure,
@@ -232,12 +169,12 @@ def replay_pressure(
         queue_wait_p99_s=float(np.percentile(queue_waits, 99)) if len(queue_waits) else 0.0,
         ttft_p99_s=float(np.percentile(waits_first, 99)) if len(waits_first) else 0.0,
         goodput_rps=good / span,
-        simulated_s=t,
-        num_steps=steps,
-        peak_usage=peak,
-        max_level=max_level,
+        simulated_s=t_end,
+        num_steps=sim.num_steps,
+        peak_usage=sim.usage.max_u / cfg.capacity_pages,
+        max_level=sim.max_level,
         controller_counts={k: dict(v) for k, v in controller.counts.items()} if controller else {},
-        elapsed_s=time.perf_counter() - started,
+        elapsed_s=time.perf_counter() - sim.start,
     )
 
 

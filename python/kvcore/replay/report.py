@@ -121,23 +121,27 @@ class PolicyResult:
     num_refused_too_large: int  # could not fit even in an otherwise empty cache (prompt, or prompt + output)
     num_refused_timeout: int  # timed: waited longer than max_queue_wait_s for admission
     num_admission_failures: int  # add_sequence calls answered None (a queued request may fail several times)
-    num_preemptions: int  # timed: running requests freed and requeued to make room for a decode step
-    num_append_failures: int  # timed: append calls answered False (each followed by a preemption)
+    num_preemptions: int  # timed: running requests freed and requeued to make room (the scheduler's count)
+    num_append_failures: (
+        int  # timed: decode appends and chunk reservations answered False (then a preemption)
+    )
     prompt_tokens: int  # prompt tokens of the served requests, at their first admission
     hit_tokens: int  # of those, found cached (whole pages, uncapped; see the module docs)
     prefill_tokens_saved: int  # of those, not computed (hits capped at prompt_len - 1)
-    recomputed_tokens: int  # timed: tokens computed again when preempted requests came back
+    recomputed_tokens: int  # timed: tokens computed before a preemption and again when the request came back
     prompt_pages: int  # sum of ceil(prompt_len / page_size) over the served requests
     hit_pages: int  # of those, found cached
     num_evicted_pages: int  # pages evicted from the prefix cache during the replay
     peak: UsageSplit  # largest in_use, cached, pinned and *smallest* free, each on its own (the tightest)
     mean: UsageSplit  # timed: time-weighted mean; sequential: mean over sampled admissions
-    peak_running: int  # most sequences live at once (1 in sequential mode)
+    peak_running: int  # most sequences live at once (timed: admitted, loading ones too; 1 in sequential mode)
     queue_wait_mean_s: float  # timed: mean wait from arrival to first admission of served requests
     queue_wait_p50_s: float  # timed: median of the same
     queue_wait_p99_s: float  # timed: 99th percentile of the same
     queue_wait_max_s: float  # timed: longest of the same
-    simulated_s: float  # timed: simulated time from the first arrival to the last release; 0 sequential
+    simulated_s: (
+        float  # timed: simulated time from the first arrival to the end of the last step; 0 sequential
+    )
     elapsed_s: float  # wall-clock seconds the replay took
     priority_hit_rates: dict[str, float] = field(
         default_factory=dict
@@ -370,8 +374,9 @@ def format_report(report: ReplayReport) -> str:
     if report.mode == "timed":
         s = report.settings
         lines.append(
-            f"  engine     prefill {s['prefill_rate']:,.0f} tok/s, decode {s['decode_rate']:,.0f} tok/s per"
-            f" request, {s['decode_chunk']}-token steps, queue wait <= {s['max_queue_wait_s']:g} s"
+            f"  engine     kvcore.scheduler; per request prefill {s['prefill_rate']:,.0f} tok/s"
+            f" ({s['prefill_chunk_tokens']:,} a step), decode {s['decode_rate']:,.0f} tok/s;"
+            f" queue wait <= {s['max_queue_wait_s']:g} s"
         )
     tier_line = _tier_line(report)
     if tier_line is not None:

@@ -130,6 +130,10 @@ class TokenSource:
         self._ramp: _U32 = np.arange(1, dtype=np.uint32)  # [>= longest run built] 0, 1, 2, ...
         self._buf: _U32 = np.empty(1, dtype=np.uint32)  # [>= longest prompt built] the last prompt
         self._answer: _U32 = np.empty(1, dtype=np.uint32)  # [>= longest answer range] the last range
+        # answer_at's tables, built at its first call: [num_requests] int64 each.
+        self._answer_base: npt.NDArray[np.int64] | None = None
+        self._answer_lens: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
+        self._answer_single = False  # every request's answer is one run (or empty)
 
     @staticmethod
     def _grown(buf: _U32, n: int) -> _U32:
@@ -192,6 +196,39 @@ class TokenSource:
             if lo < hi:  # the run's tokens at answer positions [lo, hi)
                 np.add(ramp[: hi - lo], runs.bases[k] + (lo - a), out=out[lo - start : hi - start])
         return out[:n]
+
+    def answer_at(self, ids: npt.NDArray[np.int64], positions: npt.NDArray[np.int64]) -> _U32:
+        """Answer token ``positions[k]`` of request ``ids[k]``, ``[len(ids)]`` uint32, a new array: the
+        tokens a timed replay's engine samples in one step. A position at or past ``output_len`` (the
+        one token a request of output length 0 still samples to finish) gives 0: it is never computed.
+        One vectorized add for answers that are one run of ids (every fresh answer, the generator's)."""
+        if self._answer_base is None:
+            runs = self._output
+            n = len(self._output_lens)
+            base = np.full(
+                n, -1, dtype=np.int64
+            )  # [num_requests] token id of answer position 0; -1: no single run
+            lens = np.asarray(self._output_lens, dtype=np.int64)
+            indptr = np.asarray(runs.indptr, dtype=np.int64)
+            one = np.flatnonzero(np.diff(indptr) == 1)
+            if len(one):
+                first = indptr[one]
+                starts = np.asarray(runs.starts, dtype=np.int64)[first]
+                ends = np.asarray(runs.ends, dtype=np.int64)[first]
+                whole = (starts == 0) & (ends >= lens[one])
+                base[one[whole]] = np.asarray(runs.bases, dtype=np.int64)[first[whole]]
+            self._answer_base, self._answer_lens = base, lens
+            self._answer_single = bool(((base >= 0) | (lens == 0)).all())  # empty ones give 0 anyway
+        base, lens = self._answer_base, self._answer_lens
+        b = base[ids]
+        inside = positions < lens[ids]
+        if self._answer_single:  # every answer one run: one add, past-the-end positions zeroed
+            return np.where(inside, b + positions, 0).astype(np.uint32)
+        out = np.where(inside & (b >= 0), b + positions, 0).astype(np.uint32)
+        for k in np.flatnonzero(inside & (b < 0)).tolist():  # answers of several runs: rare
+            i, p = int(ids[k]), int(positions[k])
+            out[k] = self.answer(i, p, p + 1)[0]
+        return out
 
     def prompt_and_answer(self, i: int, num_answer: int) -> _U32:
         """The prompt followed by the first ``num_answer`` answer tokens (what a preempted request

@@ -1,6 +1,6 @@
 """The continuous-batching scheduler: requests in, one :class:`StepPlan` per forward pass out.
 
-An engine (or :mod:`kvcore.replay`, or ``kvcore demo``) drives it::
+An engine (or ``kvcore replay`` in timed mode, in simulated time, or ``kvcore demo``) drives it::
 
     sched = Scheduler(cache, max_num_batched_tokens=2048, max_num_seqs=256, controller=PressureController())
     sched.submit(Request(7, prompt, max_new_tokens=256), now)   # may raise RequestRejected (429 / 503)
@@ -17,20 +17,27 @@ decides is an event (:class:`SchedulerEvent`) in the next plan, and counted in :
 
 1. Requests that waited longer than ``max_queue_wait_s`` are refused (``timeout``, 503).
 2. The pressure controller, if any, reads the step's signals and decides the level's responses.
+   Requests whose lower-tier loads completed join the running ones (a failed load cut the hit: the
+   prompt is computed from there).
 3. Running requests that decode get one slot each (``append``, one batched call); a prefill chunk
    (chunked prefill) gets its slots (``reserve``), within the token budget
-   ``max_num_batched_tokens``. When a slot cannot be had, a victim is preempted: lowest priority
-   first, then the youngest (most recently admitted); it leaves by **swap** (its pages stored to the
-   first lower tier, when that costs less than recomputing them, see :class:`SwapCost`) or by
-   **recompute**, and returns to the front of the queue. A request that cannot grow even alone ends
-   (``capacity``).
+   ``max_num_batched_tokens`` and at most ``long_prefill_token_threshold`` tokens per request. When a
+   slot cannot be had, a victim is preempted: lowest priority first, then the youngest (most recently
+   admitted); it leaves by **swap** (its pages stored to the first lower tier, when that costs less
+   than recomputing them, see :class:`SwapCost`) or by **recompute**, and returns to the front of the
+   queue. A request that cannot grow even alone ends (``capacity``), unless room comes back (pages
+   being swapped out, or requests still loading, which hold pages and can be preempted once they run):
+   then it waits a step.
 4. Queued requests are admitted while the budget, the running cap and the memory allow: preempted ones
    first, then by arrival (``fcfs``) or by priority (``priority``). **Admission predicts demand**: a
    request needs its prompt's pages not already cached (an exact, side-effect-free prefix lookup)
    plus the output pages its class's answers reach at quantile ``1 - target_preemption_prob``
-   (:class:`OutputLengthEstimator`), and the running requests keep the pages of their own expected
-   answers. Past ``max_preemption_tax`` (recomputed / computed tokens), no new request is admitted
-   until the tax falls back; preempted ones still return.
+   (:class:`OutputLengthEstimator`), and the live requests keep the pages of their own expected
+   answers and of their prompts' chunks not yet reserved. After each admission the room is read again
+   from the cache (a hit on cached, evictable pages takes them out of it). ``prefix_lookup`` (e.g.
+   ``Mover.lookup``, for a shared tier) runs just before each admission's ``add_sequence``. Past
+   ``max_preemption_tax`` (recomputed / computed tokens), no new request is admitted until the tax
+   falls back; preempted ones still return.
 
 **Tenant quotas** (``tenant_max_pages``, ``tenant_min_pages``): a tenant's running requests hold at most
 its ceiling, and no admission of another tenant eats into the part of a tenant's floor it does not use;
@@ -44,7 +51,7 @@ import copy
 import heapq
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -111,6 +118,7 @@ class SchedulerStats:
     finished_by_reason: dict[str, int] = field(default_factory=dict)
     preemptions_by_kind: dict[str, int] = field(default_factory=lambda: {"swap": 0, "recompute": 0})
     num_failed_reservations: int = 0  # add_sequence / reserve / append that found no room
+    num_failed_admissions: int = 0  # of those, add_sequence (an admission the predicted room allowed)
     num_truncated: int = 0
     num_evicted_pages: int = 0  # by the controller's evict_harder
     computed_tokens: int = 0  # tokens the engine was asked to compute (every chunk and decode)
@@ -145,6 +153,7 @@ class _Req:
     with K/V written. While decoding, ``tokens[-1]`` is the sampled token not yet given to the manager."""
 
     __slots__ = (
+        "array",
         "arrival",
         "base",
         "cls",
@@ -159,6 +168,7 @@ class _Req:
         "priority",
         "request",
         "reserved",
+        "resumed",
         "rid",
         "started",
         "state",
@@ -170,6 +180,9 @@ class _Req:
         self.request = request
         self.rid = request.request_id
         self.tokens: list[int] = request.prompt.tolist()  # type: ignore[union-attr]
+        # ``tokens`` as an array, kept while they do not change (waiting, prefilling): the admission's
+        # lookups and the prefill rows read it every step without converting the list again.
+        self.array: npt.NDArray[np.uint32] = request.prompt  # type: ignore[assignment]
         self.arrival = arrival
         self.priority = int(request.priority)
         self.ns = request.namespace
@@ -183,7 +196,16 @@ class _Req:
         self.ever_computed = 0  # most tokens computed at once (what a preemption throws away)
         self.order = 0  # admission order (the youngest has the largest)
         self.started = False  # admitted at least once
+        self.resumed = False  # the last admission was a resume (after a preemption)
         self.state = _WAITING
+
+    def token_array(self) -> npt.NDArray[np.uint32]:
+        """``tokens`` as a uint32 array (tokens only grow, or are replaced by ``_truncate``, which
+        resets the array: a length that matches is a current array)."""
+        a = self.array
+        if len(a) != len(self.tokens):
+            a = self.array = np.asarray(self.tokens, np.uint32)
+        return a
 
 
 def _stop_groups(
@@ -226,6 +248,12 @@ class Scheduler:
             lower tier in the manager, and the engine to run its transfers (``kvcore.tiers.Mover``).
         tenant_max_pages / tenant_min_pages: per-namespace ceiling and floor of pages held by running
             requests (``None`` is the default namespace); each floor is set on the cache too.
+        long_prefill_token_threshold: prompt tokens one request computes in a step at most (vLLM's
+            name), so that a long prompt is chunked over several steps even when the budget would
+            take it whole. None: the budget alone limits a chunk.
+        prefix_lookup: called as ``prefix_lookup(tokens, namespace)`` just before each admission's
+            ``add_sequence`` (not for a request that waits for memory), so that pages a shared tier
+            holds are indexed first and loaded rather than recomputed: ``Mover.lookup``.
     """
 
     def __init__(
@@ -244,6 +272,8 @@ class Scheduler:
         swap: SwapCost | None = None,
         tenant_max_pages: Mapping[str | None, int] | None = None,
         tenant_min_pages: Mapping[str | None, int] | None = None,
+        long_prefill_token_threshold: int | None = None,
+        prefix_lookup: Callable[[npt.NDArray[np.uint32], str | None], object] | None = None,
     ) -> None:
         for name, v in (("max_num_batched_tokens", max_num_batched_tokens), ("max_num_seqs", max_num_seqs)):
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -261,6 +291,11 @@ class Scheduler:
         tax = max_preemption_tax
         if tax is not None and (isinstance(tax, bool) or not isinstance(tax, (int, float)) or not tax >= 0):
             raise ConfigError(f"max_preemption_tax must be None or >= 0, got {tax!r}")
+        chunk = long_prefill_token_threshold
+        if chunk is not None and (isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1):
+            raise ConfigError(f"long_prefill_token_threshold must be None or an integer >= 1, got {chunk!r}")
+        if prefix_lookup is not None and not callable(prefix_lookup):
+            raise ConfigError("prefix_lookup must be None or a callable (tokens, namespace)")
         if swap is not None and not cache.tier_names:
             raise ConfigError("swap needs a manager with a lower tier (lower_tiers=[('host', n)])")
         for name, quota in (("tenant_max_pages", tenant_max_pages), ("tenant_min_pages", tenant_min_pages)):
@@ -279,6 +314,8 @@ class Scheduler:
         self.estimator = estimator or OutputLengthEstimator(1.0 - target_preemption_prob)
         self.max_preemption_tax = tax
         self.swap = swap
+        self.long_prefill_token_threshold = chunk
+        self.prefix_lookup = prefix_lookup
         self.tenant_max = dict(tenant_max_pages or {})
         self.tenant_min = dict(tenant_min_pages or {})
         for ns, floor in self.tenant_min.items():  # and its cached pages go last in the cache
@@ -405,6 +442,7 @@ class Scheduler:
                     del self._loading[r.rid]
                     self._running[r.rid] = r
                     r.state = _RUNNING
+                    self._check_loaded_hit(r)
         budget = self.max_num_batched_tokens
         rows: list[_Req] = []  # scheduled, in plan order
         starts: list[int] = []
@@ -443,10 +481,12 @@ class Scheduler:
                 victim = self._victim()
                 if victim is stuck and len(self._running) == 1:
                     del decoding[done]
-                    if not self._swapping:  # alone, and nothing will come back: it can never grow
+                    if not self._swapping and not self._loading:  # alone, nothing comes back: it never grows
                         self._end(stuck, "capacity", now)
                         finished.append((stuck.rid, "capacity"))
-                    continue  # else the pages of this step's swaps are free after their stores
+                    # else it waits a step: this step's swaps free their pages once stored, and the
+                    # loading requests (which hold pages) can be preempted once they run.
+                    continue
                 self._preempt(victim, now)
                 if victim in decoding:
                     i = decoding.index(victim)
@@ -465,6 +505,7 @@ class Scheduler:
         self._decode_arrays_now = (d_ids, d_st, d_tok)
         self._decode_planned = True
         # 3b. running prefills (chunked), oldest first.
+        chunk = self.long_prefill_token_threshold or budget
         prefilling = (
             [r for r in self._running.values() if r.rid not in dec] if len(self._running) > len(dec) else []
         )
@@ -473,7 +514,7 @@ class Scheduler:
                 break
             if r.state != _RUNNING or r.computed >= r.known:
                 continue
-            n = min(r.known - r.computed, budget)
+            n = min(r.known - r.computed, budget, chunk)
             if not self._reserve(r, r.computed + n, now, finished):
                 continue
             rows.append(r)
@@ -951,7 +992,7 @@ class Scheduler:
             self._failed_this_step += 1
             victim = self._victim()
             if victim is r and len(self._running) == 1:
-                if not self._swapping:
+                if not self._swapping and not self._loading:  # as for a decode row (step)
                     self._end(r, "capacity", now)
                     finished.append((r.rid, "capacity"))
                 return False
@@ -992,6 +1033,12 @@ class Scheduler:
         later = have + max(0, total - r.generated)
         return -(-later // ps) - -(-have // ps)
 
+    def _unreserved_prompt_pages(self, r: _Req) -> int:
+        """Pages a prefilling (or loading) request's prompt still needs beyond its reserved slots (its
+        next chunks reserve them)."""
+        ps = self.page_size
+        return max(0, -(-len(r.tokens) // ps) - -(-max(r.reserved, r.computed) // ps))
+
     def _decode_promised(self, used: tuple[Any, ...]) -> int:
         """``_expected_extra_pages`` summed over the decoding requests, from the cached arrays: each
         row's tokens are its start + 1, its generated count max_new - remaining (no Python pass)."""
@@ -1027,20 +1074,23 @@ class Scheduler:
         loading: list[int],
     ) -> int:
         m, ps = self.cache, self.page_size
+        chunk = self.long_prefill_token_threshold or budget
         st = m.stats()
-        # Pages the running requests' answers still need (expected), kept out of the admissions.
-        used = self._dec_used
+        # Pages the live requests still need (their expected answers; prefills and loads, the rest of
+        # their prompts too), kept out of the admissions.
+        used, dec = self._dec_used, self._decoding
         if used is not None:  # every decoding request is a row of this step's cached arrays
-            dec = self._decoding
             promised = self._decode_promised(used)
-            if len(self._running) > len(dec):  # running prefills too
-                promised += sum(
-                    self._expected_extra_pages(r) for r in self._running.values() if r.rid not in dec
-                )
         else:
             self._sync_decoding()
-            promised = sum(self._expected_extra_pages(r) for r in self._running.values())
-        room = st.num_pages_free + st.num_pages_cached - promised
+            promised = sum(self._expected_extra_pages(r) for r in dec.values())
+        if len(self._running) > len(dec) or self._loading:
+            promised += sum(
+                self._expected_extra_pages(r) + self._unreserved_prompt_pages(r)
+                for r in (*self._running.values(), *self._loading.values())
+                if r.rid not in dec
+            )
+        avail = st.num_pages_free + st.num_pages_cached  # pages an admission can take now
         quotas = bool(self.tenant_max or self.tenant_min)
         tenants = self._tenant_pages(expected=True) if quotas else {}
         tax_ok = self.max_preemption_tax is None or self._stats.preemption_tax <= self.max_preemption_tax
@@ -1054,17 +1104,22 @@ class Scheduler:
                 break  # the preemption budget is spent: new requests wait (alone, one may run)
             if not resumed and decision is not None and decision.truncate:
                 self._truncate(r, now)
-            tokens = np.asarray(r.tokens, np.uint32)
-            hbm_hit = m.peek_prefix_len(tokens, r.ns) // ps
-            need = -(-len(r.tokens) // ps) - hbm_hit + self._expected_extra_pages(r)
-            if (self._running or self._loading) and need > room:
+            tokens = r.token_array()
+            prefix = m.peek_prefix_len(tokens, r.ns)  # uncapped, HBM only
+            need = -(-len(r.tokens) // ps) - prefix // ps + self._expected_extra_pages(r)
+            if (self._running or self._loading) and need > avail - promised:
                 break  # it would likely be preempted: wait for the running ones to finish
             if quotas and not self._tenant_allows(r, need, tenants):
                 skipped.add(r.ns)
                 continue
-            hit = m.add_sequence(r.rid, tokens, r.ns, r.priority, cache_prompt=False, reserve=budget)
+            if self.prefix_lookup is not None:
+                self.prefix_lookup(tokens, r.ns)
+            hit = m.add_sequence(
+                r.rid, tokens, r.ns, r.priority, cache_prompt=False, reserve=min(budget, chunk)
+            )
             if hit is None:
                 self._stats.num_failed_reservations += 1
+                self._stats.num_failed_admissions += 1
                 self._failed_this_step += 1
                 if not self._running and not self._loading:
                     self._take_waiting(r)
@@ -1078,7 +1133,6 @@ class Scheduler:
                     continue
                 break
             self._take_waiting(r)
-            room -= need
             if quotas:
                 tenants[r.ns] = tenants.get(r.ns, 0) + need
             r.known = len(r.tokens)
@@ -1086,6 +1140,12 @@ class Scheduler:
             r.committed_pages = int(hit) // ps
             r.reserved = int(m.num_reserved(r.rid))
             r.order = next(self._admissions)
+            r.resumed = resumed
+            # What it took (its new pages, and its hit pages that were evictable: the estimate above
+            # cannot tell those from pages other requests hold) and what it will still take.
+            st = m.stats()
+            avail = st.num_pages_free + st.num_pages_cached
+            promised += self._expected_extra_pages(r) + self._unreserved_prompt_pages(r)
             s = self._stats
             if resumed:
                 s.recomputed_tokens += max(0, min(r.ever_computed, r.known) - r.computed)
@@ -1094,7 +1154,9 @@ class Scheduler:
                 s.num_admitted += 1
                 s.prompt_tokens += r.known
                 s.hit_tokens += r.computed
-            self._event("admitted", r.rid, now, hit_tokens=r.computed, resumed=resumed)
+            self._event(
+                "admitted", r.rid, now, hit_tokens=r.computed, resumed=resumed, hbm_prefix_tokens=prefix
+            )
             if self._tiered and not m.is_ready(r.rid):
                 r.state = _LOADING
                 self._loading[r.rid] = r
@@ -1110,6 +1172,21 @@ class Scheduler:
                 counts.append(n)
                 budget -= n
         return budget
+
+    def _check_loaded_hit(self, r: _Req) -> None:
+        """A request whose loads completed: a failed load cut its hit before the failed page (the
+        manager's rule), so the tokens from there on are computed after all."""
+        hit = sum(self.cache.hit_tokens(r.rid).values())
+        if hit >= r.computed:
+            return
+        lost = r.computed - hit
+        s = self._stats
+        if r.resumed:
+            s.recomputed_tokens += lost
+        else:
+            s.hit_tokens -= lost
+        r.computed = hit
+        r.committed_pages = hit // self.page_size
 
     def _tenant_allows(self, r: _Req, need: int, held: dict[str | None, int]) -> bool:
         ceiling = self.tenant_max.get(r.ns)
@@ -1130,6 +1207,7 @@ class Scheduler:
         sink = r.request.sink_tokens
         before = len(r.tokens)
         r.tokens = r.tokens[:sink] + r.tokens[before - (w - sink) :]
+        r.array = np.asarray(r.tokens, np.uint32)
         r.base = len(r.tokens)
         self._stats.num_truncated += 1
         self._event("truncated", r.rid, now, from_len=before, to_len=len(r.tokens))
@@ -1211,10 +1289,8 @@ class Scheduler:
                 positions = (offsets + st[row_of]).astype(np.int32)
                 page_idx = pt.kv_indptr[:-1][row_of] + positions // ps
                 slots = pt.kv_indices[page_idx].astype(np.int64) * ps + positions % ps
-                tok_l: list[int] = []
-                for r, s0, c in zip(rows, starts, counts, strict=True):
-                    tok_l += r.tokens[s0 : s0 + c]
-                tok = np.concatenate([d_tok, np.array(tok_l, np.uint32)])
+                chunks = [r.token_array()[s0 : s0 + c] for r, s0, c in zip(rows, starts, counts, strict=True)]
+                tok = np.concatenate([d_tok, *chunks])
         else:
             pt = PageTable(np.zeros(1, np.int32), _EMPTY_I32, _EMPTY_I32)
             positions = _EMPTY_I32

@@ -77,7 +77,7 @@ class Request:
 EVENT_KINDS = (
     "queued",  # accepted by submit
     "rejected",  # refused (detail: reason, http_status, needed_pages)
-    "admitted",  # got its sequence (detail: hit_tokens, resumed)
+    "admitted",  # got its sequence (detail: hit_tokens, resumed, hbm_prefix_tokens: its uncapped HBM prefix)
     "loading",  # admitted with a lower-tier hit still loading
     "truncated",  # prompt cut to its window (detail: from_len, to_len)
     "preempted",  # freed to make room (detail: kind swap|recompute, computed_tokens)
