@@ -88,3 +88,29 @@ def test_bench_match_2048_with_1920_cached(benchmark: Any, where: str, tiers: bo
         assert sum(hit.values()) == 1_920 and hit["hbm"] == (1_920 if in_hbm else 0)
     else:
         assert benchmark(m.peek_prefix_len, PROMPT) == 1_920
+
+
+@pytest.mark.parametrize("depth", [64, 1024])
+def test_bench_commit_a_page_stored_to_the_host_tier(benchmark: Any, depth: int) -> None:
+    """Decode with ``store_policy="all"``: one more page's tokens are appended and committed at
+    ``depth`` pages, and its store is queued, taken and completed (200 rounds: the depth grows by
+    200). The tier path grows by one page per store; the cost must not grow with the whole path (it
+    walked it several times per page: 180 us per commit at 1,024 pages)."""
+    m = KVCacheManager(4_096, PS, lower_tiers=[("host", 8_192)], store_policy="all")
+    m.add_sequence(1, np.arange(1, depth * PS + 1, dtype=np.int32), cache_prompt=False)
+    done = itertools.count(1)
+
+    def commit_next() -> None:
+        m.commit(1, next(done) * PS)
+        b = m.take_transfers()
+        m.complete_transfers(np.unique(b.store_ops), True)
+
+    for _ in range(depth):
+        commit_next()
+    fresh = itertools.count(10**6)
+
+    def one() -> None:
+        assert m.append(1, [next(fresh) for _ in range(PS)])
+        commit_next()
+
+    benchmark.pedantic(one, rounds=200, iterations=1, warmup_rounds=5)

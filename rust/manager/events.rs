@@ -159,7 +159,10 @@ impl KVCacheManager {
         }
         let mut path = Vec::with_capacity(end_pages);
         st.tree.path_pages(node, end_pages, &mut path);
-        for &(pos, old, new) in swapped {
+        // In path order, so that a swapped parent's key has moved to its new page first.
+        let mut swapped = swapped.to_vec();
+        swapped.sort_unstable_by_key(|&(pos, _, _)| pos);
+        for (pos, old, new) in swapped {
             let ns = path
                 .get(pos)
                 .map(|&(_, ns)| ns)

@@ -371,8 +371,10 @@ pub(super) struct StoreOp {
     parent: PageKey,
     /// HBM node locked (the stored pages' path).
     hbm_node: NodeId,
-    /// Tier node locked (the parent copies' path).
+    /// Tier node locked (the parent copies' path), ending `tier_first` pages from the root (the
+    /// pages from there to `first` are earlier stores' in flight when this one was made).
     tier_node: NodeId,
+    tier_first: usize,
 }
 
 /// The loads of one admission, in flight: page `first + i` of sequence `seq` comes from slot
@@ -684,15 +686,23 @@ impl KVCacheManager {
         // The op's pages from this index on were adopted (the tier kept its own copies before).
         let mut stored_from = None;
         if good {
-            // The parent copies are locked: the tier still holds the first `first` pages.
-            let mut path: Vec<PageId> = Vec::with_capacity(s.first + s.slots.len());
-            tier.tree
-                .peek_prefix_pages(s.ns, &s.tokens[..s.first * ps], &mut path);
-            if path.len() == s.first {
+            // The parent copies are locked: the tier still holds the first `tier_first` pages, up
+            // to `tier_node`; the earlier stores' pages after them (to `first`) if they succeeded.
+            // The new pages continue the path from `tier_node` (a walk of what it adds, not of the
+            // whole path: a long sequence stored page by page stays one long tier node).
+            let base = s.tier_first;
+            let below = &s.tokens[base * ps..];
+            let have = tier
+                .tree
+                .peek_len_from(s.ns, s.tier_node, &below[..(s.first - base) * ps])
+                .map_err(internal)?;
+            if have == s.first - base {
+                // Positions before `first` are cached already: their ids are not read.
+                let mut path: Vec<PageId> = vec![crate::NULL_PAGE; s.first - base];
                 path.extend(s.slots.iter().map(|&slot| slot + 1));
                 let ins = tier
                     .tree
-                    .insert(s.ns, &s.tokens, &path, 0, now)
+                    .extend(s.ns, s.tier_node, below, &path, 0, now)
                     .map_err(internal)?;
                 let taken: HashSet<u32> = path[ins.adopted()].iter().map(|&id| id - 1).collect();
                 for (i, &slot) in s.slots.iter().enumerate() {
@@ -1065,6 +1075,7 @@ impl KVCacheManager {
                 parent: if a == 0 { self.root_key } else { keys[a - 1] },
                 hbm_node,
                 tier_node,
+                tier_first: visible,
             };
             st.transfers.stores.insert(id, (op, false));
             st.transfers.queued.push(id);
@@ -1097,9 +1108,12 @@ impl KVCacheManager {
     ) -> KvResult<()> {
         let ps = self.page_size;
         let mut path = Vec::new();
+        // A few missing keys are hashed (a page in about 0.2 us): walking a tier's path to copy
+        // them would cost a walk of the whole prefix on every page a decode fills.
+        const COPY_FROM_TIERS_ABOVE: usize = 32;
         for tier in &st.tiers {
-            if keys.len() >= n {
-                return Ok(());
+            if keys.len() + COPY_FROM_TIERS_ABOVE >= n {
+                break;
             }
             path.clear();
             tier.tree

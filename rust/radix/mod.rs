@@ -423,6 +423,13 @@ impl RadixTree {
         self.find(ns, tokens).total
     }
 
+    /// Pages of `tokens` cached below `node` (continuing its path), as [`extend`](Self::extend)
+    /// would find them, without touching anything. Err(InvalidArgument) if `node` is not live.
+    pub fn peek_len_from(&self, ns: Namespace, node: NodeId, tokens: &[u32]) -> KvResult<usize> {
+        self.check_node(node)?;
+        Ok(self.find_from(ns, node, tokens).total)
+    }
+
     /// The longest cached prefix of `tokens` visible from `ns`, as [`match_prefix`](Self::match_prefix)
     /// finds it, without touching, splitting or expiring anything: appends its page ids to `out`
     /// (in token order) and returns their number.
