@@ -201,7 +201,9 @@ __device__ __forceinline__ uint2 load8(const void* p) { return __ldg(reinterpret
 __device__ __forceinline__ uint4 lds16_volatile(const void* p) {
   uint4 v;
   const unsigned addr = static_cast<unsigned>(__cvta_generic_to_shared(p));
-  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr));
   return v;
 }
 

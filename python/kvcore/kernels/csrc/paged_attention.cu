@@ -196,7 +196,9 @@ __device__ __forceinline__ void paged_attention_impl(
       }
     }
 #pragma unroll
-    for (int kb = 0; kb < Shape::kKBlocks; ++kb) s_q[kb][lane] = make_uint4(qf[kb][0], qf[kb][1], qf[kb][2], qf[kb][3]);
+    for (int kb = 0; kb < Shape::kKBlocks; ++kb) {
+      s_q[kb][lane] = make_uint4(qf[kb][0], qf[kb][1], qf[kb][2], qf[kb][3]);
+    }
   }
   __syncthreads();
 
@@ -226,12 +228,14 @@ __device__ __forceinline__ void paged_attention_impl(
     v_off[r] = (2 * t + (r & 1) + 8 * (r >> 1)) * static_cast<int>(token_stride) + g * Shape::kVElems;
   }
   const int key_start = kv_begin + kStep * warp;
-  int page_next = one_page && key_start < kv_end ? checked_page(pages[key_start >> page_shift], key_start) : 0;
+  int page_next = 0;
+  if (one_page && key_start < kv_end) page_next = checked_page(pages[key_start >> page_shift], key_start);
 
   for (int key0 = key_start; key0 < kv_end; key0 += kStep * kWarps) {
     // ---- loads: K rows key0 + 8 * nb + g, V rows key0 + {2t, 2t+1, 2t+8, 2t+9}; zero past kv_end.
     const int step_page = page_next;
-    if (one_page && key0 + kStep * kWarps < kv_end) page_next = checked_page(pages[(key0 + kStep * kWarps) >> page_shift], key0 + kStep * kWarps);
+    const int key_next = key0 + kStep * kWarps;
+    if (one_page && key_next < kv_end) page_next = checked_page(pages[key_next >> page_shift], key_next);
     // A whole step on the null page (bounded caches: pages that left the window) is all masked: it would
     // leave the softmax state as it is, so it is skipped.
     if constexpr (kBounded && kOnePage) {
@@ -325,7 +329,8 @@ __device__ __forceinline__ void paged_attention_impl(
       const int s = kb / (kVec / 4), j = kb - s * (kVec / 4);
 #pragma unroll
       for (int nb = 0; nb < 2; ++nb) {
-        mma16816(s_acc[nb], qa, k_pair<Cache, C>(k_raw[nb][s], 2 * j), k_pair<Cache, C>(k_raw[nb][s], 2 * j + 1), C());
+        mma16816(s_acc[nb], qa, k_pair<Cache, C>(k_raw[nb][s], 2 * j), k_pair<Cache, C>(k_raw[nb][s], 2 * j + 1),
+                 C());
       }
     }
 
