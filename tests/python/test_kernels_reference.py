@@ -277,10 +277,13 @@ def _uniform_decode_plan(batch: int, ctx: int, **kw: int) -> tuple[Any, int]:
     return plan, plan.items.shape[0] * 8  # thread blocks: items x kv heads
 
 
-def _estimate(plan: Any, slots: int) -> int:
-    """The planner's cost model, recomputed from the items: waves x (longest item + a block's fixed cost)."""
-    longest = int((plan.items[:, 3] - plan.items[:, 2]).max())
-    return -(-plan.items.shape[0] * 8 // slots) * (longest + BLOCK_OVERHEAD_KEYS)
+def _estimate(plan: Any, slots: int) -> float:
+    """The planner's cost model recomputed from the plan's items (8 kv heads): whole waves of the mean
+    block (its keys + a fixed cost), never less than the longest block."""
+    work = plan.items[:, 3] - plan.items[:, 2]
+    blocks = plan.items.shape[0] * 8
+    mean = int(work.sum()) * 8 / blocks + BLOCK_OVERHEAD_KEYS
+    return max(-(-blocks // slots) * mean, int(work.max()) + BLOCK_OVERHEAD_KEYS)
 
 
 @pytest.mark.parametrize(("batch", "ctx"), [(1, 32768), (8, 32768), (64, 1024), (128, 4096), (256, 16384)])
@@ -297,6 +300,21 @@ def test_split_k_fills_whole_waves(batch: int, ctx: int) -> None:
     assert waves <= 1 or waves / math.ceil(waves) >= 0.75, (blocks, waves)
     if batch == 1:  # one sequence: its splits spread over most of the GPU
         assert blocks >= slots // 2
+
+
+def test_prefill_with_many_waves_is_not_split() -> None:
+    """64 prompts of 8k tokens, each over 8k keys (Llama-3.1-8B heads): a million blocks unsplit, far
+    more than any wave. A split would only add blocks and merges: none is made (one item per tile)."""
+    batch, ctx = 64, 8192
+    pages = ctx // 16
+    pt = (
+        np.arange(batch + 1, dtype=np.int32) * pages,
+        np.arange(1, batch * pages + 1, dtype=np.int32),
+        np.full(batch, 16, np.int32),
+    )
+    qi = (np.arange(batch + 1) * ctx).astype(np.int32)
+    plan = plan_attention(pt, qi, page_size=16, num_qo_heads=32, num_kv_heads=8, num_sms=132)
+    assert plan.num_partials == 0 and plan.items.shape[0] == batch * ctx * 4 // ROWS_PER_TILE
 
 
 def test_work_items_start_on_16_key_steps() -> None:

@@ -59,6 +59,8 @@ STEP_ALIGN = 16
 # (its Q load, the 4-warp merge, its output or partial; the merge kernel's pass per extra split).
 SPLIT_CANDIDATES = np.array([1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 32, 40, 48, 64, 96, 128], np.int64)
 BLOCK_OVERHEAD_KEYS = 64
+# From this many waves of unsplit blocks on, no split is searched (at most 1/8 of the last wave idle).
+SEARCH_BELOW_WAVES = 8
 
 
 class PageTableLike(Protocol):
@@ -270,11 +272,16 @@ def _wave_chunks(
     For each candidate ``s`` of :data:`SPLIT_CANDIDATES`, sequence ``b`` cuts its ``span[b]`` keys into
     ``ceil(span[b] / c)`` even chunks (multiples of :data:`CHUNK_ALIGN`, at least :data:`MIN_CHUNK_LEN`)
     with ``c = max(span) / s``; each tile then has as many items as chunks it touches (from ``lo`` to
-    ``keys``), and the batch's time is estimated as ``waves * (longest item + BLOCK_OVERHEAD_KEYS)``,
-    ``waves = ceil(blocks / slots)``. The smallest estimate wins; ties go to fewer splits.
+    ``keys``), and the batch's time is estimated by :func:`_estimate_time`. The smallest estimate wins;
+    ties go to fewer splits.
     """
     top = max(int(span.max(initial=1)), 1)
     span1 = np.maximum(span, 1)
+    if seq.shape[0] * num_kv_heads >= SEARCH_BELOW_WAVES * slots:
+        # Unsplit already fills many waves (a prefill): a last wave part empty costs little, and a
+        # split only adds blocks. The search would cost a pass over every tile per candidate.
+        unsplit: np.ndarray = _ceil_div(span1, CHUNK_ALIGN) * CHUNK_ALIGN
+        return unsplit
     c = np.maximum(MIN_CHUNK_LEN, _ceil_div(_ceil_div(top, SPLIT_CANDIDATES), CHUNK_ALIGN) * CHUNK_ALIGN)
     c = np.unique(c)[::-1]  # distinct target lengths, fewest splits first
     splits = np.maximum(1, _ceil_div(span1[None, :], c[:, None]))  # [candidates, batch]
@@ -282,10 +289,21 @@ def _wave_chunks(
     tc = chunks[:, seq]  # [candidates, tiles]
     items = np.maximum(1, _ceil_div(keys[None, :], tc) - lo[None, :] // tc)
     longest = np.minimum(tc, np.maximum(keys - lo, 1)[None, :]).max(axis=1, initial=1)
-    waves = _ceil_div(items.sum(axis=1) * num_kv_heads, slots)
-    best = int(np.argmin(waves * (longest + BLOCK_OVERHEAD_KEYS)))  # first minimum: fewest splits
+    work = int((keys - lo).sum()) * num_kv_heads  # keys read in all: the same for every split
+    est = _estimate_time(items.sum(axis=1) * num_kv_heads, work, longest, slots)
+    best = int(np.argmin(est))  # the first minimum: the fewest splits
     out: np.ndarray = chunks[best]
     return out
+
+
+def _estimate_time(blocks: Any, keys: int, longest: Any, slots: int) -> Any:
+    """The planner's cost model, in keys' worth of streaming: ``blocks`` thread blocks reading ``keys``
+    keys in all (each block also pays BLOCK_OVERHEAD_KEYS), on ``slots`` resident blocks. Whole waves of
+    the mean block, and never less than the longest block: uniform batches (decode) then see the cost
+    of a last wave left part empty, and batches with many waves (prefill) the cost of every extra split.
+    """
+    mean = keys / blocks + BLOCK_OVERHEAD_KEYS
+    return np.maximum(_ceil_div(blocks, slots) * mean, longest + BLOCK_OVERHEAD_KEYS)
 
 
 def plan_attention(
@@ -312,8 +330,9 @@ def plan_attention(
         num_sms: streaming multiprocessors (132 on H100/H200); only changes the split count.
         blocks_per_sm: attention thread blocks resident per SM (the kernels are built for 3; the GPU path
             asks the occupancy API). The split count is the one whose blocks best fill whole waves of
-            ``num_sms * blocks_per_sm``: the smallest estimated time, waves x (longest item + a block's
-            fixed cost), over a few candidate split counts.
+            ``num_sms * blocks_per_sm``: the smallest estimated time (whole waves of the mean block,
+            each block paying a fixed cost, never less than the longest block) over a few candidate
+            split counts.
         chunk_len: force the keys per split for every sequence (a multiple of 64).
         window, positions: the attention mask, as :func:`kvcore.kernels.paged_decode_attention` takes it;
             calls with this plan must pass the same. With a window the page table may hold the null
