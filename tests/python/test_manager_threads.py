@@ -100,4 +100,6 @@ def test_calls_on_a_long_sequence_release_the_interpreter(call: str) -> None:
         }[call]
         return other_thread_steps_during(action)
 
-    assert max(run_once() for _ in range(2)) >= 10
+    # Up to 5 tries: on a loaded 2-core machine the OS may not run the spinner within one call's few
+    # ms; an attached call gives it no step in any try (the short calls' control above).
+    assert any(run_once() >= 10 for _ in range(5))
