@@ -173,7 +173,9 @@ def _batches(
     """
     per = run(fn, 1)  # the first call (loads the kernel on first use)
     spent = per
-    while spent < warmup_s:
+    # A wall-clock cap too: a callable that put no work where ``run`` measures must not spin forever.
+    cap = time.monotonic() + 5.0 + 10.0 * warmup_s
+    while spent < warmup_s and time.monotonic() < cap:
         n = max(1, min(max_calls, math.ceil(0.02 / max(per, 1e-7))))
         t = run(fn, n)
         per, spent = t / n, spent + t

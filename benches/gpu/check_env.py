@@ -247,7 +247,9 @@ def ptx_trap(compute_capability: str) -> dict[str, str]:
                 version = "cubin"
             nvrtc.nvrtcDestroyProgram(prog)
             path = Path(f"/tmp/kvcore-probe-{os.getpid()}.{kind}")
-            path.write_bytes(buf.rstrip(b"\x00 ") + (b"\x00" if kind == "ptx" else b""))
+            # PTX: text, NUL-terminated once. A cubin is an ELF image of exactly the size NVRTC gave:
+            # it may end in zero bytes (the last program header's p_align), so it is written untouched.
+            path.write_bytes((buf.rstrip(b"\x00 ") + b"\x00") if kind == "ptx" else buf)
             fn = cp.RawModule(path=str(path)).get_function("probe")
             x = cp.zeros(32, cp.float32)
             fn((1,), (32,), (x,))

@@ -12,6 +12,7 @@ Output: stdout stays short (the device returns only its tail); the full text, tr
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -176,20 +177,38 @@ class Ledger:
         )
         return passed, line
 
-    def write_json(self) -> Path:
-        """``device_check.json``, written whole each time (atomically: a kill leaves the last good one)."""
+    def write_json(self, *, final: bool = False) -> Path:
+        """``device_check.json``, written whole each time (atomically: a kill leaves the last good one).
+
+        Only the last write (``final``, from the recap) can say ``"passed": true``: the ones after each
+        section and row say ``"complete": false`` and ``"passed": false``, so the file a run killed midway
+        (a timeout, the OOM killer, a crash) leaves behind never reads as a pass. Strict JSON: a
+        non-finite figure (the infinite error of a NaN output) is written as a string ("inf", "nan").
+        """
         passed, line = self.verdict()
         doc = {
             **self.results,
             "sections": self.sections,
             "checks": [asdict(c) for c in self.checks],
             "counts": self.counts(),
-            "verdict": line,
-            "passed": passed,
+            "verdict": line if final else f"INCOMPLETE (the run was still going, or was killed): {line}",
+            "passed": passed and final,
+            "complete": final,
             "seconds": round(self.budget.elapsed(), 1),
         }
         path = self.out_dir / "device_check.json"
         tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(doc, indent=1, default=str))
+        tmp.write_text(json.dumps(_finite(doc), indent=1, default=str, allow_nan=False))
         tmp.replace(path)
         return path
+
+
+def _finite(x: Any) -> Any:
+    """``x`` with every non-finite float (at any depth of dicts, lists, tuples) as its string."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return str(x)
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    return x

@@ -33,7 +33,8 @@ Budget: sweep and benchmarks ~2-3 minutes (--deadline 240 s at most); pytest get
 --time-limit (360 s) minus 5 s, so at least 115 s.
 
 Exit status: 0 PASS, 1 FAIL, 2 FAIL with CuPy or the device missing (nothing could be measured).
-Files under --out: device_check.json (every check and figure), device_check.log (all output, with the
+Files under --out: device_check.json (every check and figure; "complete" and "passed" stay false until
+the recap writes it last, so a killed run never reads as a pass), device_check.log (all output, with the
 tracebacks stdout leaves out), sweep.txt (every sweep case), junit.xml and pytest.log (the pytest part).
 
 Importing kvcore without its native module: see check_env.py (a bare "shell" package object for kvcore,
@@ -140,7 +141,9 @@ def compile_kernels(dev: Any, ledger: Ledger) -> None:
     for family in FAMILIES:
         start = time.monotonic()
         try:
-            loader.load_module(family, device_id)
+            # The arguments get_kernel passes (functools.cache keys on them): the module loaded here is
+            # the one every later launch takes its kernels from.
+            loader.load_module(family, device_id, loader.device_checks())
             ledger.ok("compile", f"compile {family}", True)
             print(f"  {family}.cu: loaded in {time.monotonic() - start:.1f} s")
         except Exception as e:
@@ -213,7 +216,7 @@ def finish(ledger: Ledger) -> bool:
     passed, line = ledger.verdict()
     if targets:
         line += f"; targets {sum(t['met'] for t in targets)}/{len(targets)} met"
-    path = ledger.write_json()
+    path = ledger.write_json(final=True)
     print(f"  JSON: {path}")
     print(line, flush=True)
     return passed

@@ -45,8 +45,13 @@ def _run(
         timeout=240,
     )
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    doc = json.loads((out / "device_check.json").read_text())
+    doc = json.loads((out / "device_check.json").read_text(), parse_constant=_no_constant)  # strict JSON
+    assert doc["complete"] is True  # the recap wrote it last
     return proc.returncode, proc.stdout, doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"device_check.json holds {name}, which is not JSON")
 
 
 def _last_line(text: str) -> str:
@@ -125,6 +130,59 @@ def test_without_cupy_the_device_run_fails_and_names_what_is_missing(tmp_path: P
     failed = {c["name"] for c in doc["checks"] if c["status"] == "fail"}
     assert {"CuPy", "CUDA device", "native module kvcore._kvcore"} <= failed
     assert not doc["passed"]
+
+
+def test_the_json_of_an_unfinished_run_never_reads_as_a_pass(tmp_path: Path) -> None:
+    """A run killed midway (a timeout, a crash) leaves the JSON of its last section: not a pass."""
+    import check_ledger
+
+    ledger = check_ledger.Ledger(tmp_path, strict=True, budget=check_ledger.Budget(10, 10))
+    ledger.ok("sweep", "a case", True)
+    ledger.record("sweep", "an infinite error", "pass", "err inf")
+    ledger.results["figures"] = {"err": float("inf"), "nested": [float("nan"), 1.5]}
+    for final in (False, True):
+        doc = json.loads(ledger.write_json(final=final).read_text(), parse_constant=_no_constant)
+        assert doc["passed"] is final and doc["complete"] is final
+        assert doc["verdict"].startswith("VERDICT: PASS" if final else "INCOMPLETE")
+        assert doc["figures"] == {"err": "inf", "nested": ["nan", 1.5]}
+
+
+def test_the_ptx_trap_loads_the_whole_cubin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe's cubin reaches the loader byte for byte (an ELF may end in zero bytes)."""
+    pytest.importorskip("cuda.bindings.nvrtc")  # the probe is compiled for real
+    import struct
+    import types
+
+    import check_env
+
+    loaded: dict[str, bytes] = {}
+
+    class RawModule:
+        def __init__(self, path: str) -> None:
+            data = Path(path).read_bytes()
+            loaded[Path(path).suffix] = data
+            if data[:4] == b"\x7fELF":  # the program headers, the last part of NVRTC's cubin, are whole
+                (phoff,) = struct.unpack_from("<Q", data, 0x20)
+                phentsize, phnum = struct.unpack_from("<HH", data, 0x36)
+                if phoff + phentsize * phnum > len(data):
+                    raise RuntimeError("CUDA_ERROR_INVALID_IMAGE (truncated cubin)")
+            elif not data.endswith(b"}\n\n\x00"):
+                raise RuntimeError("not a NUL-terminated PTX")
+
+        def get_function(self, name: str) -> Any:
+            return lambda grid, block, args: None
+
+    fake = types.SimpleNamespace(
+        RawModule=RawModule,
+        zeros=lambda n, dtype: np.zeros(n, dtype),
+        float32=np.float32,
+        cuda=types.SimpleNamespace(Device=lambda: types.SimpleNamespace(synchronize=lambda: None)),
+    )
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    out = check_env.ptx_trap("90")
+    assert out["cubin"] == "loads and runs (cubin)", out
+    assert out["ptx"].startswith("loads and runs (.version"), out
+    assert loaded[".cubin"][:4] == b"\x7fELF"
 
 
 # ------------------------------------------------------------------------------------ the pytest part
