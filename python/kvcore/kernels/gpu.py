@@ -395,6 +395,41 @@ def _attention(
     return result
 
 
+def _call(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    page_table: Any,
+    q_indptr: Any,
+    sm_scale: Any,
+    plan: AttentionPlan | None,
+    *,
+    decode: bool,
+    out: Any,
+    window: Any,
+    positions: Any,
+    page_scores: Any,
+) -> Any:
+    """Decode (``decode``; ``q_indptr`` unused) or prefill: the checks, a plan if none, the launches."""
+    layer, plan, scale = checks.prepare_attention(
+        q,
+        pool,
+        layer,
+        page_table,
+        q_indptr,
+        sm_scale,
+        plan,
+        decode=decode,
+        out=out,
+        occupancy=lambda: occupancy(pool, q, bounded=window is not None or page_scores is not None),
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+        device=True,
+    )
+    return _attention(q, pool, layer, plan, scale, out, page_scores)
+
+
 def paged_decode_attention(
     q: Any,
     pool: KVPool,
@@ -409,23 +444,8 @@ def paged_decode_attention(
     page_scores: Any = None,
 ) -> Any:
     """CUDA ``paged_decode_attention``; the contract is :func:`kvcore.kernels.paged_decode_attention`."""
-    layer, plan, scale = checks.prepare_attention(
-        q,
-        pool,
-        layer,
-        page_table,
-        None,
-        sm_scale,
-        plan,
-        decode=True,
-        out=out,
-        occupancy=lambda: occupancy(pool, q, bounded=window is not None or page_scores is not None),
-        window=window,
-        positions=positions,
-        page_scores=page_scores,
-        device=True,
-    )
-    return _attention(q, pool, layer, plan, scale, out, page_scores)
+    mask = {"window": window, "positions": positions, "page_scores": page_scores}
+    return _call(q, pool, layer, page_table, None, sm_scale, plan, decode=True, out=out, **mask)
 
 
 def paged_prefill_attention(
@@ -443,22 +463,8 @@ def paged_prefill_attention(
     page_scores: Any = None,
 ) -> Any:
     """CUDA ``paged_prefill_attention``; the contract is :func:`kvcore.kernels.paged_prefill_attention`."""
-    layer, plan, scale = checks.prepare_attention(
-        q,
-        pool,
-        layer,
-        page_table,
-        q_indptr,
-        sm_scale,
-        plan,
-        out=out,
-        occupancy=lambda: occupancy(pool, q, bounded=window is not None or page_scores is not None),
-        window=window,
-        positions=positions,
-        page_scores=page_scores,
-        device=True,
-    )
-    return _attention(q, pool, layer, plan, scale, out, page_scores)
+    mask = {"window": window, "positions": positions, "page_scores": page_scores}
+    return _call(q, pool, layer, page_table, q_indptr, sm_scale, plan, decode=False, out=out, **mask)
 
 
 # ------------------------------------------------------------------------------------ page copies

@@ -202,6 +202,39 @@ def attention(
     return out
 
 
+def _call(
+    q: Any,
+    pool: KVPool,
+    layer: int,
+    page_table: Any,
+    q_indptr: Any,
+    sm_scale: Any,
+    plan: AttentionPlan | None,
+    *,
+    decode: bool,
+    out: Any,
+    window: Any,
+    positions: Any,
+    page_scores: Any,
+) -> Any:
+    """Decode (``decode``; ``q_indptr`` unused) or prefill: the checks, a plan if none, the attention."""
+    layer, plan, scale = checks.prepare_attention(
+        q,
+        pool,
+        layer,
+        page_table,
+        q_indptr,
+        sm_scale,
+        plan,
+        decode=decode,
+        out=out,
+        window=window,
+        positions=positions,
+        page_scores=page_scores,
+    )
+    return attention(q, pool, layer, plan, scale, checks.output_like(q, np, out), page_scores)
+
+
 def paged_decode_attention(
     q: Any,
     pool: KVPool,
@@ -216,21 +249,8 @@ def paged_decode_attention(
     page_scores: Any = None,
 ) -> Any:
     """NumPy ``paged_decode_attention``; the contract is :func:`kvcore.kernels.paged_decode_attention`."""
-    layer, plan, scale = checks.prepare_attention(
-        q,
-        pool,
-        layer,
-        page_table,
-        None,
-        sm_scale,
-        plan,
-        decode=True,
-        out=out,
-        window=window,
-        positions=positions,
-        page_scores=page_scores,
-    )
-    return attention(q, pool, layer, plan, scale, checks.output_like(q, np, out), page_scores)
+    mask = {"window": window, "positions": positions, "page_scores": page_scores}
+    return _call(q, pool, layer, page_table, None, sm_scale, plan, decode=True, out=out, **mask)
 
 
 def paged_prefill_attention(
@@ -248,20 +268,8 @@ def paged_prefill_attention(
     page_scores: Any = None,
 ) -> Any:
     """NumPy ``paged_prefill_attention``; the contract is :func:`kvcore.kernels.paged_prefill_attention`."""
-    layer, plan, scale = checks.prepare_attention(
-        q,
-        pool,
-        layer,
-        page_table,
-        q_indptr,
-        sm_scale,
-        plan,
-        out=out,
-        window=window,
-        positions=positions,
-        page_scores=page_scores,
-    )
-    return attention(q, pool, layer, plan, scale, checks.output_like(q, np, out), page_scores)
+    mask = {"window": window, "positions": positions, "page_scores": page_scores}
+    return _call(q, pool, layer, page_table, q_indptr, sm_scale, plan, decode=False, out=out, **mask)
 
 
 # ------------------------------------------------------------------------------------ page copies
