@@ -815,6 +815,11 @@ impl KVCacheManager {
         }
         seq.num_inserted_pages = seq.num_inserted_pages.min(full);
         seq.keys.truncate(full);
+        // Copies past the cut are gone: pages refilled there later are other, uncomputed ones.
+        seq.copies.retain_mut(|r| {
+            r.1 = r.1.min(full);
+            r.0 < r.1
+        });
         self.release_table(st, &released)
     }
 

@@ -225,3 +225,20 @@ def test_a_cached_copy_another_sequence_holds_is_kept() -> None:
     m.free_sequence(3)
     s = m.stats()
     assert s.num_pages_in_use == 0 and s.num_pages_free + s.num_pages_cached == 19
+
+
+def test_a_copy_cut_by_truncate_is_not_adopted_when_its_page_is_refilled() -> None:
+    """A recomputed last page, truncated away before its copy was adopted, then refilled with the same
+    tokens in one append: that new copy is written by this very step, so the tree keeps its computed
+    copy until the next append (a stale range adopted at once would free the only computed copy)."""
+    m = KVCacheManager(20, PS)
+    prompt = list(range(1, 2 * PS + 1))
+    cached(m, 1, prompt)
+    tree_copy = m.match_prefix(prompt).pages.tolist()
+    m.add_sequence(2, prompt)
+    m.truncate(2, PS)  # back to the first page: the recomputed last page is released
+    assert m.append(2, prompt[PS:])  # the same tokens again, into a fresh page
+    assert m.match_prefix(prompt).pages.tolist() == tree_copy  # not swapped in the step that writes it
+    assert m.append(2, [99])  # that page is computed now: the tree takes it
+    mine = m.seq_pages(2).tolist()
+    assert m.match_prefix(prompt).pages.tolist() == mine[:2] != tree_copy
