@@ -939,8 +939,13 @@ impl KVCacheManager {
         if bounded {
             self.drop_bounded(st, seq_id)?;
         }
-        // What commit cached is computed: the tree can take the sequence's copies now.
-        let ready = st.seqs.get(&seq_id).map_or(0, |seq| seq.copies.len());
+        // What commit cached is computed: the tree can take the sequence's copies now. (A sequence
+        // that caches as it reserves recorded its copies before they were computed: its next
+        // append adopts them.)
+        let ready =
+            st.seqs
+                .get(&seq_id)
+                .map_or(0, |seq| if seq.auto_cache { 0 } else { seq.copies.len() });
         self.adopt_copies(st, seq_id, ready)?;
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.num_committed = seq.num_committed.max(num_tokens);

@@ -242,3 +242,17 @@ def test_a_copy_cut_by_truncate_is_not_adopted_when_its_page_is_refilled() -> No
     assert m.append(2, [99])  # that page is computed now: the tree takes it
     mine = m.seq_pages(2).tolist()
     assert m.match_prefix(prompt).pages.tolist() == mine[:2] != tree_copy
+
+
+def test_commit_on_a_caching_sequence_does_not_adopt_its_uncomputed_copy() -> None:
+    """commit is harmless on a cache_prompt=True sequence: it does not adopt the recomputed last page
+    (reserved at admission, computed only by the step before the next append)."""
+    m = KVCacheManager(20, PS)
+    prompt = list(range(1, 2 * PS + 1))
+    cached(m, 1, prompt)
+    tree_copy = m.match_prefix(prompt).pages.tolist()
+    m.add_sequence(2, prompt)
+    m.commit(2, PS)
+    assert m.match_prefix(prompt).pages.tolist() == tree_copy
+    assert m.append(2, [5])
+    assert m.match_prefix(prompt).pages.tolist() == m.seq_pages(2).tolist()[:2]
