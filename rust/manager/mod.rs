@@ -728,12 +728,12 @@ impl KVCacheManager {
     /// ranges are then forgotten, swapped or not (another holder of the tree's pages uses them:
     /// nothing is held for nobody). One walk up the sequence's path per range, once.
     fn adopt_copies(&self, st: &mut State, seq_id: SeqId, count: usize) -> KvResult<()> {
+        if count == 0 {
+            return Ok(()); // the common case (every append): no lookup
+        }
         let Some(seq) = st.seqs.get_mut(&seq_id) else {
             return Ok(());
         };
-        if count == 0 {
-            return Ok(());
-        }
         let ranges: Vec<(usize, usize)> = seq.copies.drain(..count.min(seq.copies.len())).collect();
         let (node, lock_pages, inserted) = (seq.node, seq.lock_pages, seq.num_inserted_pages);
         for (start, end) in ranges {

@@ -339,6 +339,14 @@ pub(crate) fn page_arg(obj: &Bound<'_, PyAny>, num_pages: usize) -> PyResult<Pag
     })
 }
 
+/// An optional argument: `None` when left out or None, else `convert`ed.
+pub(crate) fn opt_arg<'py, T>(
+    obj: Option<&Bound<'py, PyAny>>,
+    convert: impl FnOnce(&Bound<'py, PyAny>) -> PyResult<T>,
+) -> PyResult<Option<T>> {
+    obj.filter(|o| !o.is_none()).map(convert).transpose()
+}
+
 /// An integer count argument: non-integers raise `InvalidDTypeError`, negatives `InvalidArgumentError`.
 pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
     let value = int_value(obj, name)?;

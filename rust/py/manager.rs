@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PySlice, PyTuple};
 
 use super::convert::{
     bool_arg, bytes_arg, count_arg, counts_arg, float_arg, int_arg, int_value, iter_arg,
-    namespace_arg, page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
+    namespace_arg, opt_arg, page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
@@ -56,10 +56,7 @@ fn groups_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<usize>>> {
 
 /// An optional count argument (`None` when absent or None).
 fn opt_count(obj: Option<&Bound<'_, PyAny>>, name: &str) -> PyResult<Option<usize>> {
-    match obj.filter(|o| !o.is_none()) {
-        Some(o) => Ok(Some(count_arg(o, name)?)),
-        None => Ok(None),
-    }
+    opt_arg(obj, |o| count_arg(o, name))
 }
 static PAGE_STORED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PAGE_REMOVED: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -300,10 +297,7 @@ impl PyKVCacheManager {
         let namespace = namespace_arg(namespace)?;
         let priority: i32 = priority.or(0, |p| int_arg(p, "priority", "the int32 range"))?;
         let cache_prompt = cache_prompt.or(true, |c| bool_arg(c, "cache_prompt"))?;
-        let reserve = match reserve.filter(|r| !r.is_none()) {
-            Some(r) => Some(count_arg(r, "reserve")?),
-            None => None,
-        };
+        let reserve = opt_count(reserve, "reserve")?;
         let streaming = match (
             opt_count(sink_tokens, "sink_tokens")?,
             opt_count(recent_tokens, "recent_tokens")?,
@@ -478,10 +472,7 @@ impl PyKVCacheManager {
     ) -> PyResult<()> {
         let namespace = namespace_arg(namespace)?;
         let n = count_arg(num_pages, "num_pages")?;
-        let tier = match tier.filter(|t| !t.is_none()) {
-            Some(t) => Some(str_arg(t, "tier")?),
-            None => None,
-        };
+        let tier = opt_arg(tier, |t| str_arg(t, "tier"))?;
         Ok(self.run(py, false, |m| {
             m.set_tenant_floor(namespace.as_deref(), n, tier.as_deref())
         })?)
@@ -498,14 +489,8 @@ impl PyKVCacheManager {
         tier: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<()> {
         let namespace = namespace_arg(namespace)?;
-        let n = match num_pages.filter(|n| !n.is_none()) {
-            Some(n) => Some(count_arg(n, "num_pages")?),
-            None => None,
-        };
-        let tier = match tier.filter(|t| !t.is_none()) {
-            Some(t) => Some(str_arg(t, "tier")?),
-            None => None,
-        };
+        let n = opt_count(num_pages, "num_pages")?;
+        let tier = opt_arg(tier, |t| str_arg(t, "tier"))?;
         Ok(self.run(py, false, |m| {
             m.set_tenant_ceiling(namespace.as_deref(), n, tier.as_deref())
         })?)
@@ -609,14 +594,8 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
         let group = opt_count(group, "group")?.unwrap_or(0);
-        let compact = match compact.filter(|c| !c.is_none()) {
-            Some(c) => bool_arg(c, "compact")?,
-            None => false,
-        };
-        let counts = match num_tokens.filter(|n| !n.is_none()) {
-            Some(n) => Some(counts_arg(n, "num_tokens")?),
-            None => None,
-        };
+        let compact = opt_arg(compact, |c| bool_arg(c, "compact"))?.unwrap_or(false);
+        let counts = opt_arg(num_tokens, |n| counts_arg(n, "num_tokens"))?;
         let counts = counts.as_deref();
         let page_table = python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?;
         let Some(out) = out.filter(|o| !o.is_none()) else {
@@ -702,10 +681,7 @@ impl PyKVCacheManager {
         let group = opt_count(group, "group")?.unwrap_or(0);
         let id = self::seq_id(seq_id, "seq_id")?;
         let n = count_arg(num_tokens, "num_tokens")?;
-        let start = match start.filter(|s| !s.is_none()) {
-            Some(s) => Some(count_arg(s, "start")?),
-            None => None,
-        };
+        let start = opt_count(start, "start")?;
         Ok(PyArray1::from_vec(
             py,
             self.run(py, n >= LONG_TOKENS, |m| {

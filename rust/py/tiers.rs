@@ -5,7 +5,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use super::convert::{count_arg, float_arg, int_arg, namespace_arg, str_arg};
+use super::convert::{count_arg, float_arg, int_arg, namespace_arg, opt_arg, str_arg};
 use crate::error::KvError;
 use crate::manager::{StorePolicy, TierConfig, TransferBatch, ValueModel};
 
@@ -78,10 +78,8 @@ pub(crate) fn store_policy(
     policy: Option<&Bound<'_, PyAny>>,
     options: Option<&Bound<'_, PyAny>>,
 ) -> PyResult<StorePolicy> {
-    let name = match policy.filter(|p| !p.is_none()) {
-        Some(p) => str_arg(p, "store_policy")?,
-        None => "selective".into(),
-    };
+    let name =
+        opt_arg(policy, |p| str_arg(p, "store_policy"))?.unwrap_or_else(|| "selective".into());
     let options = match options.filter(|o| !o.is_none()) {
         None => None,
         Some(o) => Some(

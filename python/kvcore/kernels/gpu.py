@@ -53,7 +53,10 @@ def _launch(
     pool: KVPool, family: str, name: str, grid: tuple[int, ...], block: int, args: tuple[Any, ...]
 ) -> None:
     kernel = loader.get_kernel(family, name, int(pool.data.device.id))
-    _checked(pool, family, lambda: kernel(grid, (block,), args))()
+    if loader.device_checks():
+        _checked(pool, family, lambda: kernel(grid, (block,), args))()
+    else:
+        kernel(grid, (block,), args)
 
 
 _CHECK_WHAT = {1: "page id read from a device page table (at key", 2: "device slot (at token"}
