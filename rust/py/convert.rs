@@ -8,7 +8,7 @@
 //! write or resize the array at any moment, so what was validated would not be what is used. The copy
 //! costs about a nanosecond per id, less than the lookups that follow.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -84,28 +84,57 @@ fn view<T: numpy::Element>(
     }
 }
 
-/// Copy `len` 32-bit values at `ptr` into [`Ids`].
+/// Copy `len` 32-bit values at `ptr` into [`Ids`], with the bitwise OR of all of them (a sign check
+/// for free: testing the copy afterwards stalls on the stores just made).
 ///
 /// # Safety
 /// `ptr` must point to `len` aligned 4-byte values that stay allocated for the duration of the call
 /// (the caller holds a reference to the array that owns them, so NumPy refuses to resize or free
 /// them; only `resize(refcheck=False)`, which NumPy documents as unsafe, could break this).
-unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<Ids> {
+unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<(Ids, u32)> {
     // Other threads (free-threaded Python) may write these values while we copy. Reading them
     // through relaxed atomic loads makes that a defined race: each value read is one the array held
     // (every bit pattern is a valid u32), and the copy is what gets validated and used.
-    // SAFETY: aligned and live (the caller's contract); AtomicU32 has u32's layout.
-    let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU32>(), len) };
     if len <= INLINE_IDS {
-        let mut buf = [0u32; INLINE_IDS];
+        // SAFETY: aligned and live (the caller's contract); AtomicU32 has u32's layout.
+        let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU32>(), len) };
+        let (mut buf, mut any) = ([0u32; INLINE_IDS], 0);
         for (dst, s) in buf.iter_mut().zip(src) {
             *dst = s.load(Ordering::Relaxed);
+            any |= *dst;
         }
-        return Ok(Ids::Inline(buf, len));
+        return Ok((Ids::Inline(buf, len), any));
     }
     let mut out = copy_buffer::<u32>(len)?;
-    out.extend(src.iter().map(|s| s.load(Ordering::Relaxed)));
-    Ok(Ids::Heap(out))
+    // Atomic loads are not vectorised, so long arrays are read two ids per 8-byte load (twice as
+    // fast as one per id: 2,048 ids in about 270 ns against 480 ns, memcpy 190 ns). An 8-byte load
+    // of two adjacent ids reads each of them as a 4-byte atomic load would.
+    let head = usize::from(ptr as usize % 8 != 0);
+    let pairs = (len - head) / 2;
+    // SAFETY: `head` and the tail are within the `len` aligned values (the caller's contract).
+    let single = |i: usize| unsafe { (*ptr.add(i).cast::<AtomicU32>()).load(Ordering::Relaxed) };
+    let mut any = 0u64;
+    if head == 1 {
+        out.push(single(0));
+    }
+    // SAFETY: after `head` values the pointer is 8-aligned, and `pairs` 8-byte words lie within
+    // the `len` values; AtomicU64 has u64's layout.
+    let words = unsafe { std::slice::from_raw_parts(ptr.add(head).cast::<AtomicU64>(), pairs) };
+    // `extend` over the pairs, not `push` (five times slower here: a capacity check per id).
+    out.extend(words.iter().flat_map(|w| {
+        let w = w.load(Ordering::Relaxed);
+        any |= w;
+        let v = w.to_ne_bytes();
+        [
+            u32::from_ne_bytes([v[0], v[1], v[2], v[3]]),
+            u32::from_ne_bytes([v[4], v[5], v[6], v[7]]),
+        ]
+    }));
+    if out.len() < len {
+        out.push(single(len - 1));
+    }
+    let ends = out.first().copied().unwrap_or(0) | out.last().copied().unwrap_or(0);
+    Ok((Ids::Heap(out), ends | any as u32 | (any >> 32) as u32))
 }
 
 /// An empty vector with room for the copy of `len` ids, or `OutOfMemoryError` (a copy of a huge
@@ -207,7 +236,7 @@ pub(crate) fn page_ids(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
         let (ptr, len) = view(array, "page ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive; i32 and u32
         // share a layout.
-        return unsafe { copy_u32(ptr.cast::<u32>(), len) };
+        return unsafe { copy_u32(ptr.cast::<u32>(), len) }.map(|(ids, _)| ids);
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return Err(KvError::InvalidDType(format!(
@@ -261,10 +290,10 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        let ids = unsafe { copy_u32(ptr.cast::<u32>(), len) }?;
-        // The check runs on the copy. OR-ing every id and testing the sign bit vectorises (no
-        // early exit): this check runs on every prompt.
-        if ids.as_slice().iter().fold(0, |acc, &t| acc | t) >> 31 != 0 {
+        let (ids, any) = unsafe { copy_u32(ptr.cast::<u32>(), len) }?;
+        // The check is on the copy: the OR of every id copied, whose sign bit is set if one is
+        // negative (no early exit; this runs on every prompt).
+        if any >> 31 != 0 {
             return Err(negative_tokens());
         }
         return Ok(ids);
@@ -272,7 +301,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<u32>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        return unsafe { copy_u32(ptr, len) };
+        return unsafe { copy_u32(ptr, len) }.map(|(ids, _)| ids);
     }
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         let (ptr, len) = view(array, "token ids")?;

@@ -110,6 +110,39 @@ def test_a_clock_that_rewrites_appended_or_pinned_tokens_cannot_smuggle_them_in(
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+@pytest.mark.parametrize("dtype", [np.int32, np.uint32])
+def test_an_array_is_copied_exactly_at_every_offset_and_length(dtype: type) -> None:
+    # Long arrays are read two ids per 8-byte load: an odd first id (a 4-byte-aligned view) and an
+    # odd last one are read alone. Chained one-token page keys change from the first wrong token on.
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 2**31 - 1, size=80).astype(dtype)
+    for offset in range(3):
+        for n in (0, 1, 15, 16, 17, 18, 33, 64, 65, 77):
+            view = base[offset : offset + n]
+            want = kvcore.page_keys(view.tolist(), 1)
+            assert np.array_equal(kvcore.page_keys(view, 1), want), (offset, n)
+
+
+@pytest.mark.parametrize("where", [0, 1, 40, 63, 64])
+def test_a_negative_token_is_found_wherever_the_copy_reads_it(where: int) -> None:
+    t = np.arange(1, 66, dtype=np.int32)
+    t[where] = -3
+    for offset in (0, 1):
+        if where >= offset:
+            with pytest.raises(InvalidArgumentError, match="non-negative"):
+                kvcore.page_keys(t[offset:], 1)
+        else:
+            assert len(kvcore.page_keys(t[offset:], 1)) == 65 - offset
+
+
+def test_page_ids_are_copied_exactly_from_an_odd_offset() -> None:
+    a = PageAllocator(100)
+    pages = a.allocate(65)
+    assert pages is not None
+    a.free(pages[1:])
+    assert [a.ref_count(int(p)) for p in pages] == [1] + [0] * 64
+
+
 def test_copying_a_huge_array_is_an_out_of_memory_error_not_an_abort() -> None:
     """The argument copy is allocated fallibly: a 1.6 GB prompt under a 3 GiB address-space limit
     (it fits once, not twice) raises OutOfMemoryError; the process lives on."""

@@ -83,10 +83,11 @@ def test_a_call_waiting_for_a_long_one_does_not_hold_the_interpreter() -> None:
 
 @pytest.mark.parametrize("call", ["free_sequence", "truncate", "fork", "commit"])
 def test_calls_on_a_long_sequence_release_the_interpreter(call: str) -> None:
-    """free, truncate, fork and commit cost in proportion to the sequence: on a 1M-token one they
-    run detached (they took 3-7 ms attached before), while the same calls on short ones stay attached
-    (the control in test_long_calls_release_the_interpreter)."""
-    n = 1_000_000
+    """free, truncate, fork and commit cost in proportion to the sequence: on a long one they
+    run detached (on 1M tokens they took 3-7 ms attached before), while the same calls on short
+    ones stay attached (the control in test_long_calls_release_the_interpreter). 3M tokens: a free
+    of 1M shared pages takes under 2 ms, too short for the spinner to be scheduled reliably."""
+    n = 3_000_000
 
     def run_once() -> int:
         m = KVCacheManager(n + 8, 1)

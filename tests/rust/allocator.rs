@@ -149,6 +149,8 @@ enum Action {
     Retain(Vec<usize>),
     Free(Vec<usize>),
     FreeUnheld(PageId),
+    /// Held pages (shared ones too) followed by an id that is not a page: refused, nothing changed.
+    FreeThenBad(Vec<usize>, bool),
 }
 
 fn action() -> impl Strategy<Value = Action> {
@@ -157,6 +159,8 @@ fn action() -> impl Strategy<Value = Action> {
         prop::collection::vec(any::<usize>(), 0..4).prop_map(Action::Retain),
         prop::collection::vec(any::<usize>(), 0..6).prop_map(Action::Free),
         (0u32..40).prop_map(Action::FreeUnheld),
+        (prop::collection::vec(any::<usize>(), 0..6), any::<bool>())
+            .prop_map(|(idx, null)| Action::FreeThenBad(idx, null)),
     ]
 }
 
@@ -213,6 +217,12 @@ proptest! {
                         }
                         Err(_) => { prop_assert!(!legal); prop_assert_eq!(snapshot(&a), before); }
                     }
+                }
+                Action::FreeThenBad(idx, null) => {
+                    let mut pages = pick(&idx);
+                    pages.push(if null { 0 } else { num_pages as PageId });
+                    prop_assert!(free(&pages).is_err());
+                    prop_assert_eq!(snapshot(&a), before);
                 }
                 Action::FreeUnheld(p) => {
                     if !model.contains_key(&p) {
