@@ -10,6 +10,7 @@ echo "== radix tree alone (Rust, minimum of many calls)"
 cargo test -q --release --test radix -- --ignored --nocapture 2>&1 | grep -vE "^(running|test result|$)"
 echo "== pytest-benchmark: allocator (Python)"; .venv/bin/python -m pytest -q benches/python/bench_allocator.py $cols
 echo "== pytest-benchmark: manager (Python)"; .venv/bin/python -m pytest -q benches/python/bench_manager.py $cols
+echo "== manager in tight loops"; .venv/bin/python benches/manager_loop.py
 echo "== pytest-benchmark: page keys (Python calls)"; .venv/bin/python -m pytest -q benches/python/bench_page_keys.py $cols
 echo "== pytest-benchmark: replay (Python)"; .venv/bin/python -m pytest -q benches/python/bench_replay.py $cols
 echo "== pytest-benchmark: NumPy kernel references"
