@@ -224,9 +224,16 @@ class Device:
         fill_pool_xp(pool, seed)
         return "array ops"
 
-    def occupancy(self, pool: Any, q: Any) -> dict[str, int]:
+    def occupancy(self, pool: Any, q: Any, variant: str = "default") -> dict[str, int]:
         """``num_sms`` and ``blocks_per_sm`` for the plan (fixed stand-ins on the host)."""
         return {"num_sms": 4, "blocks_per_sm": 2}
+
+    def kernel_name(self, pool: Any, q: Any, plan: Any) -> str:
+        """The CUDA kernel a plain call with ``plan`` launches (the one it would launch, on the host)."""
+        from kvcore.kernels.gpu import attention_kernel
+
+        act = "fp16" if q.dtype == np.float16 else "bf16"
+        return attention_kernel(pool.kv_dtype, act, pool.head_dim, pool.page_size, variant=plan.variant)[1]
 
     def launcher(self, q: Any, pool: Any, plan: Any, sm_scale: float, out: Any) -> Callable[[], None]:
         """A zero-argument callable that runs the attention of ``plan`` into ``out``."""
@@ -358,10 +365,10 @@ class CupyDevice(Device):
         )
         return "kernel"
 
-    def occupancy(self, pool: Any, q: Any) -> dict[str, int]:
+    def occupancy(self, pool: Any, q: Any, variant: str = "default") -> dict[str, int]:
         from kvcore.kernels.gpu import occupancy
 
-        return occupancy(pool, q)
+        return occupancy(pool, q, variant=variant)
 
     def launcher(self, q: Any, pool: Any, plan: Any, sm_scale: float, out: Any) -> Callable[[], None]:
         from kvcore.kernels.gpu import attention_launcher

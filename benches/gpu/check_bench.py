@@ -41,10 +41,27 @@ class BenchRow:
     layout: str  # "HND" or "NHD"
     batch: int
     kv_len: int  # a multiple of the page size (every page full)
+    # also time every kernel variant with kernels for this cache (kvcore.kernels.plan.DECODE_VARIANTS) on
+    # the same pool, after the default kernel: side by side, to choose the default
+    variants: bool = False
 
     @property
     def name(self) -> str:
         return f"decode {self.kv_dtype} {self.layout} B={self.batch} L={self.kv_len}"
+
+
+def variant_name(row: BenchRow, variant: str) -> str:
+    """The ledger name of one variant's measurement of a row (the default keeps the row's name)."""
+    return row.name if variant == "default" else f"{row.name} variant={variant}"
+
+
+def row_variants(row: BenchRow) -> tuple[str, ...]:
+    """The kernels a row times: "default", then (``row.variants``) every variant for its cache."""
+    from kvcore.kernels._nvrtc import DECODE_VARIANTS
+
+    if not row.variants:
+        return ("default",)
+    return tuple(v.name for v in DECODE_VARIANTS.values() if row.kv_dtype in v.caches)
 
 
 @dataclass(frozen=True)
@@ -70,7 +87,7 @@ class BenchShapes:
 
 def llama_rows() -> tuple[BenchRow, ...]:
     """The targets first (so a tight deadline still measures them), then the grid, then 32k contexts."""
-    first = [BenchRow(dt, "HND", 128, 4096) for dt in ("bf16", "fp8", "int8")] + [
+    first = [BenchRow(dt, "HND", 128, 4096, variants=True) for dt in ("bf16", "fp8", "int8")] + [
         BenchRow("bf16", "NHD", 128, 4096)
     ]
     grid = [
@@ -80,7 +97,9 @@ def llama_rows() -> tuple[BenchRow, ...]:
         for n in (1024, 4096, 16384)
     ]
     long = [BenchRow(dt, "HND", b, 32768) for dt in ("bf16", "fp8", "int8") for b in (1, 8)]
-    return tuple(first + [r for r in grid if r not in first] + long)
+    firsts = {(r.kv_dtype, r.layout, r.batch, r.kv_len) for r in first}
+    rest = [r for r in grid if (r.kv_dtype, r.layout, r.batch, r.kv_len) not in firsts]
+    return tuple(first + rest + long)
 
 
 LLAMA = BenchShapes(
@@ -107,8 +126,8 @@ TINY = BenchShapes(
     page_size=16,
     act="bf16",
     rows=(
-        BenchRow("bf16", "HND", 2, 64),
-        BenchRow("fp8", "HND", 3, 128),
+        BenchRow("bf16", "HND", 2, 64, variants=True),
+        BenchRow("fp8", "HND", 3, 128, variants=True),
         BenchRow("int8", "NHD", 2, 256),
         BenchRow("bf16", "HND", 1, 512),
     ),
@@ -197,12 +216,12 @@ def _scales(kv_dtype: str, heads: int) -> tuple[np.ndarray, np.ndarray] | None:
 
 def attention_row(
     dev: Device, row: BenchRow, shapes: BenchShapes, ceiling: dict[str, float]
-) -> dict[str, Any]:
-    """Measure and check one decode row; returns its JSON record (``ok`` and ``problems`` included)."""
+) -> list[dict[str, Any]]:
+    """Measure and check one decode row, once per kernel of :func:`row_variants` (the default first), all
+    on the same pool and queries; returns their JSON records (``ok`` and ``problems`` included)."""
     from kvcore import kernels as K
-    from kvcore.pool import KVPool, dtypes
+    from kvcore.pool import KVPool
 
-    xp = dev.xp
     P, Hq, Hkv, D = shapes.page_size, shapes.num_qo_heads, shapes.num_kv_heads, shapes.head_dim
     B, L = row.batch, row.kv_len
     per_seq = L // P
@@ -226,9 +245,50 @@ def attention_row(
     pt = (np.arange(0, B * per_seq + 1, per_seq, dtype=np.int32), pages, np.full(B, P, np.int32))
     q_host = act_values(rng.normal(size=(B, Hq, D)) * shapes.q_gain, shapes.act)
     q = dev.asarray(q_host)
-    occ = dev.occupancy(pool, q)
-    plan = K.plan_attention(pt, np.arange(B + 1), page_size=P, num_qo_heads=Hq, num_kv_heads=Hkv, **occ)
     sm_scale = 1 / math.sqrt(D)
+    seqs = sorted({0, B // 2, B - 1})
+    dense: list[np.ndarray] = []  # the dense float64 model of those sequences, once for every kernel
+    for b in seqs:
+        k, v = seq_kv(dev, pool, 0, pages[b * per_seq : (b + 1) * per_seq], L)
+        dense.append(dense_attention(as_float(q_host[b : b + 1]), k, v, sm_scale))
+    dense_tol = max(tolerance(shapes.act, d, dense=True) for d in dense)
+    records = []
+    for variant in row_variants(row):
+        occ = dev.occupancy(pool, q, variant=variant)
+        plan = K.plan_attention(
+            pt, np.arange(B + 1), page_size=P, num_qo_heads=Hq, num_kv_heads=Hkv, variant=variant, **occ
+        )
+        record = _time_kernel(dev, row, shapes, ceiling, pool, q, pt, plan, occ, sm_scale, seqs, dense)
+        record.update({"fill": fill, "dense_tol": dense_tol})
+        if not record["dense_err"] <= dense_tol:
+            record["problems"].append(
+                f"dense model of sequences {seqs}: max err {record['dense_err']:.2e} > {dense_tol:.1e}"
+            )
+        record["ok"] = not record["problems"]
+        records.append(record)
+    return records
+
+
+def _time_kernel(
+    dev: Device,
+    row: BenchRow,
+    shapes: BenchShapes,
+    ceiling: dict[str, float],
+    pool: Any,
+    q: Any,
+    pt: tuple[np.ndarray, np.ndarray, np.ndarray],
+    plan: Any,
+    occ: dict[str, int],
+    sm_scale: float,
+    seqs: list[int],
+    dense: list[np.ndarray],
+) -> dict[str, Any]:
+    """Time the plan's kernel and check what was timed: its record, less ``ok`` and the dense tolerance."""
+    from kvcore import kernels as K
+    from kvcore.pool import dtypes
+
+    xp = dev.xp
+    B, L, Hkv, D = row.batch, row.kv_len, shapes.num_kv_heads, shapes.head_dim
     public = K.paged_decode_attention(q, pool, 0, pt, plan=plan)  # the public path, once
     out = xp.empty_like(q)
     launch = dev.launcher(q, pool, plan, sm_scale, out)
@@ -245,23 +305,17 @@ def attention_row(
         problems.append("timed output != public paged_decode_attention")
     if not bool(xp.isfinite(dtypes.to_float32(out, xp)).all()):
         problems.append("non-finite or unwritten output rows")
-    seqs = sorted({0, B // 2, B - 1})
     got = dev.fetch(out[dev.asarray(np.asarray(seqs))], SECTION)
-    dense_err, dense_tol = 0.0, 0.0
-    for i, b in enumerate(seqs):
-        k, v = seq_kv(dev, pool, 0, pages[b * per_seq : (b + 1) * per_seq], L)
-        d = dense_attention(as_float(q_host[b : b + 1]), k, v, sm_scale)
-        dense_err = max(dense_err, max_error(as_float(got[i : i + 1]), d))
-        dense_tol = max(dense_tol, tolerance(shapes.act, d, dense=True))
-    if not dense_err <= dense_tol:
-        problems.append(f"dense model of sequences {seqs}: max err {dense_err:.2e} > {dense_tol:.1e}")
+    dense_err = max(max_error(as_float(got[i : i + 1]), d) for i, d in enumerate(dense))
 
     kv_bytes = 2 * B * L * Hkv * D * pool.storage_dtype.itemsize
     bps = kv_bytes / t.median_s
     ctas = int(plan.items.shape[0]) * Hkv
     slots = occ["num_sms"] * occ["blocks_per_sm"]
-    record = {
-        "name": row.name,
+    return {
+        "name": variant_name(row, plan.variant),
+        "variant": plan.variant,
+        "kernel": dev.kernel_name(pool, q, plan),
         "kv_dtype": row.kv_dtype,
         "layout": row.layout,
         "B": B,
@@ -289,20 +343,17 @@ def attention_row(
         "chunk_len": int(plan.chunk_lens.max()),
         "dense_seqs": seqs,
         "dense_err": dense_err,
-        "dense_tol": dense_tol,
-        "fill": fill,
         "clocks": clk,
-        "ok": not problems,
         "problems": problems,
     }
-    return record
 
 
 # (header, width) of the row table; "|" separates groups.
 _COLUMNS = (
-    ("cache", 5), ("lay", 3), ("B", 4), ("L", 6), ("|", 1), ("ms/call", 8), ("[min-max]", 17), ("mode", 6),
-    ("|", 1), ("K/V GB", 6), ("TB/s", 5), ("%copy", 5), ("%read", 5), ("|", 1), ("CTAs", 6), ("/SM", 3),
-    ("waves", 6), ("|", 1), ("dense err", 9), ("|", 1), ("SM/mem MHz", 11), ("|", 1), ("s", 5),
+    ("cache", 5), ("lay", 3), ("B", 4), ("L", 6), ("variant", 14), ("|", 1), ("ms/call", 8),
+    ("[min-max]", 17), ("mode", 6), ("|", 1), ("K/V GB", 6), ("TB/s", 5), ("%copy", 5), ("%read", 5),
+    ("|", 1), ("CTAs", 6), ("/SM", 3), ("waves", 6), ("|", 1), ("dense err", 9), ("|", 1),
+    ("SM/mem MHz", 11), ("|", 1), ("s", 5),
 )  # fmt: skip
 
 
@@ -322,7 +373,8 @@ def _row_line(r: dict[str, Any], seconds: float, l2_bytes: int | None) -> str:
     l2 = " (L2?)" if l2_bytes and r["kv_gb"] * 1e9 < 2 * l2_bytes else ""
     status = "ok" if r["ok"] else "FAIL: " + "; ".join(r["problems"])
     values = [
-        r["kv_dtype"], r["layout"], str(r["B"]), str(r["L"]), "|", f"{r['median_ms']:.3f}",
+        r["kv_dtype"], r["layout"], str(r["B"]), str(r["L"]), r.get("variant", "default"), "|",
+        f"{r['median_ms']:.3f}",
         f"[{r['min_ms']:.3f}-{r['max_ms']:.3f}]", r["timing"], "|", f"{r['kv_gb']:.2f}", f"{r['tbs']:.2f}",
         pct(r["of_copy"]), pct(r["of_read"]), "|", str(r["ctas"]), str(r["ctas_per_sm"]), f"{r['waves']:.2f}",
         "|", f"{r['dense_err']:.1e}", "|", mhz, "|", f"{seconds:.1f}",
@@ -350,13 +402,14 @@ def attention_rows(
             continue
         start = time.monotonic()
         try:
-            r = attention_row(dev, row, shapes, ceiling)
-            rows.append(r)
-            ledger.ok(SECTION, row.name, r["ok"], "; ".join(r["problems"]) or f"{r['tbs']:.3f} TB/s")
+            measured = attention_row(dev, row, shapes, ceiling)
             seconds = time.monotonic() - start
-            print(_row_line(r, seconds, l2_bytes), flush=True)
-            if r["timing_note"]:
-                print(f"    note: {r['timing_note']}")
+            for r in measured:
+                rows.append(r)
+                ledger.ok(SECTION, r["name"], r["ok"], "; ".join(r["problems"]) or f"{r['tbs']:.3f} TB/s")
+                print(_row_line(r, seconds / len(measured), l2_bytes), flush=True)
+                if r["timing_note"]:
+                    print(f"    note: {r['timing_note']}")
         except Exception as e:
             seconds = time.monotonic() - start
             ledger.ok(SECTION, row.name, False, short_error(e))
@@ -366,13 +419,46 @@ def attention_rows(
             dev.free()
         slowest = max(slowest, seconds)
         ledger.write_json()
+    print_variants(rows)
     if shapes.targets:
         ledger.results["targets"] = targets(rows, ceiling)
 
 
+def print_variants(rows: list[dict[str, Any]]) -> None:
+    """The kernel variants side by side (TB/s, and against the default kernel), per row timed with them."""
+    timed: dict[str, dict[str, dict[str, Any]]] = {}  # row name -> variant -> record
+    for r in rows:
+        if "variant" in r:
+            base = r["name"].split(" variant=")[0]
+            timed.setdefault(base, {})[r["variant"]] = r
+    timed = {k: v for k, v in timed.items() if len(v) > 1}
+    if not timed:
+        return
+    names = list(dict.fromkeys(v for by in timed.values() for v in by))
+    print("  kernel variants, TB/s (x default); FAIL: the output check failed (see the rows above):")
+    print("  " + f"{'row':<36}" + "".join(f"{n:>16}" for n in names))
+    for base, by in timed.items():
+        ref = by.get("default", {}).get("tbs")
+        cells = []
+        for n in names:
+            r = by.get(n)
+            if r is None:
+                cells.append(f"{'-':>16}")
+            elif not r["ok"]:
+                cells.append(f"{'FAIL':>16}")
+            else:
+                ratio = f" (x{r['tbs'] / ref:.2f})" if ref else ""
+                cells.append(f"{r['tbs']:.2f}{ratio}".rjust(16))
+        print("  " + f"{base:<36}" + "".join(cells))
+
+
 def targets(rows: list[dict[str, Any]], ceiling: dict[str, float]) -> list[dict[str, Any]]:
     """The device targets, measured or not; printed (they are results, not checks of the harness)."""
-    found = {(r.get("kv_dtype"), r.get("layout"), r.get("B"), r.get("L")): r for r in rows if r.get("ok")}
+    found = {
+        (r.get("kv_dtype"), r.get("layout"), r.get("B"), r.get("L")): r
+        for r in rows
+        if r.get("ok") and r.get("variant") == "default"
+    }
     out: list[dict[str, Any]] = []
     bf16 = found.get(("bf16", "HND", 128, 4096))
     out.append(

@@ -26,7 +26,7 @@ from typing import Any, Literal, TextIO
 Status = Literal["pass", "fail", "not_run", "skipped"]
 
 # The results --inject-fault can corrupt (check_backend.Device.fetch), each before its comparison.
-FAULT_TAGS = ("append", "decode", "prefill", "pages", "bench")
+FAULT_TAGS = ("append", "decode", "variant", "prefill", "pages", "bench")
 
 
 @dataclass

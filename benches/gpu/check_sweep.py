@@ -12,6 +12,9 @@ What must agree, and how closely:
 - decode (G in 1/4/8/32, page size 1 and 16, forced split-K and unsplit, HND and NHD, 4 cache dtypes) and
   prefill over a cached prefix (same grid): ``check_dense.ACT_TOLERANCE`` against the reference, and
   that plus 4e-3 against the dense float64 model of ``check_dense`` (the second opinion);
+- the decode kernel variants (``kvcore.kernels.plan.DECODE_VARIANTS``: op "variant"), every decode case
+  of page size 16 again with a plan of each variant that has kernels for the cache, to the same
+  tolerances (the reference and the dense model computed once per case);
 - the benchmark's fill kernel: the exact bits of ``check_backend.pattern_bits``, every value finite.
 
 In the self-test the "device" is a NumPy pool too, so the reference meets itself (and the dense model is
@@ -144,7 +147,7 @@ class _Table:
         return "\n".join(out) + "\n"
 
 
-_OPS = ("fill", "append", "attention", "decode", "prefill", "pages", "copy", "gather", "scatter")
+_OPS = ("fill", "append", "attention", "decode", "variant", "prefill", "pages", "copy", "gather", "scatter")
 
 
 def _same_bytes(a: np.ndarray, b: np.ndarray) -> tuple[bool, int]:
@@ -293,14 +296,28 @@ def _seq_pool(
     return _SeqPool(cpu, (indptr, ids, last), kv, act)
 
 
-def _plan(sp: _SeqPool, q_indptr: np.ndarray, page_size: int, hq: int, hkv: int, split: bool) -> Any:
+def _plan(
+    sp: _SeqPool,
+    q_indptr: np.ndarray,
+    page_size: int,
+    hq: int,
+    hkv: int,
+    split: bool,
+    variant: str = "default",
+) -> Any:
     """A plan with split-K forced (64-key chunks) or forced off (one chunk per sequence); checked."""
     from kvcore.kernels import plan_attention
 
     longest = int(max(np.diff(sp.page_table[0]).max() * page_size, 64))
     chunk = 64 if split else math.ceil(longest / 64) * 64
     plan = plan_attention(
-        sp.page_table, q_indptr, page_size=page_size, num_qo_heads=hq, num_kv_heads=hkv, chunk_len=chunk
+        sp.page_table,
+        q_indptr,
+        page_size=page_size,
+        num_qo_heads=hq,
+        num_kv_heads=hkv,
+        chunk_len=chunk,
+        variant=variant,
     )
     merges = int(plan.merges.shape[0])
     if split != (merges > 0):
@@ -321,38 +338,55 @@ def _attention_case(
     q: np.ndarray,
     q_indptr: np.ndarray,
     plan: Any,
+    memo: dict[str, Any] | None = None,
 ) -> None:
+    """One case against the reference and the dense model; ``memo`` keeps both for the same case run again
+    with another kernel variant (the plan's ``variant``; the reference ignores it: the same partition)."""
     from kvcore import kernels as K
 
+    memo = {} if memo is None else memo
     scale = 1 / math.sqrt(q.shape[-1])
     pt = sp.page_table
     if op == "decode":
-        ref = K.paged_decode_attention(q, sp.cpu, 1, pt, plan=plan)
+        if "ref" not in memo:
+            memo["ref"] = K.paged_decode_attention(q, sp.cpu, 1, pt, plan=plan)
         out = K.paged_decode_attention(dev.asarray(q), pool, 1, pt, plan=plan)
     else:
-        ref = K.paged_prefill_attention(q, sp.cpu, 1, pt, q_indptr, plan=plan)
+        if "ref" not in memo:
+            memo["ref"] = K.paged_prefill_attention(q, sp.cpu, 1, pt, q_indptr, plan=plan)
         out = K.paged_prefill_attention(dev.asarray(q), pool, 1, pt, q_indptr, plan=plan)
-    got = as_float(dev.fetch(out, op))
-    want = as_float(ref)
+    tag = op if plan.variant == "default" else "variant"
+    got = as_float(dev.fetch(out, tag))
+    want = as_float(memo["ref"])
     err, tol = max_error(got, want), tolerance(act, want, dense=False)
+    if "dense" not in memo:  # per sequence: (rows of q, the dense model)
+        memo["dense"] = [
+            (
+                int(q_indptr[b]),
+                int(q_indptr[b + 1]),
+                dense_attention(as_float(q[q_indptr[b] : q_indptr[b + 1]]), *sp.kv[b], scale),
+            )
+            for b in range(q_indptr.shape[0] - 1)
+            if q_indptr[b + 1] > q_indptr[b]
+        ]
     dense_err, dense_tol = 0.0, 0.0
-    for b in range(q_indptr.shape[0] - 1):
-        q0, q1 = int(q_indptr[b]), int(q_indptr[b + 1])
-        if q1 == q0:
-            continue
-        d = dense_attention(as_float(q[q0:q1]), *sp.kv[b], scale)
+    for q0, q1, d in memo["dense"]:
         dense_err = max(dense_err, max_error(got[q0:q1], d))
         dense_tol = max(dense_tol, tolerance(act, d, dense=True))
     ok = err <= tol and dense_err <= dense_tol and out.dtype == q.dtype and tuple(out.shape) == q.shape
     detail = "" if ok else f"err {err:.2e} (tol {tol:.1e}), dense {dense_err:.2e} (tol {dense_tol:.1e})"
     status = "pass" if ok else "fail"
-    table.add(ledger, _Case(op, sp.cpu.kv_dtype, name, status, err, tol, dense_err, dense_tol, detail))
+    table.add(ledger, _Case(tag, sp.cpu.kv_dtype, name, status, err, tol, dense_err, dense_tol, detail))
 
 
 def check_attention(dev: Device, ledger: Ledger, table: _Table, shapes: SweepShapes) -> None:
-    """Decode and prefill over every (cache, page size, layout, G, split) of the grid."""
+    """Decode and prefill over every (cache, page size, layout, G, split) of the grid; decode with pages of
+    16 keys also with every kernel variant that has kernels for the cache (the default kernel first)."""
+    from kvcore.kernels._nvrtc import DECODE_VARIANTS
+
     H, D = shapes.num_kv_heads, shapes.head_dim
     for kv_dtype in KV_DTYPES:
+        variants = tuple(v.name for v in DECODE_VARIANTS.values() if kv_dtype in v.caches)
         for page_size in shapes.page_sizes:
             for layout in shapes.layouts:
                 for op, lens in (("decode", shapes.decode_lens), ("prefill", shapes.prefill_kv_lens)):
@@ -374,14 +408,20 @@ def check_attention(dev: Device, ledger: Ledger, table: _Table, shapes: SweepSha
                         q = act_values(rng.normal(size=(int(q_indptr[-1]), H * G, D)), act)
                         for split in (True, False):
                             name = f"{tag} G{G} {'split' if split else 'whole'} act={act}"
-                            try:
-                                plan = _plan(sp, q_indptr, page_size, H * G, H, split)
-                                _attention_case(
-                                    dev, ledger, table, op=op, sp=sp, pool=pool, name=name, act=act,
-                                    q=q, q_indptr=q_indptr, plan=plan,
-                                )  # fmt: skip
-                            except Exception as e:
-                                table.add(ledger, _Case(op, kv_dtype, name, "fail", detail=short_error(e)))
+                            memo: dict[str, Any] = {}
+                            for variant in variants if op == "decode" and page_size >= 16 else ("default",):
+                                vname = name if variant == "default" else f"{name} variant={variant}"
+                                try:
+                                    plan = _plan(sp, q_indptr, page_size, H * G, H, split, variant)
+                                    _attention_case(
+                                        dev, ledger, table, op=op, sp=sp, pool=pool, name=vname, act=act,
+                                        q=q, q_indptr=q_indptr, plan=plan, memo=memo,
+                                    )  # fmt: skip
+                                except Exception as e:
+                                    vop = op if variant == "default" else "variant"
+                                    table.add(
+                                        ledger, _Case(vop, kv_dtype, vname, "fail", detail=short_error(e))
+                                    )
 
 
 # ------------------------------------------------------------------------------------ page copies

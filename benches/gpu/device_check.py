@@ -17,13 +17,16 @@ Sections, in order; each prints its elapsed time, and device_check.json under --
 2. sweep (native-free, check_sweep.py): every kernel against kvcore.kernels.reference on the same pool
    contents, page tables built in NumPy: append_kv bit-exact (fp16/bf16/fp8/int8 x HND/NHD), decode
    (G 1/4/8/32, page size 1/16, split-K forced on and off, HND/NHD, every cache dtype), prefill over a
-   cached prefix, copy/gather/scatter pages; attention also against a dense float64 model. ~30 s; cases
-   not started within --sweep-limit are "not run" (a failure).
+   cached prefix, copy/gather/scatter pages; attention also against a dense float64 model; the decode
+   cases of page size 16 again with every kernel variant (kvcore.kernels.plan.DECODE_VARIANTS, op
+   "variant"). ~30-40 s; cases not started within --sweep-limit are "not run" (a failure).
 3. benchmarks (check_bench.py): copy and read ceilings; paged decode at Llama-3.1-8B shapes (32 q heads,
    8 kv heads, head_dim 128, G 4, page 16, pages scattered at random; bf16/fp8/int8; B 64/128/256 x
    1k/4k/16k, B 1/8 x 32k, one NHD row), each row timed (CUDA events, graphs for short calls) and its
    output checked against the dense model; gather/scatter to pinned host memory. A row that does not
-   fit before --deadline is "not run" (a failure).
+   fit before --deadline is "not run" (a failure). The three B=128 x 4k HND rows are also timed with every
+   kernel variant on the same pool (each checked the same way), then printed side by side (TB/s and
+   ratio to the default kernel), to choose the default.
 4. pytest tests/python/gpu (--junitxml=$OUT/junit.xml, --maxfail=20, -rfE, a timeout that keeps the
    whole run within --time-limit); a failure, a timeout or a skipped test fails the run.
 Then a recap; the last line is the verdict: "VERDICT: PASS|FAIL (n passed, n failed, n not run) in N s"
@@ -57,7 +60,7 @@ sys.path.insert(0, str(HERE))  # the check_* helpers beside this file
 
 from check_ledger import FAULT_TAGS, Budget, Ledger, open_log, short_error  # noqa: E402
 
-FAMILIES = ("append_kv", "paged_attention", "page_copy")
+FAMILIES = ("append_kv", "paged_attention", "decode_variants", "page_copy")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -76,13 +76,27 @@ def test_self_test_passes_without_the_native_module(tmp_path: Path) -> None:
     assert "kvcore imported without its native module" in text
     cases = doc["sweep"]["cases"]
     ops = {c["op"] for c in cases}
-    assert ops == {"fill", "append", "decode", "prefill", "copy", "gather", "scatter"}
+    assert ops == {"fill", "append", "decode", "variant", "prefill", "copy", "gather", "scatter"}
     assert len(cases) > 200 and all(c["status"] == "pass" for c in cases)
-    attention = [c for c in cases if c["op"] in ("decode", "prefill")]
+    # every decode case of page size 16 again per kernel variant with kernels for its cache
+    variants = {c["name"].split("variant=")[1] for c in cases if c["op"] == "variant"}
+    assert variants == {"wide", "pipelined", "pipelined3", "pipelined_wide"}
+    assert all(" ps16 " in c["name"] for c in cases if c["op"] == "variant")
+    attention = [c for c in cases if c["op"] in ("decode", "variant", "prefill")]
     # The dense model is a second opinion, not the reference again: it differs, within tolerance.
     assert all(0 < c["dense_err"] <= c["dense_tol"] for c in attention)
     rows = doc["bench"]
-    assert len(rows) == 4 and all(r["ok"] and 0 < r["dense_err"] <= r["dense_tol"] for r in rows)
+    assert len(rows) == 10 and all(r["ok"] and 0 < r["dense_err"] <= r["dense_tol"] for r in rows)
+    # two rows also timed with every variant for their cache (bf16: 2, fp8: 4), each its own record
+    timed = [(r["kv_dtype"], r["variant"]) for r in rows if r["variant"] != "default"]
+    assert timed == [("bf16", "pipelined"), ("bf16", "pipelined3")] + [
+        ("fp8", v) for v in ("wide", "pipelined", "pipelined3", "pipelined_wide")
+    ]
+    assert {r["kernel"] for r in rows if r["variant"] == "pipelined"} == {
+        "paged_attention_pipelined_bf16_bf16_d64",
+        "paged_attention_pipelined_bf16_fp8_d64",
+    }
+    assert "kernel variants, TB/s" in text
     assert all(r["ctas"] > 0 and r["waves"] > 0 and r["timing"] == "host" for r in rows)
     skipped = [c["name"] for c in doc["checks"] if c["status"] == "skipped"]
     assert skipped == ["offload host tier store", "offload host tier load"]  # need the native module
@@ -99,6 +113,8 @@ def test_every_injected_fault_fails_the_run(tmp_path: Path) -> None:
     statuses = _by_op(doc)
     for op in ("append", "decode", "prefill", "copy", "gather", "scatter"):
         assert statuses[f"sweep:{op}"] == {"fail"}, op  # every case of every corrupted result is caught
+    variant_cases = [c for c in doc["sweep"]["cases"] if c["op"] == "variant"]
+    assert variant_cases and all(c["status"] == "fail" for c in variant_cases)
     assert statuses["sweep:fill"] == {"pass"}  # ... and nothing else is blamed
     assert statuses["bench:decode"] == {"fail"}
     details = [
@@ -106,6 +122,18 @@ def test_every_injected_fault_fails_the_run(tmp_path: Path) -> None:
     ]
     assert all("dense model" in d for d in details)
     assert all(c["status"] == "pass" for c in doc["checks"] if c["name"].startswith("offload"))
+
+
+def test_a_wrong_variant_output_fails_only_the_variant_cases(tmp_path: Path) -> None:
+    """A corrupted variant result (the sweep's "variant" fetches) is caught, and the default kernel's
+    cases, compared to the same memoized reference, still pass."""
+    rc, _, doc = _run(["--self-test", "--inject-fault", "variant"], tmp_path)
+    assert rc == 1
+    by_op: dict[str, set[str]] = {}
+    for c in doc["sweep"]["cases"]:
+        by_op.setdefault(c["op"], set()).add(c["status"])
+    assert by_op["variant"] == {"fail"}
+    assert all(status == {"pass"} for op, status in by_op.items() if op != "variant"), by_op
 
 
 def test_rows_past_the_deadline_are_not_run_and_fail(tmp_path: Path) -> None:

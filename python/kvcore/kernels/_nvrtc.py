@@ -49,9 +49,11 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION_KINDS",
     "CACHE_DTYPES",
+    "DECODE_VARIANTS",
     "HEAD_DIMS",
     "KERNEL_NAMES",
     "CompileResult",
+    "DecodeVariant",
     "compile_cubin",
     "cuda_header_dirs",
     "find_kernel_dir",
@@ -59,6 +61,7 @@ __all__ = [
     "missing_kernels",
     "nvrtc_options",
     "nvrtc_version",
+    "pipeline_smem_bytes",
     "register_report",
     "smem_report",
 ]
@@ -83,6 +86,55 @@ def activation_for(act: str, cache: str) -> bool:
     return _table.PRECISIONS[cache].quantized or act == cache
 
 
+@dataclass(frozen=True)
+class DecodeVariant:
+    """A compile-time variant of the attention kernel (``csrc/paged_attention.cuh``, "decode variants").
+
+    The launcher takes it for plain (unbounded) decode calls on pages of >= 16 keys whose cache is in
+    ``caches``, and the default kernel everywhere else (:func:`kvcore.kernels.gpu.attention_kernel`).
+    """
+
+    name: str  # what plan_attention(variant=...) takes; the kernel-name infix (none for "default")
+    sub_steps: int  # 16-key sub-steps per warp step (kSub): 1, or 2 (32 keys, 8-bit caches)
+    stages: int  # cp.async ring stages per warp (kStages); 0: loads straight into registers
+    caches: tuple[str, ...]  # cache dtypes with kernels of this variant
+    doc: str  # one line for documentation and error messages
+
+
+_EIGHT_BIT: tuple[str, ...] = tuple(c for c in CACHE_DTYPES if _table.PRECISIONS[c].quantized)
+
+# Every decode variant, the default first. Not "default": csrc/decode_variants.cu (its own family).
+DECODE_VARIANTS: dict[str, DecodeVariant] = {
+    v.name: v
+    for v in (
+        DecodeVariant("default", 1, 0, CACHE_DTYPES, "16-key steps, K/V loaded into registers"),
+        DecodeVariant("wide", 2, 0, _EIGHT_BIT, "8-bit caches: 32-key steps, loaded into registers"),
+        DecodeVariant("pipelined", 1, 2, CACHE_DTYPES, "16-key steps through a 2-stage cp.async ring"),
+        DecodeVariant("pipelined3", 1, 3, CACHE_DTYPES, "16-key steps through a 3-stage cp.async ring"),
+        DecodeVariant("pipelined_wide", 2, 2, _EIGHT_BIT, "8-bit caches: 32-key steps, 2-stage ring"),
+    )
+}
+
+
+def pipeline_smem_bytes(cache: str, head_dim: int, variant: str) -> int:
+    """Dynamic shared memory of a variant's kernel per block: ``sizeof(PipeSmem)``, 0 without a ring.
+
+    The Q fragments (``32 * head_dim`` bytes), the warps' m and l (512), and the larger of the rings
+    (warps x stages x 16-byte slots per step x 32 lanes) and the warps' O states they alias. CI checks this
+    against the compiled ``sizeof`` (tests/python/test_kernels_compile.py).
+    """
+    v = DECODE_VARIANTS[variant]
+    if v.stages == 0:
+        return 0
+    size = _table.PRECISIONS[cache].bits // 8
+    k_loads = head_dim * size // 64  # 16-byte loads per key row per lane: D / (4 * (16 / size))
+    v_words = head_dim // 8 * size // 4  # 32-bit words of V per key per lane
+    slots = v.sub_steps * (2 * k_loads + 4 * max(1, v_words // 4))
+    ring = 4 * v.stages * slots * 32 * 16
+    o_states = 4 * 16 * (head_dim + 1) * 4
+    return 32 * head_dim + 512 + max(ring, o_states)
+
+
 KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     "append_kv": tuple(
         f"append_kv_{a}_{c}" for c in CACHE_DTYPES for a in ACTIVATIONS if activation_for(a, c)
@@ -97,6 +149,15 @@ KERNEL_NAMES: dict[str, tuple[str, ...]] = {
     )
     + tuple(f"{kind}_{a}" for kind in ("attention_merge", "attention_merge_lse") for a in ACTIVATIONS),
     "page_copy": ("copy_pages", "gather_pages", "scatter_pages"),
+    "decode_variants": tuple(
+        f"paged_attention_{v.name}_{a}_{c}_d{d}"
+        for v in DECODE_VARIANTS.values()
+        if v.name != "default"
+        for c in v.caches
+        for a in ACTIVATIONS
+        if activation_for(a, c)
+        for d in HEAD_DIMS
+    ),
 }
 
 
@@ -249,8 +310,13 @@ def register_report(log: str) -> list[tuple[str, int, int]]:
 
 
 def smem_report(log: str) -> dict[str, int]:
-    """Static shared memory bytes of every function in a ``--ptxas-options=-v`` log."""
-    return {
-        fn: int(smem)
-        for fn, smem in re.findall(r"function '(\w+)'.*?Used \d+ registers.*?(\d+) bytes smem", log, re.S)
-    }
+    """Static shared memory bytes of every function in a ``--ptxas-options=-v`` log (0: none reported).
+
+    Read from each function's own "Used N registers" line: a function without static shared memory (the
+    pipelined variants take theirs dynamically) must not be given the next function's.
+    """
+    out = {}
+    for fn, used in re.findall(r"function '(\w+)'.*?(Used \d+ registers[^\n]*)", log, re.S):
+        m = re.search(r"(\d+) bytes smem", used)
+        out[fn] = int(m.group(1)) if m else 0
+    return out

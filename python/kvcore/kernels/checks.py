@@ -20,6 +20,7 @@ from kvcore.kernels.plan import (
     AttentionPlan,
     PageTableLike,
     check_positions,
+    check_variant,
     check_window,
     kv_lengths,
     plan_attention,
@@ -160,7 +161,8 @@ def check_plan(plan: Any, pool: KVPool, q: Any) -> None:
 
     Raises:
         InvalidDTypeError: not a plan, or ``q`` is not ``[plan.num_q_tokens, num_qo_heads, head_dim]``.
-        InvalidArgumentError: the plan was made for other head counts or another page size.
+        InvalidArgumentError: the plan was made for other head counts or another page size, or its
+            ``variant`` names no kernel variant.
         InvalidPageError: the plan's page table reads a page this pool does not have.
     """
     if not isinstance(plan, AttentionPlan):
@@ -179,6 +181,7 @@ def check_plan(plan: Any, pool: KVPool, q: Any) -> None:
         raise InvalidArgumentError("plan: made for other head counts or another page size")
     if q.shape[0] != plan.num_q_tokens:
         raise InvalidDTypeError(f"q: the plan has {plan.num_q_tokens} query tokens, q has {q.shape[0]}")
+    check_variant(plan.variant)  # a plan's fields can be reassigned after plan_attention
     idx = plan.page_table.kv_indices
     low = 0 if plan.window is not None else 1  # a windowed plan may hold the null page (always masked)
     if idx.size and (int(idx.min()) < low or int(idx.max()) >= pool.num_pages):
@@ -278,6 +281,7 @@ def prepare_attention(
         # Checked here too (the plan checks them again), so that no occupancy query precedes a refusal.
         check_positions(positions, kv_lengths(pt, pool.page_size))
         check_page_scores(page_scores, pt.kv_indices.shape[0], device=device)
+        sizing: dict[str, Any] = occupancy() if occupancy is not None else {}  # num_sms, blocks_per_sm
         plan = plan_attention(
             pt,
             q_indptr,
@@ -286,7 +290,7 @@ def prepare_attention(
             num_kv_heads=pool.num_kv_heads,
             window=window,
             positions=positions,
-            **(occupancy() if occupancy is not None else {}),
+            **sizing,
         )
         check_plan(plan, pool, q)
         return layer, plan, scale

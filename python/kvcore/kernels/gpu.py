@@ -21,13 +21,14 @@ import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
 from kvcore.kernels import checks, loader
-from kvcore.kernels._nvrtc import HEAD_DIMS
+from kvcore.kernels._nvrtc import DECODE_VARIANTS, HEAD_DIMS, pipeline_smem_bytes
 from kvcore.kernels.plan import STEP_ALIGN, AttentionPlan, PageTableLike
 from kvcore.pool import KVPool, dtypes
 from kvcore.pool.checks import check_array
 
 __all__ = [
     "append_kv",
+    "attention_kernel",
     "attention_launcher",
     "copy_pages",
     "gather_pages",
@@ -54,7 +55,7 @@ def _launch(
 ) -> None:
     kernel = loader.get_kernel(family, name, int(pool.data.device.id))
     if loader.device_checks():
-        _checked(pool, family, lambda: kernel(grid, (block,), args))()
+        _checked(pool, (family,), lambda: kernel(grid, (block,), args))()
     else:
         kernel(grid, (block,), args)
 
@@ -62,30 +63,40 @@ def _launch(
 _CHECK_WHAT = {1: "page id read from a device page table (at key", 2: "device slot (at token"}
 
 
-def _checked(pool: KVPool, family: str, launch: Callable[[], None]) -> Callable[[], None]:
+def _checked(pool: KVPool, families: tuple[str, ...], launch: Callable[[], None]) -> Callable[[], None]:
     """``launch`` itself, or with device checks on (:func:`kvcore.kernels.loader.device_checks`) a
-    callable that sets the pool's limits, launches, waits, and raises at the first failed check."""
+    callable that sets the pool's limits, launches, waits, and raises at the first failed check.
+
+    ``families``: the modules whose kernels ``launch`` runs (each has its own check globals)."""
     if not loader.device_checks():
         return launch
     cp = pool.xp
-    module = loader.load_module(family, int(pool.data.device.id), True)
-    try:
-        limit = cp.ndarray((2,), cp.int64, module.get_global("kv_check_limit"))
-        error = cp.ndarray((4,), cp.int64, module.get_global("kv_check_error"))
-    except Exception:  # a family that reads no page table or slot (page_copy: ids checked on the host)
+    globals_ = []  # (family, limit, error) of every family that reads page tables or slots
+    for family in families:
+        module = loader.load_module(family, int(pool.data.device.id), True)
+        try:
+            limit = cp.ndarray((2,), cp.int64, module.get_global("kv_check_limit"))
+            error = cp.ndarray((4,), cp.int64, module.get_global("kv_check_error"))
+        except Exception:  # a family that reads no page table or slot (page_copy: ids checked on the host)
+            continue
+        globals_.append((family, limit, error))
+    if not globals_:
         return launch
     sizes = cp.asarray([pool.num_pages, pool.num_pages * pool.page_size], cp.int64)
 
     def run() -> None:
-        limit[...] = sizes
+        for _, limit, _ in globals_:
+            limit[...] = sizes
         launch()
-        flag, code, where, value = (int(x) for x in cp.asnumpy(error))  # waits for the launch
-        if flag:
-            error[...] = 0
-            raise InvalidPageError(
-                f"device check ({family}): {_CHECK_WHAT.get(code, 'value (at')} {where}) is {value}, outside "
-                f"the pool's {pool.num_pages} pages of {pool.page_size} slots; the kernel did not use it"
-            )
+        for family, _, error in globals_:
+            flag, code, where, value = (int(x) for x in cp.asnumpy(error))  # waits for the launch
+            if flag:
+                error[...] = 0
+                raise InvalidPageError(
+                    f"device check ({family}): {_CHECK_WHAT.get(code, 'value (at')} {where}) is {value}, "
+                    f"outside the pool's {pool.num_pages} pages of {pool.page_size} slots; the kernel did "
+                    "not use it"
+                )
 
     return run
 
@@ -187,13 +198,63 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
 # ------------------------------------------------------------------------------------ attention
 
 
-def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
+def attention_kernel(
+    kv_dtype: str,
+    act: str,
+    head_dim: int,
+    page_size: int,
+    *,
+    variant: str = "default",
+    bounded: bool = False,
+    decode: bool = True,
+) -> tuple[str, str, int]:
+    """(family, kernel name, dynamic shared memory bytes) of the attention kernel a call launches.
+
+    The plan's ``variant`` (:data:`kvcore.kernels.plan.DECODE_VARIANTS`) where it has a kernel: plain
+    calls (not ``bounded``: no window, no page scores) of decode plans (``decode``: one query token per
+    sequence at most; the variants are measured and checked on decode only) on pages of >= 16 keys, with a
+    cache the variant covers; the default kernel otherwise. Pure (no device): the choice is tested on
+    the CPU.
+    """
+    v = DECODE_VARIANTS[variant]
+    kind = "paged_attention_bounded" if bounded else "paged_attention"
+    if v.name == "default" or bounded or not decode or page_size < 16 or kv_dtype not in v.caches:
+        return "paged_attention", f"{kind}_{act}_{kv_dtype}_d{head_dim}", 0
+    return (
+        "decode_variants",
+        f"paged_attention_{v.name}_{act}_{kv_dtype}_d{head_dim}",
+        pipeline_smem_bytes(kv_dtype, head_dim, v.name),
+    )
+
+
+_SMEM_ALLOWED: dict[int, int] = {}  # id of a (memoized) kernel -> the dynamic shared memory it may take
+
+
+def _attention_function(name: tuple[str, str, int], dev: int) -> Any:
+    """The kernel of :func:`attention_kernel`, allowed its dynamic shared memory (over 48 KiB is opt-in,
+    once per kernel: the loader memoizes kernels)."""
+    family, kernel_name, smem = name
+    kernel = loader.get_kernel(family, kernel_name, dev)
+    if smem and _SMEM_ALLOWED.get(id(kernel), 0) < smem:
+        kernel.max_dynamic_shared_size_bytes = smem
+        _SMEM_ALLOWED[id(kernel)] = smem
+    return kernel
+
+
+def occupancy(pool: KVPool, q: Any, *, bounded: bool = False, variant: str = "default") -> dict[str, int]:
     """``num_sms`` and ``blocks_per_sm`` of the attention kernel ``q`` would launch on the pool's device.
 
-    From CUDA's occupancy calculator (registers and shared memory of the compiled kernel, the
-    bounded-cache variant when ``bounded``); 3 blocks per SM (what the kernels are built for) if it
-    cannot be asked. These size the split-K partition (:func:`plan_attention`).
+    From CUDA's occupancy calculator (registers and shared memory of the compiled kernel: the
+    bounded-cache one when ``bounded``, else the one of ``variant``, see :func:`attention_kernel`); 3
+    blocks per SM (what the kernels are built for) if it cannot be asked. These size the split-K
+    partition (:func:`plan_attention`).
+
+    Raises:
+        InvalidDTypeError, InvalidArgumentError: ``variant`` is not one of the variants.
     """
+    from kvcore.kernels.plan import check_variant
+
+    variant = check_variant(variant)
     check_array(q, "q")
     cp = pool.xp
     dev = int(pool.data.device.id)
@@ -204,11 +265,12 @@ def occupancy(pool: KVPool, q: Any, *, bounded: bool = False) -> dict[str, int]:
     blocks = 3  # kMinBlocks of csrc/paged_attention.cu
     if pool.head_dim in HEAD_DIMS:
         try:
-            kind = "paged_attention_bounded" if bounded else "paged_attention"
-            name = f"{kind}_{act}_{pool.kv_dtype}_d{pool.head_dim}"
-            kernel = loader.get_kernel("paged_attention", name, dev)
+            name = attention_kernel(
+                pool.kv_dtype, act, pool.head_dim, pool.page_size, variant=variant, bounded=bounded
+            )
+            kernel = _attention_function(name, dev)
             blocks = int(
-                cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _THREADS, 0)
+                cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr, _THREADS, name[2])
             )
         except Exception:  # an older CuPy without the call: what the kernels are built for
             blocks = 3
@@ -255,7 +317,8 @@ def attention_launcher(
 
     The mask is the plan's (its ``window``; positions are already folded into ``plan.kv_first``). A
     windowed plan, or a ``page_scores`` device array (float32 ``[kv_indptr[-1]]``, added to), launches
-    the bounded-cache kernel; ``page_scores`` then adds the page_scores kernel after the merge.
+    the bounded-cache kernel; ``page_scores`` then adds the page_scores kernel after the merge. Otherwise
+    the kernel is the plan's ``variant`` where it applies (decode plans, :func:`attention_kernel`).
 
     Raises:
         InvalidArgumentError: head_dim not in HEAD_DIMS, page_size not a power of two, an activation
@@ -305,8 +368,12 @@ def attention_launcher(
     o_part, lse_part = arrays[key]
     dev = int(pool.data.device.id)
     bounded = plan.window is not None or page_scores is not None
-    kind = "paged_attention_bounded" if bounded else "paged_attention"
-    attn = loader.get_kernel("paged_attention", f"{kind}_{act}_{pool.kv_dtype}_d{D}", dev)
+    decode = bool((np.diff(plan.q_indptr) <= 1).all())  # one query token per sequence (or none)
+    attn_name = attention_kernel(
+        pool.kv_dtype, act, D, pool.page_size, variant=plan.variant, bounded=bounded, decode=decode
+    )
+    attn = _attention_function(attn_name, dev)
+    attn_smem = attn_name[2]  # dynamic shared memory (pipelined variants), bytes
     null = np.uint64(0)  # a null pointer argument
     kv_first = arrays.get("kv_first", null)
     lse_rows = null
@@ -336,7 +403,7 @@ def attention_launcher(
         _i32(pool.page_size.bit_length() - 1),
     ) + ((kv_first, lse_rows) if bounded else ())
     attn_grid = (int(plan.items.shape[0]), Hkv)
-    launches = [(attn, attn_grid, attn_args)]
+    launches = [(attn, attn_grid, attn_args, attn_smem)]
     if plan.merges.shape[0]:
         merge_kind = "attention_merge_lse" if page_scores is not None else "attention_merge"
         merge = loader.get_kernel("paged_attention", f"{merge_kind}_{act}", dev)
@@ -350,7 +417,7 @@ def attention_launcher(
             _i32(Hkv),
             _i32(D),
         ) + ((lse_rows,) if page_scores is not None else ())
-        launches.append((merge, (int(plan.merges.shape[0]), Hkv), merge_args))
+        launches.append((merge, (int(plan.merges.shape[0]), Hkv), merge_args, 0))
     if page_scores is not None:
         scores = loader.get_kernel("paged_attention", f"page_scores_{act}_{pool.kv_dtype}_d{D}", dev)
         scores_args = (
@@ -366,15 +433,17 @@ def attention_launcher(
             _i32(Hkv),
             _i32(pool.page_size.bit_length() - 1),
         )
-        launches.append((scores, attn_grid, scores_args))
+        launches.append((scores, attn_grid, scores_args, 0))
+    # The device checks' globals are per module: a variant's kernel records into decode_variants'.
+    families = tuple(dict.fromkeys((attn_name[0], "paged_attention")))
     if len(launches) == 1:
-        return _checked(pool, "paged_attention", lambda: attn(attn_grid, (_THREADS,), attn_args))
+        return _checked(pool, families, lambda: attn(attn_grid, (_THREADS,), attn_args, shared_mem=attn_smem))
 
     def launch() -> None:
-        for kernel, grid, args in launches:
-            kernel(grid, (_THREADS,), args)
+        for kernel, grid, args, smem in launches:
+            kernel(grid, (_THREADS,), args, shared_mem=smem)
 
-    return _checked(pool, "paged_attention", launch)
+    return _checked(pool, families, launch)
 
 
 def _attention(

@@ -52,10 +52,13 @@ def device_arch(device_id: int | None = None) -> str:
 
 
 def _sources(kernel_dir: Path, family: str) -> tuple[bytes, bytes]:
+    """The family's source, and every header of the folder (``common.cuh``, ``paged_attention.cuh``):
+    what the cubin cache key covers, so that editing a header recompiles."""
     path = kernel_dir / f"{family}.cu"
     if family not in _nvrtc.KERNEL_NAMES or not path.is_file():
         raise ConfigError(f"no CUDA kernel family {family!r} in {kernel_dir}")
-    return path.read_bytes(), (kernel_dir / "common.cuh").read_bytes()
+    headers = b"\0".join(h.name.encode() + b"\0" + h.read_bytes() for h in sorted(kernel_dir.glob("*.cuh")))
+    return path.read_bytes(), headers
 
 
 @functools.cache
@@ -69,7 +72,7 @@ def load_module(family: str, device_id: int, checks: bool = False) -> Any:
         kernel_dir = _nvrtc.find_kernel_dir()
     except FileNotFoundError as e:
         raise ConfigError(str(e)) from None
-    source, common = _sources(kernel_dir, family)
+    source, header_bytes = _sources(kernel_dir, family)
     with cp.cuda.Device(device_id):
         arch = device_arch(device_id)
         try:
@@ -86,7 +89,9 @@ def load_module(family: str, device_id: int, checks: bool = False) -> Any:
         includes = _nvrtc.include_dirs(kernel_dir)
         opts = _nvrtc.nvrtc_options(arch, includes, device_checks=checks)
         key = hashlib.sha256(
-            b"\0".join([source, common, " ".join(opts[: -len(includes)]).encode(), repr(version).encode()])
+            b"\0".join(
+                [source, header_bytes, " ".join(opts[: -len(includes)]).encode(), repr(version).encode()]
+            )
         )
         path = cache_dir() / f"{family}-{arch}-{key.hexdigest()[:16]}.cubin"
         if not path.is_file():

@@ -31,14 +31,17 @@ from typing import Any, NamedTuple, Protocol
 import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
+from kvcore.kernels._nvrtc import DECODE_VARIANTS
 from kvcore.pool.checks import index_array
 
 __all__ = [
+    "DECODE_VARIANTS",
     "ROWS_PER_TILE",
     "AttentionPlan",
     "PageTableArrays",
     "PageTableLike",
     "check_positions",
+    "check_variant",
     "check_window",
     "kv_lengths",
     "plan_attention",
@@ -174,6 +177,7 @@ class AttentionPlan:
     window: int | None = None  # sliding window in positions (>= 1), or None: plain causal attention
     positions: np.ndarray | None = None  # [sum(kv_len)] int32 key positions (compacted tables), or None
     kv_first: np.ndarray | None = None  # [num_q_tokens] int32 first key index each token sees (window only)
+    variant: str = "default"  # a key of DECODE_VARIANTS: the CUDA kernel variant (the NumPy path ignores it)
     device: dict[int, dict[Any, Any]] = field(default_factory=dict, repr=False)  # GPU copies per device id
 
     @property
@@ -205,6 +209,20 @@ def check_window(window: Any) -> int | None:
     if window < 1:
         raise InvalidArgumentError(f"window: expected an integer >= 1, got {window}")
     return int(window)
+
+
+def check_variant(variant: Any) -> str:
+    """A kernel variant: one of :data:`DECODE_VARIANTS` (``"default"``, ``"wide"``, ``"pipelined"``, ...).
+
+    Raises:
+        InvalidDTypeError: not a string.
+        InvalidArgumentError: a string that names no variant.
+    """
+    if not isinstance(variant, str):
+        raise InvalidDTypeError(f"variant: expected one of {list(DECODE_VARIANTS)}, got {variant!r}")
+    if variant not in DECODE_VARIANTS:
+        raise InvalidArgumentError(f"variant: expected one of {list(DECODE_VARIANTS)}, got {variant!r}")
+    return variant
 
 
 def check_positions(positions: Any, kv_len: np.ndarray) -> np.ndarray | None:
@@ -318,6 +336,7 @@ def plan_attention(
     chunk_len: int | None = None,
     window: int | None = None,
     positions: Any = None,
+    variant: str = "default",
 ) -> AttentionPlan:
     """Plan paged attention for one batch (decode: ``q_indptr = arange(batch + 1)``).
 
@@ -337,15 +356,29 @@ def plan_attention(
         window, positions: the attention mask, as :func:`kvcore.kernels.paged_decode_attention` takes it;
             calls with this plan must pass the same. With a window the page table may hold the null
             page 0, and the work starts at the first key each tile's first query token sees.
+        variant: the CUDA kernel every call with this plan launches, one of :data:`DECODE_VARIANTS`
+            (their ``doc``; the kernels are ``csrc/decode_variants.cu``): ``"default"`` (16-key steps,
+            K/V loaded into registers), ``"wide"`` (8-bit caches: 32-key steps), ``"pipelined"`` /
+            ``"pipelined3"`` (a 2- / 3-stage cp.async ring of K/V in shared memory; ``"pipelined3"``
+            fits 2 blocks per SM, so pass ``blocks_per_sm`` from
+            :func:`kvcore.kernels.gpu.occupancy` for it), ``"pipelined_wide"`` (8-bit caches: both). A
+            variant applies to plain decode calls (one query token per sequence) on pages of >= 16 keys
+            with a cache it has kernels for; prefill, calls with a window or page scores, smaller pages
+            and other caches run the default kernel
+            (:func:`kvcore.kernels.gpu.attention_kernel` names the one a call launches). Every variant
+            computes the same attention (to rounding); the NumPy reference ignores it. For measuring on
+            a device which should be the default.
 
     Raises:
-        InvalidDTypeError: an array is not 1-D integer (see :func:`unpack_page_table`), or ``window`` is
-            not an integer.
+        InvalidDTypeError: an array is not 1-D integer (see :func:`unpack_page_table`), ``window`` is
+            not an integer, or ``variant`` not a string.
         InvalidArgumentError: inconsistent shapes, an offset or length outside int32, a sequence with more
-            query tokens than keys, a bad head count / chunk length / window, or bad positions.
+            query tokens than keys, a bad head count / chunk length / window, bad positions, or an
+            unknown ``variant``.
         InvalidPageError: a page id that is negative, past int32, or 0 without a window.
     """
     window = check_window(window)
+    variant = check_variant(variant)
     pt = unpack_page_table(page_table, allow_null=window is not None)
     qi = _offsets(q_indptr, "q_indptr")
     batch = pt.kv_last_page_len.shape[0]
@@ -424,4 +457,5 @@ def plan_attention(
         window=window,
         positions=pos,
         kv_first=kv_first,
+        variant=variant,
     )

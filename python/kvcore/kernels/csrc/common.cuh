@@ -207,6 +207,40 @@ __device__ __forceinline__ uint4 lds16_volatile(const void* p) {
   return v;
 }
 
+// Asynchronous global -> shared copies (cp.async, sm_80+), in commit groups: the copies a thread issued
+// before a commit form one group; wait_group<N> returns once at most N of the thread's groups are still in
+// flight, and the shared memory those completed groups wrote is then visible to that thread (to other
+// threads only after a barrier). Every helper has a "memory" clobber, so the compiler moves no shared
+// memory access across it. .cg (16 bytes) skips L1: the K/V stream is read once. Below sm_80 (no kvcore
+// kernel runs there: mma.sync needs sm_80 too) they are a plain load and store, complete at once.
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint4*>(smem) = load16(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async8(void* smem, const void* gmem) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(gmem) : "memory");
+#else
+  *reinterpret_cast<uint2*>(smem) = load8(gmem);
+#endif
+}
+__device__ __forceinline__ void cp_async_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+#endif
+}
+
 // D = A * B + D on tensor cores: m16n8k16, A row-major 16x16, B column-major 16x8, fp32 accumulators.
 // Fragments (PTX ISA, "mma.m16n8k16"): with g = lane / 4 and t = lane % 4,
 //   a[0] = A[g][2t..2t+1]   a[1] = A[g+8][2t..2t+1]   a[2] = A[g][2t+8..2t+9]   a[3] = A[g+8][2t+8..2t+9]
