@@ -14,37 +14,27 @@
 // keys only; prefill, bounded caches (windows, page scores) and smaller pages take the default kernel.
 #include "paged_attention.cuh"
 
-#define KV_ATTENTION_VARIANT(NAME, ACT, CACHE, D, SUB, STAGES)                                               \
-  extern "C" __global__ void __launch_bounds__(kv::kThreads, kv::kMinBlocks)                                 \
-      NAME(const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                    \
-           const CACHE::storage* __restrict__ pool, long long kv_stride, long long page_stride,             \
-           long long head_stride, long long token_stride, const float* __restrict__ k_scale,                \
-           const float* __restrict__ v_scale, const int* __restrict__ kv_indptr,                            \
-           const int* __restrict__ kv_indices, const int* __restrict__ kv_len,                              \
-           const int* __restrict__ q_indptr, const int* __restrict__ items, ACT* __restrict__ out,          \
-           float* __restrict__ o_part, float* __restrict__ lse_part, float sm_scale, int group_size,        \
-           int num_kv_heads, int page_shift) {                                                              \
-    kv::paged_attention_variant<ACT, CACHE, D, SUB, STAGES>(                                                \
-        page_shift, q, q_token_stride, q_head_stride, pool, kv_stride, page_stride, head_stride,           \
-        token_stride, k_scale, v_scale, kv_indptr, kv_indices, kv_len, q_indptr, items, out, o_part,       \
-        lse_part, sm_scale, group_size, num_kv_heads);                                                     \
+#define KV_ATTENTION_VARIANT(NAME, ACT, CACHE, D, SUB, STAGES)                                                \
+  extern "C" __global__ void __launch_bounds__(kv::kThreads, kv::kMinBlocks)                                  \
+      NAME(KV_ATTENTION_PARAMS(ACT, CACHE)) {                                                                 \
+    kv::paged_attention_variant<ACT, CACHE, D, SUB, STAGES>(page_shift, KV_ATTENTION_ARGS);                   \
   }
 
-#define KV_VARIANT_DIMS(VARIANT, ACTN, ACT, CACHEN, CACHE, SUB, STAGES)                              \
-  KV_ATTENTION_VARIANT(paged_attention_##VARIANT##_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64, SUB, STAGES) \
+#define KV_VARIANT_DIMS(VARIANT, ACTN, ACT, CACHEN, CACHE, SUB, STAGES)                                       \
+  KV_ATTENTION_VARIANT(paged_attention_##VARIANT##_##ACTN##_##CACHEN##_d64, ACT, CACHE, 64, SUB, STAGES)      \
   KV_ATTENTION_VARIANT(paged_attention_##VARIANT##_##ACTN##_##CACHEN##_d128, ACT, CACHE, 128, SUB, STAGES)
 
 // Every (activation, cache) of paged_attention.cu, for a variant that applies to every cache.
-#define KV_VARIANT_ALL(VARIANT, SUB, STAGES)                                           \
-  KV_VARIANT_DIMS(VARIANT, fp16, __half, fp16, kv::CacheF16, SUB, STAGES)              \
-  KV_VARIANT_DIMS(VARIANT, bf16, __nv_bfloat16, bf16, kv::CacheBF16, SUB, STAGES)      \
+#define KV_VARIANT_ALL(VARIANT, SUB, STAGES)                                                                  \
+  KV_VARIANT_DIMS(VARIANT, fp16, __half, fp16, kv::CacheF16, SUB, STAGES)                                     \
+  KV_VARIANT_DIMS(VARIANT, bf16, __nv_bfloat16, bf16, kv::CacheBF16, SUB, STAGES)                             \
   KV_VARIANT_8BIT(VARIANT, SUB, STAGES)
 
 // The (activation, 8-bit cache) pairs, for a variant of 8-bit caches only.
-#define KV_VARIANT_8BIT(VARIANT, SUB, STAGES)                                      \
-  KV_VARIANT_DIMS(VARIANT, fp16, __half, fp8, kv::CacheFP8, SUB, STAGES)           \
-  KV_VARIANT_DIMS(VARIANT, bf16, __nv_bfloat16, fp8, kv::CacheFP8, SUB, STAGES)    \
-  KV_VARIANT_DIMS(VARIANT, fp16, __half, int8, kv::CacheI8, SUB, STAGES)           \
+#define KV_VARIANT_8BIT(VARIANT, SUB, STAGES)                                                                 \
+  KV_VARIANT_DIMS(VARIANT, fp16, __half, fp8, kv::CacheFP8, SUB, STAGES)                                      \
+  KV_VARIANT_DIMS(VARIANT, bf16, __nv_bfloat16, fp8, kv::CacheFP8, SUB, STAGES)                               \
+  KV_VARIANT_DIMS(VARIANT, fp16, __half, int8, kv::CacheI8, SUB, STAGES)                                      \
   KV_VARIANT_DIMS(VARIANT, bf16, __nv_bfloat16, int8, kv::CacheI8, SUB, STAGES)
 
 KV_VARIANT_8BIT(wide, 2, 0)

@@ -32,6 +32,21 @@
 
 #include "common.cuh"
 
+// The parameters every attention entry point starts with (paged_attention.cu, decode_variants.cu), and
+// the same names as arguments, in the order the kernel templates take them after their own leading ones.
+#define KV_ATTENTION_PARAMS(ACT, CACHE)                                                                     \
+  const ACT* __restrict__ q, long long q_token_stride, long long q_head_stride,                            \
+      const CACHE::storage* __restrict__ pool, long long kv_stride, long long page_stride,                 \
+      long long head_stride, long long token_stride, const float* __restrict__ k_scale,                    \
+      const float* __restrict__ v_scale, const int* __restrict__ kv_indptr,                                \
+      const int* __restrict__ kv_indices, const int* __restrict__ kv_len, const int* __restrict__ q_indptr, \
+      const int* __restrict__ items, ACT* __restrict__ out, float* __restrict__ o_part,                    \
+      float* __restrict__ lse_part, float sm_scale, int group_size, int num_kv_heads, int page_shift
+#define KV_ATTENTION_ARGS                                                                                  \
+  q, q_token_stride, q_head_stride, pool, kv_stride, page_stride, head_stride, token_stride, k_scale,      \
+      v_scale, kv_indptr, kv_indices, kv_len, q_indptr, items, out, o_part, lse_part, sm_scale, group_size, \
+      num_kv_heads
+
 namespace kv {
 
 constexpr int kWarps = 4;
@@ -144,6 +159,14 @@ struct StepShape {
   static constexpr int kVLoads = Shape::kVWords >= 4 ? Shape::kVWords / 4 : 1;  // per V row (8 B: 1)
   static constexpr int kSubSlots = 2 * Shape::kKLoads + 4 * kVLoads;  // 16-byte slots per lane per sub-step
   static constexpr int kSlots = kSub * kSubSlots;
+  // Offsets in a lane's ring stage (uint4 units; lanes interleave, so 32 per slot): K load i of n-block
+  // nb, and V row r, of sub-step s. One layout for the copy (copy_step) and the read back.
+  static __device__ __forceinline__ constexpr int k_slot(int s, int nb, int i) {
+    return 32 * (s * kSubSlots + nb * Shape::kKLoads + i);
+  }
+  static __device__ __forceinline__ constexpr int v_slot(int s, int r) {
+    return 32 * (s * kSubSlots + 2 * Shape::kKLoads + r * kVLoads);
+  }
 };
 
 // Dynamic shared memory of a pipelined kernel (python/kvcore/kernels/_nvrtc.py: pipeline_smem_bytes, checked
@@ -242,12 +265,12 @@ __device__ __forceinline__ void copy_step(PipeSmem<Cache, D, kSub, kStages>& sme
     for (int nb = 0; nb < 2; ++nb) {
 #pragma unroll
       for (int i = 0; i < Shape::kKLoads; ++i) {
-        cp_async16(slot + 32 * (s * Step::kSubSlots + nb * Shape::kKLoads + i), rows.k[s][nb] + i * 4 * kVec);
+        cp_async16(slot + Step::k_slot(s, nb, i), rows.k[s][nb] + i * 4 * kVec);
       }
     }
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
-      uint4* vs = slot + 32 * (s * Step::kSubSlots + 2 * Shape::kKLoads + r * Step::kVLoads);
+      uint4* vs = slot + Step::v_slot(s, r);
       if constexpr (Shape::kVWords >= 4) {
 #pragma unroll
         for (int w = 0; w < Step::kVLoads; ++w) cp_async16(vs + 32 * w, rows.v[s][r] + w * 8 * Shape::kVElems);
@@ -548,12 +571,12 @@ __device__ __forceinline__ void paged_attention_impl(
         for (int nb = 0; nb < 2; ++nb) {
 #pragma unroll
           for (int i = 0; i < Shape::kKLoads; ++i) {
-            k_raw[s][nb][i] = slot[32 * (s * Step::kSubSlots + nb * Shape::kKLoads + i)];
+            k_raw[s][nb][i] = slot[Step::k_slot(s, nb, i)];
           }
         }
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const uint4* vs = slot + 32 * (s * Step::kSubSlots + 2 * Shape::kKLoads + r * Step::kVLoads);
+          const uint4* vs = slot + Step::v_slot(s, r);
           if constexpr (Shape::kVWords >= 4) {
 #pragma unroll
             for (int w = 0; w < Shape::kVWords; w += 4) {
