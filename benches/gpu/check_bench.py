@@ -215,10 +215,15 @@ def _scales(kv_dtype: str, heads: int) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def attention_row(
-    dev: Device, row: BenchRow, shapes: BenchShapes, ceiling: dict[str, float]
+    dev: Device,
+    row: BenchRow,
+    shapes: BenchShapes,
+    ceiling: dict[str, float],
+    variants: tuple[str, ...] = ("default",),
 ) -> list[dict[str, Any]]:
-    """Measure and check one decode row, once per kernel of :func:`row_variants` (the default first), all
-    on the same pool and queries; returns their JSON records (``ok`` and ``problems`` included)."""
+    """Measure and check one decode row, once per kernel of ``variants`` (names of :func:`row_variants`),
+    all on the same pool and queries (the same for every call: the fill and the queries are seeded by the
+    row); returns their JSON records (``ok`` and ``problems`` included)."""
     from kvcore import kernels as K
     from kvcore.pool import KVPool
 
@@ -253,7 +258,7 @@ def attention_row(
         dense.append(dense_attention(as_float(q_host[b : b + 1]), k, v, sm_scale))
     dense_tol = max(tolerance(shapes.act, d, dense=True) for d in dense)
     records = []
-    for variant in row_variants(row):
+    for variant in variants:
         occ = dev.occupancy(pool, q, variant=variant)
         plan = K.plan_attention(
             pt, np.arange(B + 1), page_size=P, num_qo_heads=Hq, num_kv_heads=Hkv, variant=variant, **occ
@@ -389,39 +394,90 @@ def attention_rows(
     shapes: BenchShapes,
     ceiling: dict[str, float],
     l2_bytes: int | None = None,
-) -> None:
-    """Every decode row, each on its own; the JSON is rewritten after each."""
+) -> float:
+    """Every decode row with the default kernel, each on its own; the JSON is rewritten after each.
+
+    Returns the slowest row's seconds per kernel timed, for sizing :func:`variant_rows`. The variants are
+    timed apart, after every default measurement (and the offload section): a variant kernel that faults
+    leaves the CUDA context unusable, which must not cost the default kernel's figures.
+    """
     rows: list[dict[str, Any]] = []
     ledger.results["bench"] = rows
     print(f"  Hq {shapes.num_qo_heads}, Hkv {shapes.num_kv_heads}, head_dim {shapes.head_dim}, page "
           f"{shapes.page_size}, act {shapes.act}, pages scattered at random")  # fmt: skip
     print(_HEADER)
-    slowest = 0.0
+    slowest = 0.0  # seconds per kernel timed, of the slowest row so far
     for row in shapes.rows:
-        if not _fits(ledger, budget, row.name, max(shapes.min_row_s, 1.5 * slowest)):
-            continue
-        start = time.monotonic()
-        try:
-            measured = attention_row(dev, row, shapes, ceiling)
-            seconds = time.monotonic() - start
-            for r in measured:
-                rows.append(r)
-                ledger.ok(SECTION, r["name"], r["ok"], "; ".join(r["problems"]) or f"{r['tbs']:.3f} TB/s")
-                print(_row_line(r, seconds / len(measured), l2_bytes), flush=True)
-                if r["timing_note"]:
-                    print(f"    note: {r['timing_note']}")
-        except Exception as e:
-            seconds = time.monotonic() - start
-            ledger.ok(SECTION, row.name, False, short_error(e))
-            rows.append({"name": row.name, "ok": False, "problems": [ledger.checks[-1].detail]})
-            print(f"  FAIL {row.name}: {ledger.checks[-1].detail[:140]}", flush=True)
-        finally:
-            dev.free()
-        slowest = max(slowest, seconds)
-        ledger.write_json()
-    print_variants(rows)
+        slowest = max(slowest, _bench_row(dev, ledger, budget, shapes, ceiling, l2_bytes, row, ("default",),
+                                          row.name, slowest))  # fmt: skip
     if shapes.targets:
         ledger.results["targets"] = targets(rows, ceiling)
+    return slowest
+
+
+def _bench_row(
+    dev: Device,
+    ledger: Ledger,
+    budget: Budget,
+    shapes: BenchShapes,
+    ceiling: dict[str, float],
+    l2_bytes: int | None,
+    row: BenchRow,
+    variants: tuple[str, ...],
+    name: str,
+    slowest: float,
+) -> float:
+    """Time ``row`` with ``variants`` if it fits the deadline (``name``: its ledger name if it does not, or
+    fails as a whole); records and prints every measurement. Returns its seconds per kernel (0: not run)."""
+    rows: list[dict[str, Any]] = ledger.results["bench"]
+    if not _fits(ledger, budget, name, max(shapes.min_row_s, 1.5 * slowest * len(variants))):
+        return 0.0
+    start = time.monotonic()
+    try:
+        measured = attention_row(dev, row, shapes, ceiling, variants)
+        seconds = time.monotonic() - start
+        for r in measured:
+            rows.append(r)
+            ledger.ok(SECTION, r["name"], r["ok"], "; ".join(r["problems"]) or f"{r['tbs']:.3f} TB/s")
+            print(_row_line(r, seconds / len(measured), l2_bytes), flush=True)
+            if r["timing_note"]:
+                print(f"    note: {r['timing_note']}")
+    except Exception as e:
+        seconds = time.monotonic() - start
+        ledger.ok(SECTION, name, False, short_error(e))
+        rows.append({"name": name, "ok": False, "problems": [ledger.checks[-1].detail]})
+        print(f"  FAIL {name}: {ledger.checks[-1].detail[:140]}", flush=True)
+    finally:
+        dev.free()
+    ledger.write_json()
+    return seconds / len(variants)
+
+
+def variant_rows(
+    dev: Device,
+    ledger: Ledger,
+    budget: Budget,
+    shapes: BenchShapes,
+    ceiling: dict[str, float],
+    l2_bytes: int | None = None,
+    slowest: float = 0.0,
+) -> None:
+    """The rows marked ``variants`` again, with every other kernel variant for their cache, on the same
+    pool contents and queries as their default measurement (:func:`attention_rows`, run first); then the
+    variants side by side. A row whose default measurement was not even started (the deadline: already a
+    failure) is left out."""
+    rows: list[dict[str, Any]] = ledger.results.setdefault("bench", [])
+    print(_HEADER)
+    for row in shapes.rows:
+        names = row_variants(row)[1:]
+        if not names:
+            continue
+        if not any(r.get("name") == row.name for r in rows):
+            print(f"  {row.name}: variants not timed (its default row did not run)")
+            continue
+        slowest = max(slowest, _bench_row(dev, ledger, budget, shapes, ceiling, l2_bytes, row, names,
+                                          f"{row.name} variants={','.join(names)}", slowest))  # fmt: skip
+    print_variants(rows)
 
 
 def print_variants(rows: list[dict[str, Any]]) -> None:
@@ -441,14 +497,14 @@ def print_variants(rows: list[dict[str, Any]]) -> None:
         ref = by.get("default", {}).get("tbs")
         cells = []
         for n in names:
-            r = by.get(n)
-            if r is None:
+            got = by.get(n)
+            if got is None:
                 cells.append(f"{'-':>16}")
-            elif not r["ok"]:
+            elif not got["ok"]:
                 cells.append(f"{'FAIL':>16}")
             else:
-                ratio = f" (x{r['tbs'] / ref:.2f})" if ref else ""
-                cells.append(f"{r['tbs']:.2f}{ratio}".rjust(16))
+                ratio = f" (x{got['tbs'] / ref:.2f})" if ref else ""
+                cells.append(f"{got['tbs']:.2f}{ratio}".rjust(16))
         print("  " + f"{base:<36}" + "".join(cells))
 
 

@@ -12,9 +12,10 @@ What must agree, and how closely:
 - decode (G in 1/4/8/32, page size 1 and 16, forced split-K and unsplit, HND and NHD, 4 cache dtypes) and
   prefill over a cached prefix (same grid): ``check_dense.ACT_TOLERANCE`` against the reference, and
   that plus 4e-3 against the dense float64 model of ``check_dense`` (the second opinion);
-- the decode kernel variants (``kvcore.kernels.plan.DECODE_VARIANTS``: op "variant"), every decode case
-  of page size 16 again with a plan of each variant that has kernels for the cache, to the same
-  tolerances (the reference and the dense model computed once per case);
+- the decode kernel variants (``kvcore.kernels.plan.DECODE_VARIANTS``: op "variant"), in a pass of their
+  own after the benchmarks (``run_sweep(variants=True)``): every decode case of page size 16 again, on the
+  same inputs, with a plan of each variant that has kernels for the cache, to the same tolerances (the
+  reference and the dense model computed once per case for all its variants);
 - the benchmark's fill kernel: the exact bits of ``check_backend.pattern_bits``, every value finite.
 
 In the self-test the "device" is a NumPy pool too, so the reference meets itself (and the dense model is
@@ -26,6 +27,7 @@ from __future__ import annotations
 import math
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -110,7 +112,8 @@ class _Table:
         """Past :attr:`stop_at`, records ``name`` as not run (a failure) and returns True."""
         if time.monotonic() <= self.stop_at:
             return False
-        case = _Case(op, kv_dtype, name, "not_run", detail="the sweep's time limit (--sweep-limit)")
+        why = "the sweep's time limit (--sweep-limit; for the variants' pass, the --deadline too)"
+        case = _Case(op, kv_dtype, name, "not_run", detail=why)
         self.cases.append(case)
         ledger.record(SECTION, name, "not_run", case.detail)
         return True
@@ -379,19 +382,28 @@ def _attention_case(
     table.add(ledger, _Case(tag, sp.cpu.kv_dtype, name, status, err, tol, dense_err, dense_tol, detail))
 
 
-def check_attention(dev: Device, ledger: Ledger, table: _Table, shapes: SweepShapes) -> None:
-    """Decode and prefill over every (cache, page size, layout, G, split) of the grid; decode with pages of
-    16 keys also with every kernel variant that has kernels for the cache (the default kernel first)."""
+def check_attention(
+    dev: Device, ledger: Ledger, table: _Table, shapes: SweepShapes, *, variants: bool = False
+) -> None:
+    """Decode and prefill over every (cache, page size, layout, G, split) of the grid with the default
+    kernel; or (``variants``) the decode cases with pages of 16 keys again, on the same inputs (seeded per
+    case), with every other kernel variant that has kernels for the cache. The variants run in a pass of
+    their own, after every default check: a variant kernel that faults leaves the CUDA context unusable."""
     from kvcore.kernels._nvrtc import DECODE_VARIANTS
 
     H, D = shapes.num_kv_heads, shapes.head_dim
     for kv_dtype in KV_DTYPES:
-        variants = tuple(v.name for v in DECODE_VARIANTS.values() if kv_dtype in v.caches)
+        kernels: tuple[str, ...] = ("default",)
+        if variants:
+            kernels = tuple(v.name for v in DECODE_VARIANTS.values() if kv_dtype in v.caches)[1:]
         for page_size in shapes.page_sizes:
             for layout in shapes.layouts:
                 for op, lens in (("decode", shapes.decode_lens), ("prefill", shapes.prefill_kv_lens)):
+                    if variants and (op != "decode" or page_size < 16):
+                        continue
                     tag = f"{op} {kv_dtype} {layout} ps{page_size}"
-                    if table.out_of_time(ledger, op, kv_dtype, f"{tag} (every G, split and whole)"):
+                    group = f"{tag} (every G, split and whole{'; every variant' if variants else ''})"
+                    if table.out_of_time(ledger, "variant" if variants else op, kv_dtype, group):
                         continue
                     rng = np.random.default_rng(zlib.crc32(tag.encode()))
                     try:
@@ -409,7 +421,7 @@ def check_attention(dev: Device, ledger: Ledger, table: _Table, shapes: SweepSha
                         for split in (True, False):
                             name = f"{tag} G{G} {'split' if split else 'whole'} act={act}"
                             memo: dict[str, Any] = {}
-                            for variant in variants if op == "decode" and page_size >= 16 else ("default",):
+                            for variant in kernels:
                                 vname = name if variant == "default" else f"{name} variant={variant}"
                                 try:
                                     plan = _plan(sp, q_indptr, page_size, H * G, H, split, variant)
@@ -481,29 +493,37 @@ def check_pages(dev: Device, ledger: Ledger, table: _Table, shapes: SweepShapes)
 # ------------------------------------------------------------------------------------ the sweep
 
 
-def run_sweep(dev: Device, ledger: Ledger, shapes: SweepShapes, out_dir: Path, limit_s: float) -> None:
+def run_sweep(
+    dev: Device, ledger: Ledger, shapes: SweepShapes, out_dir: Path, limit_s: float, *, variants: bool = False
+) -> None:
     """Every check of the sweep; prints the summary table, writes the full one to ``sweep.txt``.
+
+    ``variants``: the kernel variants' pass instead (op "variant", see :func:`check_attention`), run after
+    the benchmarks; its cases join the sweep's in the JSON and in ``sweep.txt``.
 
     A group of cases not started within ``limit_s`` seconds is recorded as not run (a failure), so a slow
     sweep cannot eat the benchmarks' time.
     """
     table = _Table(stop_at=time.monotonic() + limit_s)
-    steps = (
+    steps: tuple[tuple[str, Callable[[], None]], ...] = (
         ("fill", lambda: check_fill(dev, ledger, table, shapes.head_dim)),
         ("append", lambda: check_append(dev, ledger, table, shapes)),
         ("attention", lambda: check_attention(dev, ledger, table, shapes)),
         ("pages", lambda: check_pages(dev, ledger, table, shapes)),
     )
+    if variants:
+        steps = (("variant", lambda: check_attention(dev, ledger, table, shapes, variants=True)),)
     try:
         for name, step in steps:
             if not table.out_of_time(ledger, name, "-", f"{name} (every case)"):
                 step()
     finally:
-        (out_dir / "sweep.txt").write_text(table.full_text())
-        ledger.results["sweep"] = {
-            "cases": [c.__dict__ for c in table.cases],
-            "shapes": shapes.__dict__,
-        }
+        with (out_dir / "sweep.txt").open("a" if variants else "w") as f:
+            f.write(table.full_text())
+        doc = ledger.results.setdefault("sweep", {"cases": [], "shapes": shapes.__dict__})
+        if not variants:
+            doc["cases"] = []
+        doc["cases"] += [c.__dict__ for c in table.cases]
         print("\n".join(table.summary_lines()))
         bad = [c for c in table.cases if c.status != "pass"]
         groups: dict[tuple[str, str], list[_Case]] = {}  # one line per distinct reason (a compile error

@@ -17,17 +17,20 @@ Sections, in order; each prints its elapsed time, and device_check.json under --
 2. sweep (native-free, check_sweep.py): every kernel against kvcore.kernels.reference on the same pool
    contents, page tables built in NumPy: append_kv bit-exact (fp16/bf16/fp8/int8 x HND/NHD), decode
    (G 1/4/8/32, page size 1/16, split-K forced on and off, HND/NHD, every cache dtype), prefill over a
-   cached prefix, copy/gather/scatter pages; attention also against a dense float64 model; the decode
-   cases of page size 16 again with every kernel variant (kvcore.kernels.plan.DECODE_VARIANTS, op
-   "variant"). ~30-40 s; cases not started within --sweep-limit are "not run" (a failure).
+   cached prefix, copy/gather/scatter pages; attention also against a dense float64 model. ~30-40 s;
+   cases not started within --sweep-limit are "not run" (a failure).
 3. benchmarks (check_bench.py): copy and read ceilings; paged decode at Llama-3.1-8B shapes (32 q heads,
    8 kv heads, head_dim 128, G 4, page 16, pages scattered at random; bf16/fp8/int8; B 64/128/256 x
    1k/4k/16k, B 1/8 x 32k, one NHD row), each row timed (CUDA events, graphs for short calls) and its
    output checked against the dense model; gather/scatter to pinned host memory. A row that does not
-   fit before --deadline is "not run" (a failure). The three B=128 x 4k HND rows are also timed with every
-   kernel variant on the same pool (each checked the same way), then printed side by side (TB/s and
-   ratio to the default kernel), to choose the default.
-4. pytest tests/python/gpu (--junitxml=$OUT/junit.xml, --maxfail=20, -rfE, a timeout that keeps the
+   fit before --deadline is "not run" (a failure).
+4. variants (kvcore.kernels.plan.DECODE_VARIANTS), last in this process, so that a variant kernel that
+   faults (which leaves the CUDA context unusable) costs no default figure: the sweep's decode cases of
+   page size 16 again with every kernel variant (op "variant", same inputs and tolerances), then the three
+   B=128 x 4k HND rows timed with every variant on the same pool contents (each checked the same way),
+   printed side by side (TB/s and ratio to the default kernel), to choose the default. The recap and the
+   verdict line say how many failures are the variants' (JSON: "variant_failures").
+5. pytest tests/python/gpu (--junitxml=$OUT/junit.xml, --maxfail=20, -rfE, a timeout that keeps the
    whole run within --time-limit); a failure, a timeout or a skipped test fails the run.
 Then a recap; the last line is the verdict: "VERDICT: PASS|FAIL (n passed, n failed, n not run) in N s"
 (with "; targets n/2 met" on the device: bf16 B=128 x 4k >= 3.4 TB/s, fp8 there >= 80 % of the read
@@ -48,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -61,6 +65,7 @@ sys.path.insert(0, str(HERE))  # the check_* helpers beside this file
 from check_ledger import FAULT_TAGS, Budget, Ledger, open_log, short_error  # noqa: E402
 
 FAMILIES = ("append_kv", "paged_attention", "decode_variants", "page_copy")
+VARIANT_ROWS_RESERVE_S = 20.0  # kept before the deadline, by the variants' sweep, for their timed rows
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -196,6 +201,20 @@ def pytest_part(ledger: Ledger, budget: Budget, args: argparse.Namespace, info: 
     print(f"  pytest: {'ok' if res.ok else 'FAILED'}: {res.summary} ({res.seconds:.0f} s)")
 
 
+def variant_failures(bad: list[Any]) -> tuple[dict[str, int], int]:
+    """Failed or unrun checks of the non-default kernel variants: per variant (``"all"``: a check of every
+    variant at once), and how many checks those are."""
+    per: dict[str, int] = {}
+    count = 0
+    for c in bad:
+        m = re.search(r"variants?=([\w,]+)", c.name)
+        names = m.group(1).split(",") if m else ["all"] if "variant" in c.name else []
+        count += bool(names)
+        for n in names:
+            per[n] = per.get(n, 0) + 1
+    return per, count
+
+
 def finish(ledger: Ledger) -> bool:
     """The recap (short: the device returns only the tail of stdout) and, last, the verdict line."""
     print("\n=== recap")
@@ -219,6 +238,13 @@ def finish(ledger: Ledger) -> bool:
     passed, line = ledger.verdict()
     if targets:
         line += f"; targets {sum(t['met'] for t in targets)}/{len(targets)} met"
+    per_variant, count = variant_failures(bad)
+    ledger.results["variant_failures"] = per_variant
+    if count:
+        what = ", ".join(f"{k} {n}" for k, n in sorted(per_variant.items()))
+        only = "only kernel variants failed: " if count == len(bad) else ""
+        print(f"  {only}{count} of the {len(bad)} failures are kernel variants' ({what})")
+        line += f"; {count} of the failures in kernel variants ({', '.join(sorted(per_variant))})"
     path = ledger.write_json(final=True)
     print(f"  JSON: {path}")
     print(line, flush=True)
@@ -300,12 +326,23 @@ def run_sections(
         if device:
             print(f"  {check_env.format_clocks(check_env.clocks_now())}")
         ceiling.update(check_bench.ceilings(dev, ledger, budget, bench_shapes))
+    slowest = 0.0  # the slowest decode row's seconds per kernel, to size the variants' rows
     with ledger.section("decode", "paged decode attention: bandwidth and output check per row"):
-        check_bench.attention_rows(dev, ledger, budget, bench_shapes, ceiling, env.get("l2_bytes"))
+        slowest = check_bench.attention_rows(dev, ledger, budget, bench_shapes, ceiling, env.get("l2_bytes"))
     with ledger.section("offload", "gather / scatter of pages to pinned host memory"):
         check_bench.offload(dev, ledger, budget, bench_shapes, native=info.native)
         if device:
             print(f"  {check_env.format_clocks(check_env.clocks_now())}")
+    # Last before pytest (its own process): a variant kernel that faults leaves this process's CUDA context
+    # unusable, so every default check above is done by then.
+    with ledger.section("variants", "decode kernel variants: the sweep's decode cases, then timed rows"):
+        if args.skip_sweep:
+            print("  sweep: NOT RUN: --skip-sweep")
+        else:
+            # what is left before the deadline, less a reserve for the timed rows after it
+            limit = min(args.sweep_limit, budget.before_deadline() - VARIANT_ROWS_RESERVE_S)
+            check_sweep.run_sweep(dev, ledger, sweep_shapes, out_dir, max(0.0, limit), variants=True)
+        check_bench.variant_rows(dev, ledger, budget, bench_shapes, ceiling, env.get("l2_bytes"), slowest)
     with ledger.section("pytest", "GPU tests (tests/python/gpu, each kernel against its NumPy reference)"):
         pytest_part(ledger, budget, args, info, out_dir)
 
