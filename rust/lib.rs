@@ -17,6 +17,7 @@ pub mod keys;
 pub mod manager;
 pub mod radix;
 pub mod remote;
+pub(crate) mod shared_copy;
 pub(crate) mod sync;
 
 #[cfg(feature = "python")]

@@ -8,7 +8,7 @@
 //! write or resize the array at any moment, so what was validated would not be what is used. The copy
 //! costs about a nanosecond per id, less than the lookups that follow.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -84,17 +84,18 @@ fn view<T: numpy::Element>(
     }
 }
 
-/// Copy `len` 32-bit values at `ptr` into [`Ids`], with the bitwise OR of all of them (a sign check
-/// for free: testing the copy afterwards stalls on the stores just made).
+/// Copy `len` 32-bit values at `ptr` into [`Ids`], with the bitwise OR of all of them (the sign check
+/// of token ids).
 ///
 /// # Safety
 /// `ptr` must point to `len` aligned 4-byte values that stay allocated for the duration of the call
 /// (the caller holds a reference to the array that owns them, so NumPy refuses to resize or free
 /// them; only `resize(refcheck=False)`, which NumPy documents as unsafe, could break this).
 unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<(Ids, u32)> {
-    // Other threads (free-threaded Python) may write these values while we copy. Reading them
-    // through relaxed atomic loads makes that a defined race: each value read is one the array held
-    // (every bit pattern is a valid u32), and the copy is what gets validated and used.
+    // Other threads (free-threaded Python) may write these values while we copy: short arrays are
+    // read with relaxed atomic loads, long ones by `shared_copy` (which never lets the compiler
+    // assume the source is stable). Every bit pattern is a valid u32, and the copy is what gets
+    // validated and used.
     if len <= INLINE_IDS {
         // SAFETY: aligned and live (the caller's contract); AtomicU32 has u32's layout.
         let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU32>(), len) };
@@ -106,35 +107,9 @@ unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<(Ids, u32)> {
         return Ok((Ids::Inline(buf, len), any));
     }
     let mut out = copy_buffer::<u32>(len)?;
-    // Atomic loads are not vectorised, so long arrays are read two ids per 8-byte load (twice as
-    // fast as one per id: 2,048 ids in about 270 ns against 480 ns, memcpy 190 ns). An 8-byte load
-    // of two adjacent ids reads each of them as a 4-byte atomic load would.
-    let head = usize::from(ptr as usize % 8 != 0);
-    let pairs = (len - head) / 2;
-    // SAFETY: `head` and the tail are within the `len` aligned values (the caller's contract).
-    let single = |i: usize| unsafe { (*ptr.add(i).cast::<AtomicU32>()).load(Ordering::Relaxed) };
-    let mut any = 0u64;
-    if head == 1 {
-        out.push(single(0));
-    }
-    // SAFETY: after `head` values the pointer is 8-aligned, and `pairs` 8-byte words lie within
-    // the `len` values; AtomicU64 has u64's layout.
-    let words = unsafe { std::slice::from_raw_parts(ptr.add(head).cast::<AtomicU64>(), pairs) };
-    // `extend` over the pairs, not `push` (five times slower here: a capacity check per id).
-    out.extend(words.iter().flat_map(|w| {
-        let w = w.load(Ordering::Relaxed);
-        any |= w;
-        let v = w.to_ne_bytes();
-        [
-            u32::from_ne_bytes([v[0], v[1], v[2], v[3]]),
-            u32::from_ne_bytes([v[4], v[5], v[6], v[7]]),
-        ]
-    }));
-    if out.len() < len {
-        out.push(single(len - 1));
-    }
-    let ends = out.first().copied().unwrap_or(0) | out.last().copied().unwrap_or(0);
-    Ok((Ids::Heap(out), ends | any as u32 | (any >> 32) as u32))
+    // SAFETY: `len` aligned values, live for the call (our contract); `out` has room for `len`.
+    let any = unsafe { crate::shared_copy::copy_shared_u32(ptr, len, &mut out) };
+    Ok((Ids::Heap(out), any))
 }
 
 /// An empty vector with room for the copy of `len` ids, or `OutOfMemoryError` (a copy of a huge
