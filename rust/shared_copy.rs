@@ -15,6 +15,9 @@
 //! Measured on a 2,048-id prompt admission (`benches/manager_loop.py`): the 8-byte atomic loop cost
 //! 0.36 µs more than `memcpy` in place (cold-ish source arrays); `rep movsb` is `memcpy`'s speed.
 
+// Used by the bindings (and tested here); a build without them has no caller.
+#![cfg_attr(not(feature = "python"), allow(dead_code))]
+
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Append the `len` 32-bit values at `src` to `out`, and return the bitwise OR of all of them (a
