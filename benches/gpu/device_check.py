@@ -342,6 +342,10 @@ def run_sections(
             # what is left before the deadline, less a reserve for the timed rows after it
             limit = min(args.sweep_limit, budget.before_deadline() - VARIANT_ROWS_RESERVE_S)
             check_sweep.run_sweep(dev, ledger, sweep_shapes, out_dir, max(0.0, limit), variants=True)
+            if device:  # and their head_dim 64 kernels, which no other check runs
+                limit = min(args.sweep_limit, budget.before_deadline() - VARIANT_ROWS_RESERVE_S)
+                d64 = check_sweep.VARIANTS_D64
+                check_sweep.run_sweep(dev, ledger, d64, out_dir, max(0.0, limit), variants=True)
         check_bench.variant_rows(dev, ledger, budget, bench_shapes, ceiling, env.get("l2_bytes"), slowest)
     with ledger.section("pytest", "GPU tests (tests/python/gpu, each kernel against its NumPy reference)"):
         pytest_part(ledger, budget, args, info, out_dir)
