@@ -23,14 +23,19 @@ BATCH = 256
 PROMPT = 2048
 
 
-def decoding_scheduler(max_new_tokens: int = 1024) -> tuple[Scheduler, np.ndarray]:
-    """256 requests of 2,048-token prompts, all prefilled and decoding (room for their answers)."""
+def decoding_scheduler(
+    max_new_tokens: int = 1024, stop: frozenset[int] = frozenset()
+) -> tuple[Scheduler, np.ndarray]:
+    """256 requests of 2,048-token prompts, all prefilled and decoding (room for their answers); each
+    finishes on a token of ``stop`` (none sampled here)."""
     pages = BATCH * ((PROMPT + max_new_tokens) // PS + 1) + 1
     m = KVCacheManager(pages, PS)
     sched = Scheduler(m, max_num_batched_tokens=BATCH * PROMPT, max_num_seqs=BATCH)
     rng = np.random.default_rng(0)
     for i in range(BATCH):
-        sched.submit(Request(i, rng.integers(0, 32_000, PROMPT), max_new_tokens=max_new_tokens))
+        sched.submit(
+            Request(i, rng.integers(0, 32_000, PROMPT), max_new_tokens=max_new_tokens, stop_token_ids=stop)
+        )
     plan = sched.step(0.0)
     assert plan.batch_size == BATCH and plan.num_prefill_tokens == BATCH * PROMPT
     sched.update(plan, dict.fromkeys(range(BATCH), 7))
@@ -54,6 +59,19 @@ def test_bench_scheduler_step_256_decoding(benchmark: Any) -> None:
         sched.update(plan, tokens)
 
     benchmark.pedantic(step, rounds=300, iterations=1, warmup_rounds=20)  # 320 of the 1,024 tokens
+    plan = sched.step(0.0)
+    assert plan.batch_size == BATCH and plan.num_decode == BATCH
+
+
+def test_bench_scheduler_step_256_decoding_with_stop_tokens(benchmark: Any) -> None:
+    """The same, each request with two EOS ids (as real requests have): the steady path checks them."""
+    sched, tokens = decoding_scheduler(stop=frozenset({1, 2}))
+
+    def step() -> None:
+        plan = sched.step(0.0)
+        sched.update(plan, tokens)
+
+    benchmark.pedantic(step, rounds=300, iterations=1, warmup_rounds=20)
     plan = sched.step(0.0)
     assert plan.batch_size == BATCH and plan.num_decode == BATCH
 

@@ -823,3 +823,18 @@ def test_a_request_alone_waits_for_loading_ones_rather_than_ending() -> None:
         assert t < 200
     assert reasons == {9: "length", 1: "length", 2: "length"}
     assert preempted == [2] and stuck_steps == 6
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    values=st.lists(st.integers(0, 40), max_size=64),
+    stop=st.frozensets(st.integers(0, 2**33), min_size=1, max_size=12),
+    dtype=st.sampled_from([np.int64, np.uint32, np.int32]),
+)
+def test_the_stop_token_check_equals_isin(values: list[int], stop: frozenset[int], dtype: type) -> None:
+    # the steady decode path's stop check (one comparison per stop id, np.isin past 8 ids), ids past
+    # the array's dtype included
+    from kvcore.scheduler.core import _in_stop
+
+    arr = np.array(values, dtype=dtype)
+    assert np.array_equal(_in_stop(arr, stop), np.isin(arr.astype(np.int64), list(stop)))
