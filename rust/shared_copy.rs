@@ -66,6 +66,69 @@ unsafe fn copy_rep_movsb(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32
     out[start..].iter().fold(0, |acc, &v| acc | v)
 }
 
+/// Append the `len` 64-bit values at `src` to `out` as u32, if every one lies in `0..2**32`; else
+/// `Err(v)`, the first value out of range (`out` then holds an unspecified prefix).
+///
+/// Chunks of 512 go through a stack buffer: copied as by [`copy_shared_u32`] (one `rep movsb`, or
+/// relaxed atomic loads), then range-checked and narrowed in vectorised passes over our own copy.
+///
+/// # Safety
+/// `src` points to `len` 8-byte-aligned values that stay allocated for the whole call (they may be
+/// written meanwhile), and `out` has room for `len` more elements.
+pub(crate) unsafe fn copy_shared_i64_to_u32(
+    src: *const i64,
+    len: usize,
+    out: &mut Vec<u32>,
+) -> Result<(), i64> {
+    const CHUNK: usize = 512;
+    debug_assert!(out.capacity() - out.len() >= len);
+    let mut buf = [0i64; CHUNK];
+    let mut done = 0;
+    while done < len {
+        let n = CHUNK.min(len - done);
+        // SAFETY: `done + n <= len` values of the caller's (its contract); `buf` holds `n`.
+        unsafe { copy_shared_i64(src.add(done), &mut buf[..n]) };
+        let chunk = &buf[..n];
+        if chunk.iter().fold(0u64, |acc, &v| acc | (v as u64 >> 32)) != 0 {
+            let bad = chunk.iter().copied().find(|&v| u32::try_from(v).is_err());
+            return Err(bad.unwrap_or(-1));
+        }
+        out.extend(chunk.iter().map(|&v| v as u32));
+        done += n;
+    }
+    Ok(())
+}
+
+/// Fill `dst` from the `dst.len()` 64-bit values at `src`, which other threads may write meanwhile.
+///
+/// # Safety
+/// `src` points to `dst.len()` 8-byte-aligned values that stay allocated for the call.
+unsafe fn copy_shared_i64(src: *const i64, dst: &mut [i64]) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `dst` is `dst.len() * 8` writable bytes of our own, disjoint from the source, which is
+    // as many readable bytes (the caller's contract); as in `copy_rep_movsb`, the asm touches only
+    // memory through these two input pointers, no stack and no flag.
+    unsafe {
+        std::arch::asm!(
+            "rep movsb",
+            inout("rcx") dst.len() * 8 => _,
+            inout("rsi") src => _,
+            inout("rdi") dst.as_mut_ptr() => _,
+            options(nostack, preserves_flags),
+        );
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        // SAFETY: aligned and live (the caller's contract); AtomicI64 has i64's layout.
+        let s = unsafe {
+            std::slice::from_raw_parts(src.cast::<std::sync::atomic::AtomicI64>(), dst.len())
+        };
+        for (d, v) in dst.iter_mut().zip(s) {
+            *d = v.load(Ordering::Relaxed);
+        }
+    }
+}
+
 /// `copy_shared_u32` with relaxed atomic loads: 8 bytes at a time (two ids; an 8-byte load reads
 /// each as a 4-byte atomic load would), the first alone if it is not 8-aligned, the last alone if
 /// one is left.
@@ -142,6 +205,42 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn int64_values_are_narrowed_exactly_or_the_first_out_of_range_one_is_named() {
+        for len in [0usize, 1, 7, 511, 512, 513, 1500] {
+            let src: Vec<i64> = (0..len as i64)
+                .map(|i| (i * 2_654_435_761) % (1 << 32))
+                .collect();
+            let mut out = Vec::with_capacity(len);
+            // SAFETY: `src` is live and aligned; `out` has room for `len`.
+            assert_eq!(
+                unsafe { copy_shared_i64_to_u32(src.as_ptr(), len, &mut out) },
+                Ok(())
+            );
+            assert_eq!(
+                out,
+                src.iter().map(|&v| v as u32).collect::<Vec<_>>(),
+                "len {len}"
+            );
+        }
+        for (pos, bad) in [
+            (0usize, -1i64),
+            (600, 1 << 32),
+            (1499, i64::MIN),
+            (700, i64::MAX),
+        ] {
+            let mut src = vec![5i64; 1500];
+            src[pos] = bad;
+            if pos + 50 < src.len() {
+                src[pos + 50] = -7; // a later bad value is not the one named
+            }
+            let mut out = Vec::with_capacity(1500);
+            // SAFETY: as above.
+            let got = unsafe { copy_shared_i64_to_u32(src.as_ptr(), 1500, &mut out) };
+            assert_eq!(got, Err(bad), "pos {pos}");
         }
     }
 

@@ -8,7 +8,7 @@
 //! write or resize the array at any moment, so what was validated would not be what is used. The copy
 //! costs about a nanosecond per id, less than the lookups that follow.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 
 use numpy::{PyArray1, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::prelude::*;
@@ -125,23 +125,20 @@ fn copy_buffer<T>(len: usize) -> PyResult<Vec<T>> {
     Ok(out)
 }
 
-/// Copy `len` int64 values at `ptr`, each converted by `convert` (the first failure is returned).
+/// Copy `len` int64 token ids at `ptr` as u32: `InvalidArgumentError` / `InvalidDTypeError` (as
+/// [`token_id`]) for the first one out of `0..2**32`.
 ///
 /// # Safety
 /// As for [`copy_u32`], with 8-byte values.
-unsafe fn copy_i64(
-    ptr: *const i64,
-    len: usize,
-    mut convert: impl FnMut(i64) -> PyResult<u32>,
-) -> PyResult<Ids> {
-    // SAFETY: aligned and live (the caller's contract); AtomicI64 has i64's layout. Relaxed
-    // loads: as in `copy_u32`.
-    let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicI64>(), len) };
+unsafe fn copy_i64_tokens(ptr: *const i64, len: usize) -> PyResult<Ids> {
     let mut out = copy_buffer::<u32>(len)?;
-    for s in src {
-        out.push(convert(s.load(Ordering::Relaxed))?);
+    // SAFETY: `len` aligned values, live for the call (our contract); `out` has room for `len`.
+    match unsafe { crate::shared_copy::copy_shared_i64_to_u32(ptr, len, &mut out) } {
+        Ok(()) => Ok(Ids::Heap(out)),
+        Err(bad) => Err(token_id(bad)
+            .err()
+            .unwrap_or_else(|| bad_tokens("an id >= 2**32"))),
     }
-    Ok(Ids::Heap(out))
 }
 
 /// An iterator over `obj` (a list, tuple or any iterable but a string or bytes), or
@@ -281,7 +278,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        return unsafe { copy_i64(ptr, len, token_id) };
+        return unsafe { copy_i64_tokens(ptr, len) };
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return Err(bad_tokens(&format!(
