@@ -40,6 +40,28 @@ pub(crate) unsafe fn copy_shared_u32(src: *const u32, len: usize, out: &mut Vec<
     }
 }
 
+/// Copy `bytes` bytes from `src` to `dst` with one `rep movsb`: opaque to the compiler (see the module
+/// doc), `memcpy`'s speed.
+///
+/// # Safety
+/// `src` is `bytes` readable bytes that stay allocated for the call (they may be written meanwhile);
+/// `dst` is `bytes` writable bytes of the caller's own, disjoint from them.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+unsafe fn rep_movsb(dst: *mut u8, src: *const u8, bytes: usize) {
+    // SAFETY: the caller's contract. The asm reads and writes only through these two input pointers,
+    // leaves the direction flag clear (as it found it) and no status flag changed, and touches no stack.
+    unsafe {
+        std::arch::asm!(
+            "rep movsb",
+            inout("rcx") bytes => _,
+            inout("rsi") src => _,
+            inout("rdi") dst => _,
+            options(nostack, preserves_flags),
+        );
+    }
+}
+
 /// `copy_shared_u32` with one `rep movsb`.
 ///
 /// # Safety
@@ -47,19 +69,11 @@ pub(crate) unsafe fn copy_shared_u32(src: *const u32, len: usize, out: &mut Vec<
 #[cfg(target_arch = "x86_64")]
 unsafe fn copy_rep_movsb(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32 {
     let start = out.len();
-    // SAFETY: `out` has room for `len` more values (the caller's contract), so the destination is
-    // `len * 4` writable bytes of our own allocation, disjoint from the source; the source is `len * 4`
-    // readable bytes. The asm reads and writes only through these two input pointers, leaves the
-    // direction flag clear (as it found it) and no status flag changed, and touches no stack.
+    // SAFETY: `out` has room for `len` more values (the caller's contract): `len * 4` writable bytes
+    // of our own allocation, disjoint from the `len * 4` readable bytes of the source.
     unsafe {
-        std::arch::asm!(
-            "rep movsb",
-            inout("rcx") len * 4 => _,
-            inout("rsi") src => _,
-            inout("rdi") out.as_mut_ptr().add(start) => _,
-            options(nostack, preserves_flags),
-        );
-        // SAFETY: the asm wrote these `len` values (any bytes are a valid u32).
+        rep_movsb(out.as_mut_ptr().add(start).cast(), src.cast(), len * 4);
+        // SAFETY: the copy wrote these `len` values (any bytes are a valid u32).
         out.set_len(start + len);
     }
     // The OR of our own copy: a vectorised pass over memory no other thread can reach.
@@ -82,13 +96,13 @@ pub(crate) unsafe fn copy_shared_i64_to_u32(
 ) -> Result<(), i64> {
     const CHUNK: usize = 512;
     debug_assert!(out.capacity() - out.len() >= len);
-    let mut buf = [0i64; CHUNK];
+    // Not zeroed first: a 4 KiB memset on every call would cost more than a short copy.
+    let mut buf = [std::mem::MaybeUninit::<i64>::uninit(); CHUNK];
     let mut done = 0;
     while done < len {
         let n = CHUNK.min(len - done);
         // SAFETY: `done + n <= len` values of the caller's (its contract); `buf` holds `n`.
-        unsafe { copy_shared_i64(src.add(done), &mut buf[..n]) };
-        let chunk = &buf[..n];
+        let chunk = unsafe { copy_shared_i64(src.add(done), &mut buf[..n]) };
         if chunk.iter().fold(0u64, |acc, &v| acc | (v as u64 >> 32)) != 0 {
             let bad = chunk.iter().copied().find(|&v| u32::try_from(v).is_err());
             return Err(bad.unwrap_or(-1));
@@ -99,34 +113,31 @@ pub(crate) unsafe fn copy_shared_i64_to_u32(
     Ok(())
 }
 
-/// Fill `dst` from the `dst.len()` 64-bit values at `src`, which other threads may write meanwhile.
+/// Fill `dst` from the `dst.len()` 64-bit values at `src`, which other threads may write meanwhile;
+/// returns `dst`, initialised.
 ///
 /// # Safety
 /// `src` points to `dst.len()` 8-byte-aligned values that stay allocated for the call.
-unsafe fn copy_shared_i64(src: *const i64, dst: &mut [i64]) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: `dst` is `dst.len() * 8` writable bytes of our own, disjoint from the source, which is
-    // as many readable bytes (the caller's contract); as in `copy_rep_movsb`, the asm touches only
-    // memory through these two input pointers, no stack and no flag.
-    unsafe {
-        std::arch::asm!(
-            "rep movsb",
-            inout("rcx") dst.len() * 8 => _,
-            inout("rsi") src => _,
-            inout("rdi") dst.as_mut_ptr() => _,
-            options(nostack, preserves_flags),
-        );
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
+unsafe fn copy_shared_i64(src: *const i64, dst: &mut [std::mem::MaybeUninit<i64>]) -> &[i64] {
+    // A few values (an `append`'s tokens) with atomic loads: `rep movsb` has a start-up cost.
+    if cfg!(target_arch = "x86_64") && dst.len() > 16 {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `dst` is `dst.len() * 8` writable bytes of our own, disjoint from as many readable
+        // bytes of the source (the caller's contract).
+        unsafe {
+            rep_movsb(dst.as_mut_ptr().cast(), src.cast(), dst.len() * 8);
+        }
+    } else {
         // SAFETY: aligned and live (the caller's contract); AtomicI64 has i64's layout.
         let s = unsafe {
             std::slice::from_raw_parts(src.cast::<std::sync::atomic::AtomicI64>(), dst.len())
         };
         for (d, v) in dst.iter_mut().zip(s) {
-            *d = v.load(Ordering::Relaxed);
+            d.write(v.load(Ordering::Relaxed));
         }
     }
+    // SAFETY: every element was written above (any bytes are a valid i64).
+    unsafe { std::slice::from_raw_parts(dst.as_ptr().cast::<i64>(), dst.len()) }
 }
 
 /// `copy_shared_u32` with relaxed atomic loads: 8 bytes at a time (two ids; an 8-byte load reads
