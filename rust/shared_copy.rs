@@ -20,13 +20,12 @@
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-/// Append the `len` 32-bit values at `src` to `out`, and return the bitwise OR of all of them (a
-/// sign check for free).
+/// Append the `len` 32-bit values at `src` to `out`.
 ///
 /// # Safety
 /// `src` points to `len` 4-byte-aligned values that stay allocated for the whole call (they may be
 /// written meanwhile), and `out` has room for `len` more elements (`capacity - len >= len`).
-pub(crate) unsafe fn copy_shared_u32(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32 {
+pub(crate) unsafe fn copy_shared_u32(src: *const u32, len: usize, out: &mut Vec<u32>) {
     debug_assert!(out.capacity() - out.len() >= len);
     #[cfg(target_arch = "x86_64")]
     {
@@ -67,7 +66,7 @@ unsafe fn rep_movsb(dst: *mut u8, src: *const u8, bytes: usize) {
 /// # Safety
 /// As for [`copy_shared_u32`].
 #[cfg(target_arch = "x86_64")]
-unsafe fn copy_rep_movsb(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32 {
+unsafe fn copy_rep_movsb(src: *const u32, len: usize, out: &mut Vec<u32>) {
     let start = out.len();
     // SAFETY: `out` has room for `len` more values (the caller's contract): `len * 4` writable bytes
     // of our own allocation, disjoint from the `len * 4` readable bytes of the source.
@@ -76,8 +75,6 @@ unsafe fn copy_rep_movsb(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32
         // SAFETY: the copy wrote these `len` values (any bytes are a valid u32).
         out.set_len(start + len);
     }
-    // The OR of our own copy: a vectorised pass over memory no other thread can reach.
-    out[start..].iter().fold(0, |acc, &v| acc | v)
 }
 
 /// Append the `len` 64-bit values at `src` to `out` as u32, if every one lies in `0..2**32`; else
@@ -147,15 +144,14 @@ unsafe fn copy_shared_i64(src: *const i64, dst: &mut [std::mem::MaybeUninit<i64>
 /// # Safety
 /// As for [`copy_shared_u32`].
 #[cfg_attr(target_arch = "x86_64", allow(dead_code))]
-unsafe fn copy_atomic(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32 {
+unsafe fn copy_atomic(src: *const u32, len: usize, out: &mut Vec<u32>) {
     if len == 0 {
-        return 0;
+        return;
     }
     // SAFETY: `i < len`, within the caller's aligned values; AtomicU32 has u32's layout.
     let single = |i: usize| unsafe { (*src.add(i).cast::<AtomicU32>()).load(Ordering::Relaxed) };
     let head = usize::from(src as usize % 8 != 0);
     let pairs = (len - head) / 2;
-    let mut any = 0u64;
     let first = out.len();
     if head == 1 {
         out.push(single(0));
@@ -165,9 +161,7 @@ unsafe fn copy_atomic(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32 {
     let words = unsafe { std::slice::from_raw_parts(src.add(head).cast::<AtomicU64>(), pairs) };
     // `extend` over the pairs, not `push` (five times slower: a capacity check per id).
     out.extend(words.iter().flat_map(|w| {
-        let w = w.load(Ordering::Relaxed);
-        any |= w;
-        let v = w.to_ne_bytes();
+        let v = w.load(Ordering::Relaxed).to_ne_bytes();
         [
             u32::from_ne_bytes([v[0], v[1], v[2], v[3]]),
             u32::from_ne_bytes([v[4], v[5], v[6], v[7]]),
@@ -176,15 +170,13 @@ unsafe fn copy_atomic(src: *const u32, len: usize, out: &mut Vec<u32>) -> u32 {
     if out.len() - first < len {
         out.push(single(len - 1));
     }
-    let ends = out[first] | out[out.len() - 1];
-    ends | any as u32 | (any >> 32) as u32
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    type Copy = unsafe fn(*const u32, usize, &mut Vec<u32>) -> u32;
+    type Copy = unsafe fn(*const u32, usize, &mut Vec<u32>);
 
     fn copies() -> Vec<(&'static str, Copy)> {
         let mut v: Vec<(&'static str, Copy)> =
@@ -206,14 +198,9 @@ mod tests {
                     let mut out = vec![7u32, 9];
                     out.reserve(len);
                     // SAFETY: `want` is live and aligned; `out` has room for `len` more.
-                    let any = unsafe { copy(want.as_ptr(), len, &mut out) };
+                    unsafe { copy(want.as_ptr(), len, &mut out) };
                     assert_eq!(&out[..2], &[7, 9], "{name}: the existing elements are kept");
                     assert_eq!(&out[2..], want, "{name} offset {offset} len {len}");
-                    assert_eq!(
-                        any,
-                        want.iter().fold(0, |a, &v| a | v),
-                        "{name} offset {offset} len {len}"
-                    );
                 }
             }
         }
@@ -256,7 +243,7 @@ mod tests {
     }
 
     #[test]
-    fn a_set_sign_bit_anywhere_shows_in_the_or() {
+    fn a_set_sign_bit_anywhere_is_copied() {
         for (name, copy) in copies() {
             for pos in [0usize, 1, 30, 62, 63] {
                 let mut src = vec![1u32; 64];
@@ -265,12 +252,8 @@ mod tests {
                     let view = &src[offset..];
                     let mut out = Vec::with_capacity(view.len());
                     // SAFETY: as above.
-                    let any = unsafe { copy(view.as_ptr(), view.len(), &mut out) };
-                    assert_eq!(
-                        any >> 31,
-                        u32::from(pos >= offset),
-                        "{name} pos {pos} offset {offset}"
-                    );
+                    unsafe { copy(view.as_ptr(), view.len(), &mut out) };
+                    assert_eq!(out, view, "{name} pos {pos} offset {offset}");
                 }
             }
         }

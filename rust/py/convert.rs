@@ -84,14 +84,13 @@ fn view<T: numpy::Element>(
     }
 }
 
-/// Copy `len` 32-bit values at `ptr` into [`Ids`], with the bitwise OR of all of them (the sign check
-/// of token ids).
+/// Copy `len` 32-bit values at `ptr` into [`Ids`].
 ///
 /// # Safety
 /// `ptr` must point to `len` aligned 4-byte values that stay allocated for the duration of the call
 /// (the caller holds a reference to the array that owns them, so NumPy refuses to resize or free
 /// them; only `resize(refcheck=False)`, which NumPy documents as unsafe, could break this).
-unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<(Ids, u32)> {
+unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<Ids> {
     // Other threads (free-threaded Python) may write these values while we copy: short arrays are
     // read with relaxed atomic loads, long ones by `shared_copy` (which never lets the compiler
     // assume the source is stable). Every bit pattern is a valid u32, and the copy is what gets
@@ -99,17 +98,16 @@ unsafe fn copy_u32(ptr: *const u32, len: usize) -> PyResult<(Ids, u32)> {
     if len <= INLINE_IDS {
         // SAFETY: aligned and live (the caller's contract); AtomicU32 has u32's layout.
         let src = unsafe { std::slice::from_raw_parts(ptr.cast::<AtomicU32>(), len) };
-        let (mut buf, mut any) = ([0u32; INLINE_IDS], 0);
+        let mut buf = [0u32; INLINE_IDS];
         for (dst, s) in buf.iter_mut().zip(src) {
             *dst = s.load(Ordering::Relaxed);
-            any |= *dst;
         }
-        return Ok((Ids::Inline(buf, len), any));
+        return Ok(Ids::Inline(buf, len));
     }
     let mut out = copy_buffer::<u32>(len)?;
     // SAFETY: `len` aligned values, live for the call (our contract); `out` has room for `len`.
-    let any = unsafe { crate::shared_copy::copy_shared_u32(ptr, len, &mut out) };
-    Ok((Ids::Heap(out), any))
+    unsafe { crate::shared_copy::copy_shared_u32(ptr, len, &mut out) };
+    Ok(Ids::Heap(out))
 }
 
 /// An empty vector with room for the copy of `len` ids, or `OutOfMemoryError` (a copy of a huge
@@ -208,7 +206,7 @@ pub(crate) fn page_ids(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
         let (ptr, len) = view(array, "page ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive; i32 and u32
         // share a layout.
-        return unsafe { copy_u32(ptr.cast::<u32>(), len) }.map(|(ids, _)| ids);
+        return unsafe { copy_u32(ptr.cast::<u32>(), len) };
     }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         return Err(KvError::InvalidDType(format!(
@@ -262,10 +260,10 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<i32>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        let (ids, any) = unsafe { copy_u32(ptr.cast::<u32>(), len) }?;
-        // The check is on the copy: the OR of every id copied, whose sign bit is set if one is
-        // negative (no early exit; this runs on every prompt).
-        if any >> 31 != 0 {
+        let ids = unsafe { copy_u32(ptr.cast::<u32>(), len) }?;
+        // The check runs on the copy. OR-ing every id and testing the sign bit vectorises (no
+        // early exit): this check runs on every prompt.
+        if ids.as_slice().iter().fold(0, |acc, &t| acc | t) >> 31 != 0 {
             return Err(negative_tokens());
         }
         return Ok(ids);
@@ -273,7 +271,7 @@ pub(crate) fn tokens(obj: &Bound<'_, PyAny>) -> PyResult<Ids> {
     if let Ok(array) = obj.cast::<PyArray1<u32>>() {
         let (ptr, len) = view(array, "token ids")?;
         // SAFETY: checked contiguous and aligned; `array` keeps the buffer alive.
-        return unsafe { copy_u32(ptr, len) }.map(|(ids, _)| ids);
+        return unsafe { copy_u32(ptr, len) };
     }
     if let Ok(array) = obj.cast::<PyArray1<i64>>() {
         let (ptr, len) = view(array, "token ids")?;
