@@ -110,6 +110,21 @@ pub(crate) unsafe fn copy_shared_i64_to_u32(
     Ok(())
 }
 
+/// Append the `len` 64-bit values at `src` to `out`.
+///
+/// # Safety
+/// `src` points to `len` 8-byte-aligned values that stay allocated for the whole call (they may be
+/// written meanwhile), and `out` has room for `len` more elements.
+pub(crate) unsafe fn copy_shared_i64_vec(src: *const i64, len: usize, out: &mut Vec<i64>) {
+    let start = out.len();
+    // SAFETY: the caller's contract; `out` has `len` spare elements.
+    unsafe {
+        copy_shared_i64(src, &mut out.spare_capacity_mut()[..len]);
+        // SAFETY: the copy initialised those `len` values.
+        out.set_len(start + len);
+    }
+}
+
 /// Fill `dst` from the `dst.len()` 64-bit values at `src`, which other threads may write meanwhile;
 /// returns `dst`, initialised.
 ///
@@ -239,6 +254,23 @@ mod tests {
             // SAFETY: as above.
             let got = unsafe { copy_shared_i64_to_u32(src.as_ptr(), 1500, &mut out) };
             assert_eq!(got, Err(bad), "pos {pos}");
+        }
+    }
+
+    #[test]
+    fn int64_values_are_copied_whole_at_every_length() {
+        // Both sides of the atomic / rep movsb threshold (16) and every sign and magnitude.
+        let base: Vec<i64> = (0..80i64)
+            .map(|i| i.wrapping_mul(0x9E37_79B9_7F4A_7C15_u64 as i64) ^ -i)
+            .collect();
+        for len in [0usize, 1, 2, 15, 16, 17, 33, 64, 80] {
+            let want = &base[..len];
+            let mut out = vec![-3i64];
+            out.reserve(len);
+            // SAFETY: `want` is live and aligned; `out` has room for `len` more.
+            unsafe { copy_shared_i64_vec(want.as_ptr(), len, &mut out) };
+            assert_eq!(out[0], -3, "the existing element is kept");
+            assert_eq!(&out[1..], want, "len {len}");
         }
     }
 

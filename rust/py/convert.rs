@@ -76,12 +76,15 @@ fn view<T: numpy::Element>(
     array: &Bound<'_, PyArray1<T>>,
     what: &str,
 ) -> PyResult<(*const T, usize)> {
+    contiguous(array).ok_or_else(|| {
+        KvError::InvalidDType(format!("{what} must be a contiguous, aligned array")).into()
+    })
+}
+
+/// A 1-D array's data pointer and length if it is contiguous and aligned.
+fn contiguous<T: numpy::Element>(array: &Bound<'_, PyArray1<T>>) -> Option<(*const T, usize)> {
     let ptr = array.data() as *const T;
-    if array.is_contiguous() && ptr.is_aligned() {
-        Ok((ptr, array.len()))
-    } else {
-        Err(KvError::InvalidDType(format!("{what} must be a contiguous, aligned array")).into())
-    }
+    (array.is_contiguous() && ptr.is_aligned()).then(|| (ptr, array.len()))
 }
 
 /// Copy `len` 32-bit values at `ptr` into [`Ids`].
@@ -418,6 +421,25 @@ pub(crate) fn namespace_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<S
 
 /// Sequence ids: a list or tuple of ints, or a 1-D integer array.
 pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i64>> {
+    // Contiguous int64 / int32 arrays (a scheduler's id and count arrays, every step) are copied as
+    // page ids are; other arrays go through a list.
+    if let Ok(array) = obj.cast::<PyArray1<i64>>() {
+        if let Some((ptr, len)) = contiguous(array) {
+            let mut out = copy_buffer::<i64>(len)?;
+            // SAFETY: contiguous and aligned; `array` keeps the buffer alive; `out` has room for `len`.
+            unsafe { crate::shared_copy::copy_shared_i64_vec(ptr, len, &mut out) };
+            return Ok(out);
+        }
+    }
+    if let Ok(array) = obj.cast::<PyArray1<i32>>() {
+        if let Some((ptr, len)) = contiguous(array) {
+            // SAFETY: contiguous and aligned; `array` keeps the buffer alive; i32 and u32 share a layout.
+            let ids = unsafe { copy_u32(ptr.cast::<u32>(), len) }?;
+            let mut out = copy_buffer::<i64>(len)?;
+            out.extend(ids.as_slice().iter().map(|&v| i64::from(v as i32)));
+            return Ok(out);
+        }
+    }
     if let Ok(array) = obj.cast::<PyUntypedArray>() {
         let dtype = array.dtype();
         let integer = dtype.is_equiv_to(&numpy::dtype::<i64>(obj.py()))

@@ -21,6 +21,7 @@ from kvcore import (
     KVCacheManager,
     KVCoreError,
     PageAllocator,
+    UnknownSequenceError,
 )
 from kvcore._kvcore import RespClient
 from kvcore.kernels import copy_pages
@@ -507,6 +508,21 @@ BAD_CALLS: list[tuple[str, object, type[Exception], str]] = [
     ("page_table", lambda m: m.page_table([1], num_tokens=[1.5]), InvalidDTypeError, "num_tokens[0]"),
     ("page_table", lambda m: m.page_table([1], num_tokens=[-1]), InvalidArgumentError, "num_tokens[0]"),
     ("page_table", lambda m: m.page_table([1], num_tokens=[7]), InvalidArgumentError, "num_tokens[0]"),
+    (
+        "page_table",
+        lambda m: m.page_table([1], num_tokens=np.array([-1], np.int64)),
+        InvalidArgumentError,
+        "num_tokens[0]",
+    ),
+    (
+        "page_table",
+        lambda m: m.page_table([1], num_tokens=np.array([-1], np.int32)),
+        InvalidArgumentError,
+        "num_tokens[0]",
+    ),
+    ("page_table", lambda m: m.page_table(np.array([1, 99], np.int64)), UnknownSequenceError, "99"),
+    ("page_table", lambda m: m.page_table(np.array([[1]], np.int64)), InvalidDTypeError, "seq_ids"),
+    ("page_table", lambda m: m.page_table(np.array([1.0])), InvalidDTypeError, "seq_ids"),
     ("block_table", lambda m: m.block_table([1], out=np.zeros((2, 4))), InvalidDTypeError, "out"),
     ("block_table", lambda m: m.block_table([1], out=np.zeros(8, np.int32)), InvalidDTypeError, "out"),
     (
@@ -613,3 +629,26 @@ def test_stats_is_one_native_class() -> None:
         "num_refused",
     ]
     assert s == KVCacheManager(8, 4).stats() and s.usage == 0.0 and s.hit_rate == 0.0
+
+
+def test_id_and_count_arrays_of_every_layout_give_the_same_table() -> None:
+    # Contiguous int64 / int32 arrays are copied directly, others go through a list: one answer.
+    m = kvcore.KVCacheManager(64, 4)
+    for i, n in enumerate([5, 9, 13]):
+        m.add_sequence(10 + i, list(range(100 * i, 100 * i + n)))
+    ids, counts = [10, 11, 12, 10], [5, 3, 13, 1]
+    want = m.page_table(ids, num_tokens=counts)
+    wide_ids = np.array([[v, -1] for v in ids], np.int64)[:, 0]  # strided views
+    wide_counts = np.array([[v, -1] for v in counts], np.int32)[:, 0]
+    assert not wide_ids.flags.c_contiguous
+    for dtype in (np.int64, np.int32):
+        for got in (
+            m.page_table(np.array(ids, dtype), num_tokens=np.array(counts, dtype)),
+            m.page_table(wide_ids.astype(dtype)[::1], num_tokens=wide_counts),
+            m.page_table(wide_ids, num_tokens=np.array(counts, dtype)),
+        ):
+            for a, b in zip(got, want, strict=True):
+                assert np.array_equal(a, b)
+    assert np.array_equal(
+        m.page_table(np.array([2**31 + 10], np.int64) - 2**31).kv_indices, want.kv_indices[:2]
+    )

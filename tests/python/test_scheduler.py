@@ -4,6 +4,7 @@ for refusals and ordering, and the manager's own invariants after every step."""
 
 from __future__ import annotations
 
+import copy
 import pickle
 
 import numpy as np
@@ -558,6 +559,7 @@ def test_the_fast_decode_path_plans_exactly_what_the_reference_does(
             max_new_tokens=int(rng.integers(1, 30)),
             stop_token_ids=frozenset({29}) if i % 3 == 0 else frozenset(),
             priority=int(rng.integers(0, 2)),
+            request_class="default" if i % 4 else "new",  # a class without a quantile yet
         )
         for i in range(12)
     ]
@@ -576,8 +578,25 @@ def test_the_fast_decode_path_plans_exactly_what_the_reference_does(
         while sched.has_work():
             plan = sched.step(float(t))
             events = [(e.kind, e.request_id) for e in plan.events]
-            rows = (plan.request_ids.tolist(), plan.starts.tolist(), plan.slot_mapping.tolist())
-            trace.append((*rows, plan.page_table.kv_indices.tolist(), events))
+            arrays = [
+                plan.request_ids,
+                plan.starts,
+                plan.num_tokens,
+                plan.sample,
+                plan.q_indptr,
+                plan.token_ids,
+                plan.positions,
+                plan.slot_mapping,
+                *plan.page_table,
+            ]
+            trace.append(([(a.dtype.str, a.tolist()) for a in arrays], events))
+            if sched._dec_used is not None:  # the admission's room for the decoding requests' answers
+                expected = 0
+                for r in sched._decoding.values():  # their counts lag their tokens: a synced copy
+                    r = copy.copy(r)
+                    r.generated = len(r.tokens) - r.base
+                    expected += sched._expected_extra_pages(r)
+                assert sched._decode_promised(sched._dec_used) == expected
             if t in aborts:
                 live = [rid for rid in plan.request_ids.tolist() if rid in sched._reqs]
                 if live:

@@ -208,15 +208,13 @@ class _Req:
         return a
 
 
-def _stop_groups(
-    stops: list[frozenset[int]], base: int
-) -> list[tuple[frozenset[int], npt.NDArray[np.int64]]]:
+def _stop_groups(stops: list[frozenset[int]], base: int) -> dict[frozenset[int], npt.NDArray[np.int64]]:
     """Rows (offset by ``base``) grouped by their stop-token set; rows without one are left out."""
     groups: dict[frozenset[int], list[int]] = {}
     for i, stop in enumerate(stops):
         if stop:
             groups.setdefault(stop, []).append(base + i)
-    return [(stop, np.array(rows, np.int64)) for stop, rows in groups.items()]
+    return {stop: np.array(rows, np.int64) for stop, rows in groups.items()}
 
 
 def _in_stop(values: npt.NDArray[Any], stop: frozenset[int]) -> npt.NDArray[np.bool_]:
@@ -233,13 +231,45 @@ def _in_stop(values: npt.NDArray[Any], stop: frozenset[int]) -> npt.NDArray[np.b
 
 
 def _merge_stop_groups(
-    a: list[tuple[frozenset[int], npt.NDArray[np.int64]]],
-    b: list[tuple[frozenset[int], npt.NDArray[np.int64]]],
-) -> list[tuple[frozenset[int], npt.NDArray[np.int64]]]:
+    a: dict[frozenset[int], npt.NDArray[np.int64]], b: dict[frozenset[int], npt.NDArray[np.int64]]
+) -> dict[frozenset[int], npt.NDArray[np.int64]]:
     merged = dict(a)
-    for stop, rows in b:
+    for stop, rows in b.items():
         merged[stop] = np.concatenate([merged[stop], rows]) if stop in merged else rows
-    return list(merged.items())
+    return merged
+
+
+# Rows of _DecodeRows.num.
+_ID, _START, _TOKEN, _LEFT, _MAX_NEW = range(5)
+_ONE_STEP = np.array([[0], [1], [0], [-1], [0]], np.int64)  # a decode step: start + 1, one token fewer left
+
+
+class _DecodeRows:
+    """The next step's decode rows in steady state: every decoding request, in ``_decoding``'s order,
+    built by patching the last step's (no Python pass per request). ``num`` is one int64 array of
+    five rows (``_ID``: request id, ``_START``: the position computed, ``_TOKEN``: the token there,
+    ``_LEFT``: tokens still to generate, ``_MAX_NEW``), so dropping the rows that end and adding those
+    that join is one NumPy call each; ``appends`` are the requests' token lists' ``append``,
+    ``stop_groups`` maps a stop set to its rows, ``classes`` are the rows' request classes and
+    ``names`` their set."""
+
+    __slots__ = ("appends", "classes", "names", "num", "stop_groups", "version")
+
+    def __init__(
+        self,
+        version: int,
+        num: npt.NDArray[np.int64],
+        appends: list[Callable[[int], None]],
+        stop_groups: dict[frozenset[int], npt.NDArray[np.int64]],
+        classes: list[str],
+        names: set[str],
+    ) -> None:
+        self.version = version
+        self.num = num
+        self.appends = appends
+        self.stop_groups = stop_groups
+        self.classes = classes
+        self.names = names
 
 
 class Scheduler:
@@ -357,15 +387,15 @@ class Scheduler:
         self._decoding: dict[int, _Req] = {}  # running requests whose next row is one decode token
         self._decode_rows: list[_Req] = []  # this step's decode rows
         self._decode_arrays_now: tuple[Any, Any, Any] = (None, None, None)
-        # Membership changes of _decoding; (version, ids, starts, tokens) of the next step's decode
-        # rows, when the last update saw every decode row through (steady state).
+        # Membership changes of _decoding; the next step's decode rows, when the last update saw
+        # every decode row through (steady state).
         self._dec_version = 0
-        self._dec_cache: tuple[Any, ...] | None = None
+        self._dec_cache: _DecodeRows | None = None
         self._plan_dec_version = -1
-        # Steady-state decode: the cache tuple the current plan's decode rows came from (None: built
+        # Steady-state decode: the rows the current plan's decode rows came from (None: built
         # afresh), and whether decoding requests' computed / generated counts lag their tokens
         # (the fast update appends tokens only; _sync_decoding catches the counts up).
-        self._dec_used: tuple[Any, ...] | None = None
+        self._dec_used: _DecodeRows | None = None
         self._lazy = False
         self._dirty = False  # finish() ran since the last plan: its rows need checking
         self._decode_planned = False  # this step's decode rows are chosen (3a is done)
@@ -474,8 +504,9 @@ class Scheduler:
         if dec:
             decoding = list(dec.values())
             cached = self._dec_cache
-            if cached is not None and cached[0] == self._dec_version and len(decoding) <= budget:
-                d_ids, d_st, d_tok = cached[1], cached[2], cached[3]
+            if cached is not None and cached.version == self._dec_version and len(decoding) <= budget:
+                num = cached.num
+                d_ids, d_st, d_tok = num[_ID], num[_START].astype(np.int32), num[_TOKEN].astype(np.uint32)
                 self._dec_used = cached
             else:
                 self._sync_decoding()
@@ -594,15 +625,15 @@ class Scheduler:
         if used is not None:
             # Steady state: the rows are the cached decoding requests, all live. Only their tokens
             # grow here; their counts lag (self._lazy) and the countdown is one array.
-            appends, stop_groups = used[5], used[6]
+            appends, stop_groups = used.appends, used.stop_groups
             d_toks = toks[:nd]
             for app, tok in zip(appends, d_toks, strict=True):
                 app(tok)
-            rem = used[4] - 1
+            rem = used.num[_LEFT] - 1
             done_rows = [(i, "length") for i in np.flatnonzero(rem <= 0).tolist()]
             if stop_groups:
                 tok_arr = arr[:nd]
-                for stop, group in stop_groups:  # rows sharing one stop set (EOS ids, usually one)
+                for stop, group in stop_groups.items():  # rows sharing one stop set (EOS ids, usually one)
                     hit = group[_in_stop(tok_arr[group], stop) & (rem[group] > 0)]
                     done_rows += [(i, "stop") for i in hit.tolist()]
                 done_rows.sort()  # row order, as the checked loop ends them
@@ -695,52 +726,55 @@ class Scheduler:
         plan: StepPlan,
         nd: int,
         arr: npt.NDArray[Any],
-        used: tuple[Any, ...] | None,
+        used: _DecodeRows | None,
         steady: bool,
         ended_rows: list[int],
         joined: list[_Req],
-    ) -> tuple[Any, ...] | None:
-        """The next step's decode arrays, in the order of the decoding requests: this plan's decode
+    ) -> _DecodeRows | None:
+        """The next step's decode rows, in the order of the decoding requests: this plan's decode
         rows one step on, less the rows that ended, plus the requests that joined (None: rebuild)."""
         if not steady:
             return None
-        rows = self._decode_rows
         if used is not None:
-            rem, appends, stop_groups = used[4] - 1, used[5], used[6]
-            max_new, classes = used[7], used[8]
+            num = used.num + _ONE_STEP  # a fresh array: the plan's views of ``used.num`` stay as given
+            appends, stop_groups, classes, names = used.appends, used.stop_groups, used.classes, used.names
         else:  # counts are current after the checked loop
-            rem = np.fromiter([r.max_new - r.generated for r in rows], np.int64, nd)
+            rows = self._decode_rows
+            num = np.empty((5, nd), np.int64)
+            num[_ID] = plan.request_ids[:nd]
+            num[_START] = plan.starts[:nd] + 1
+            num[_LEFT] = np.fromiter([r.max_new - r.generated for r in rows], np.int64, nd)
+            num[_MAX_NEW] = np.fromiter([r.max_new for r in rows], np.int64, nd)
             appends = [r.tokens.append for r in rows]
             stop_groups = _stop_groups([r.stop for r in rows], 0)
-            max_new = np.fromiter([r.max_new for r in rows], np.int64, nd)
             classes = [r.cls for r in rows]
-        ids, st, tok = plan.request_ids[:nd], plan.starts[:nd] + 1, arr[:nd].astype(np.uint32)
+            names = set(classes)
+        num[_TOKEN] = arr[:nd]
         if ended_rows:
             keep = np.ones(nd, bool)
             keep[ended_rows] = False
-            new_index = np.cumsum(keep) - 1
-            ids, st, tok, rem, max_new = ids[keep], st[keep], tok[keep], rem[keep], max_new[keep]
+            num = num.compress(keep, axis=1)
             appends, classes = list(appends), list(classes)
             for i in sorted(ended_rows, reverse=True):  # few rows end per step
                 del appends[i], classes[i]
-            stop_groups = [(stop, new_index[g[keep[g]]]) for stop, g in stop_groups]
-            stop_groups = [(stop, g) for stop, g in stop_groups if len(g)]
-        else:
-            ids = ids.copy()
+            if stop_groups:
+                new_index = np.cumsum(keep) - 1
+                stop_groups = {stop: new_index[g[keep[g]]] for stop, g in stop_groups.items()}
+                stop_groups = {stop: g for stop, g in stop_groups.items() if len(g)}
+            if len(names) > 1:  # a class may have left (one class stays exact)
+                names = set(classes)
         if joined:
-            base = len(ids)
-            n = len(joined)
-            ids = np.concatenate([ids, np.fromiter([r.rid for r in joined], np.int64, n)])
-            st = np.concatenate([st, np.fromiter([r.computed for r in joined], np.int32, n)])
-            tok = np.concatenate([tok, np.fromiter([r.tokens[-1] for r in joined], np.uint32, n)])
-            rem = np.concatenate([rem, np.fromiter([r.max_new - r.generated for r in joined], np.int64, n)])
+            base = num.shape[1]
+            rows_in = [(r.rid, r.computed, r.tokens[-1], r.max_new - r.generated, r.max_new) for r in joined]
+            num = np.concatenate([num, np.array(rows_in, np.int64).T], axis=1)
             appends = [*appends, *(r.tokens.append for r in joined)]
-            max_new = np.concatenate([max_new, np.fromiter([r.max_new for r in joined], np.int64, n)])
             classes = [*classes, *(r.cls for r in joined)]
-            stop_groups = _merge_stop_groups(stop_groups, _stop_groups([r.stop for r in joined], base))
-        if len(ids) != len(self._decoding):  # anything else changed the set: rebuild next step
+            names = names | {r.cls for r in joined}
+            if any(r.stop for r in joined):
+                stop_groups = _merge_stop_groups(stop_groups, _stop_groups([r.stop for r in joined], base))
+        if num.shape[1] != len(self._decoding):  # anything else changed the set: rebuild next step
             return None
-        return (self._dec_version, ids, st, tok, rem, appends, stop_groups, max_new, classes)
+        return _DecodeRows(self._dec_version, num, appends, stop_groups, classes, names)
 
     def _sync_decoding(self) -> None:
         """Catch up the counts of decoding requests after fast updates (their tokens are right)."""
@@ -1052,28 +1086,32 @@ class Scheduler:
         ps = self.page_size
         return max(0, -(-len(r.tokens) // ps) - -(-max(r.reserved, r.computed) // ps))
 
-    def _decode_promised(self, used: tuple[Any, ...]) -> int:
-        """``_expected_extra_pages`` summed over the decoding requests, from the cached arrays: each
-        row's tokens are its start + 1, its generated count max_new - remaining (no Python pass)."""
+    def _decode_promised(self, used: _DecodeRows) -> int:
+        """``_expected_extra_pages`` summed over the decoding requests, from their cached rows: each
+        row's tokens are its start + 1, its generated count max_new - left (no Python pass).
+
+        Per row, with ``planned`` the class's quantile (or ``max_new`` clipped, before any is known):
+        the answer's expected length is ``min(max_new, max(planned, generated + 1))``, so the tokens
+        still expected are ``min(left, max(planned - generated, 1))`` (``left >= 0``)."""
         ps, est = self.page_size, self.estimator
-        st, rem, max_new, classes = used[2], used[4], used[7], used[8]
-        gen = max_new - rem
-        have = st.astype(np.int64) + 1
-        names = set(classes)
-        if len(names) == 1:
-            (name,) = names
+        num = used.num
+        left, max_new = num[_LEFT], num[_MAX_NEW]
+        gen = max_new - left
+        if len(used.names) == 1:
+            (name,) = used.names
             q = est.quantile_of(name)
-            planned = np.minimum(max_new, est.clip) if q is None else np.full_like(max_new, q)
+            planned: npt.NDArray[np.int64] | int = np.minimum(max_new, est.clip) if q is None else q
         else:
-            planned = np.empty_like(max_new)
-            cls = np.array(classes, dtype=object)
-            for name in names:
+            per_row = np.empty_like(max_new)
+            cls = np.array(used.classes, dtype=object)
+            for name in used.names:
                 mask = cls == name
                 q = est.quantile_of(name)
-                planned[mask] = np.minimum(max_new[mask], est.clip) if q is None else q
-        total = np.minimum(max_new, np.maximum(planned, gen + 1))
-        later = have + np.maximum(0, total - gen)
-        return int((-(-later // ps) - -(-have // ps)).sum())
+                per_row[mask] = np.minimum(max_new[mask], est.clip) if q is None else q
+            planned = per_row
+        expected = np.minimum(left, np.maximum(planned - gen, 1))
+        ceil_have = num[_START] + ps  # (tokens + ps - 1): tokens = start + 1
+        return int(((ceil_have + expected) // ps - ceil_have // ps).sum())
 
     def _admit(
         self,
