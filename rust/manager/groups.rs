@@ -724,7 +724,12 @@ impl KVCacheManager {
             let table = st.seqs[&seq_id].table(g);
             for i in done..full.min(keys.len()).min(table.len()) {
                 let page = table[i];
+                // A page keyed in another namespace than the sequence's (its tree path runs through
+                // a public node there) stays its own: what one tenant computed is never served to
+                // another under a public key.
+                let foreign = path.get(i).is_some_and(|&(_, page_ns)| page_ns != ns);
                 if page == NULL_PAGE
+                    || foreign
                     || st.groups.entries.contains_key(&page)
                     || st.groups.lookup(g, &keys[i]).is_some()
                 {

@@ -240,9 +240,10 @@ impl KVCacheManager {
         }
         let mut names = HashSet::new();
         for t in &config.lower_tiers {
-            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+            if t.name.is_empty() || t.name == "hbm" || !names.insert(t.name.as_str()) {
                 return Err(KvError::InvalidArgument(format!(
-                    "lower tier names must be distinct and non-empty, got {:?}",
+                    "lower tier names must be distinct, non-empty and not \"hbm\" (the first \
+                     tier's name in hits and floors), got {:?}",
                     t.name
                 )));
             }
@@ -735,7 +736,8 @@ impl KVCacheManager {
             return Ok(());
         };
         let ranges: Vec<(usize, usize)> = seq.copies.drain(..count.min(seq.copies.len())).collect();
-        let (node, lock_pages, inserted) = (seq.node, seq.lock_pages, seq.num_inserted_pages);
+        let (node, ns, lock_pages, inserted) =
+            (seq.node, seq.ns, seq.lock_pages, seq.num_inserted_pages);
         for (start, end) in ranges {
             let end = end.min(inserted);
             if start >= end {
@@ -744,7 +746,7 @@ impl KVCacheManager {
             let seq = &st.seqs[&seq_id];
             let swapped = st
                 .tree
-                .adopt_copies(node, lock_pages, start, &seq.pages[start..end])
+                .adopt_copies(node, ns, lock_pages, start, &seq.pages[start..end])
                 .map_err(internal)?;
             if swapped.is_empty() {
                 continue;
@@ -790,6 +792,10 @@ impl KVCacheManager {
         }
         if let Some(b) = seq.bounds.as_deref_mut() {
             b.computed = b.computed.min(num_tokens);
+            // Tokens from the cut on are computed again over the compacted context: private.
+            if let Some(p) = b.private_from {
+                b.private_from = Some(p.min(num_tokens));
+            }
         }
         let full = num_tokens / ps;
         // Cached pages past the cut stay in the tree; the sequence locks only what it keeps: its

@@ -717,6 +717,10 @@ impl PyKVCacheManager {
                 "out must be a 2-D int32 array [rows, cols]".into(),
             ))
         })?;
+        if !array.is_c_contiguous() {
+            // A Fortran-ordered buffer is contiguous too, but its rows are not: refused.
+            return Err(KvError::InvalidDType("out must be C-contiguous".into()).into());
+        }
         let row_len = array.shape()[1];
         let width = {
             let mut w = array.try_readwrite().map_err(|_| {

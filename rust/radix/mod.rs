@@ -645,8 +645,9 @@ impl RadixTree {
     /// Swaps in the caller's own copies of cached pages: on the path of `node` (which ends
     /// `end_pages` pages from the root), the page at each position `first + i` becomes
     /// `pages[i]`, in every node that only the caller's one lock on `node` holds (`lock_ref ==
-    /// 1`) and no pin covers. Positions already holding the caller's page, or whose page is
-    /// elsewhere in the tree, are left. Returns the `(position, old, new)` of each swap: the tree
+    /// 1`) and no pin covers, and that belongs to the caller's namespace `ns` (a public node, or
+    /// another tenant's, keeps its own page). Positions already holding the caller's page, or
+    /// whose page is elsewhere in the tree, are left. Returns the `(position, old, new)` of each swap: the tree
     /// now holds `new` instead of `old` (the caller moves the tree's reference). Keys, counts,
     /// recency and the eviction index do not change: the same tokens, the same number of pages.
     ///
@@ -659,6 +660,7 @@ impl RadixTree {
     pub fn adopt_copies(
         &mut self,
         node: NodeId,
+        ns: Namespace,
         end_pages: usize,
         first: usize,
         pages: &[PageId],
@@ -675,7 +677,9 @@ impl RadixTree {
         while id != ROOT && end > first {
             let n = &self.nodes[id as usize];
             let start = end.saturating_sub(n.pages.len());
-            let (parent, lone) = (n.parent, n.lock_ref == 1 && n.pin_ref == 0);
+            // Only a node of the sequence's own namespace takes its copies: a page another
+            // tenant computed never enters a public node (nor another tenant's).
+            let (parent, lone) = (n.parent, n.lock_ref == 1 && n.pin_ref == 0 && n.ns == ns);
             if lone {
                 for pos in start.max(first)..end.min(first + pages.len()) {
                     let (old, new) = (

@@ -652,3 +652,85 @@ def test_id_and_count_arrays_of_every_layout_give_the_same_table() -> None:
     assert np.array_equal(
         m.page_table(np.array([2**31 + 10], np.int64) - 2**31).kv_indices, want.kv_indices[:2]
     )
+
+
+def test_a_tenants_recomputed_page_never_replaces_a_public_one() -> None:
+    # A page-aligned prompt over a public prefix recomputes its last page; the tree keeps its own
+    # public copy (adopting the tenant's would serve tenant a's K/V to every tenant).
+    m = kvcore.KVCacheManager(100, 4)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    m.add_sequence(1, [*prompt, 9], namespace="*")
+    public = m.seq_pages(1)[:2].tolist()
+    m.free_sequence(1)
+    assert m.add_sequence(2, prompt, namespace="a") == 4  # the last page is computed again
+    a_page = int(m.seq_pages(2)[1])
+    assert a_page != public[1]
+    m.append(2, [77])
+    m.free_sequence(2)
+    m.add_sequence(3, [*prompt, 9], namespace="b")
+    assert m.seq_pages(3)[:2].tolist() == public
+    assert a_page not in m.seq_pages(3).tolist()
+    m._check_invariants()
+
+
+def test_a_tenants_own_copy_is_still_adopted_in_its_own_namespace() -> None:
+    # The same recomputation in one namespace: the tree takes the copy and frees its own.
+    m = kvcore.KVCacheManager(100, 4)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
+    m.add_sequence(1, [*prompt, 9], namespace="a")
+    m.free_sequence(1)
+    m.add_sequence(2, prompt, namespace="a")
+    copy = int(m.seq_pages(2)[1])
+    m.append(2, [77])
+    m.free_sequence(2)
+    m.add_sequence(3, [*prompt, 9], namespace="a")
+    assert int(m.seq_pages(3)[1]) == copy
+    m._check_invariants()
+
+
+def test_a_tenants_window_group_pages_are_never_cached_under_a_public_key() -> None:
+    m = kvcore.KVCacheManager(100, 4, groups=[8, None])
+    prompt = list(range(1, 14))
+    m.add_sequence(1, prompt, namespace="*")
+    m.free_sequence(1)
+    m.pin(prompt, 100, namespace="*")
+    m.evict(1000)  # the pinned tree pages stay, the window group's pages go
+    m.add_sequence(2, prompt, namespace="a")  # computes its own window pages over the public path
+    m.add_sequence(3, prompt, namespace="b")
+    a_pages = set(m.seq_pages(2, group=0).tolist()) - {0}
+    b_pages = set(m.seq_pages(3, group=0).tolist()) - {0}
+    assert a_pages and b_pages
+    assert not a_pages & b_pages
+    m._check_invariants()
+
+
+def test_tokens_computed_again_after_a_compaction_stay_private() -> None:
+    m = kvcore.KVCacheManager(200, 4)
+    prompt = list(range(1, 41))
+    m.add_sequence(1, prompt)
+    m.append(1, [500])
+    m.compact(1, np.arange(11, dtype=np.float32), 6)  # drops pages 0-4
+    m.truncate(1, 21)
+    new = [900 + i for i in range(20)]
+    m.append(1, new)
+    m.free_sequence(1)
+    # Tokens 21.. attended to the compacted context: nothing from token 21 on is cached.
+    assert m.peek_prefix_len([*prompt[:21], *new]) <= 20
+    m._check_invariants()
+
+
+def test_block_table_refuses_a_fortran_ordered_buffer() -> None:
+    m = kvcore.KVCacheManager(50, 4)
+    m.add_sequence(1, list(range(9)))
+    m.add_sequence(2, list(range(100, 117)))
+    out = np.full((3, 6), -7, np.int32, order="F")
+    with pytest.raises(InvalidDTypeError, match="C-contiguous"):
+        m.block_table([1, 2], out=out)
+    assert (out == -7).all()
+    got = m.block_table([1, 2], out=np.full((3, 6), -7, np.int32))
+    assert np.array_equal(got, m.block_table([1, 2]))
+
+
+def test_a_lower_tier_cannot_be_named_hbm() -> None:
+    with pytest.raises(InvalidArgumentError, match="hbm"):
+        kvcore.KVCacheManager(50, 4, lower_tiers=[("hbm", 8)])
