@@ -4,11 +4,13 @@ Each test checks behaviour against a reference: pool bytes against the bytes sto
 quantized pages against what the host tier makes of the same pages (one codec), values on the server
 against the header format (parsed with the codec), and every failure path (killed, restarted, paused,
 full servers, a cluster node down, corrupt or foreign values) against the counters, the keys left on
-the server and the wall time of the call.
+the server and the wall time of the call. Replies no real server gives (hostile CLUSTER SLOTS tables,
+MOVED to anywhere) come from small fake servers on 127.0.0.1 (:class:`FakeServer`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -296,6 +298,61 @@ def test_long_namespace_fails_its_row_only(tier_factory: Any) -> None:
     m = meta(2, namespaces=["x" * (room + 1), "ok"])
     assert tier.store(pool, i32(1, 2), i32(0, 1), **m).tolist() == [False, True]
     assert tier.stats()["store_failed_namespace"] == 1
+
+
+def test_fp8_value_with_a_wrong_key_echo_is_corrupt_whatever_its_scales(tier_factory: Any) -> None:
+    """The key echo is checked before the scales: a value of another page under our key is corrupt
+    (deleted), even when it was stored under other scales (it used to be 'scales', and kept)."""
+    pool, other = make_pool("fp8"), make_pool("fp8", seed=3)
+    other.set_scales(0, 2.0, 2.0)
+    tier, theirs = tier_factory(pool), tier_factory(other)
+    m = meta(2)
+    assert theirs.store(other, i32(1), i32(0), **{k: v[1:] for k, v in m.items()}).all()
+    ours = tier.redis_key(m["keys"][0])
+    with_client(tier, lambda r: r.set(ours, r.get(theirs.redis_key(m["keys"][1]))))
+    assert tier.load(pool, i32(0), i32(2), m["keys"][:1]).tolist() == [False]
+    s = tier.stats()
+    assert (s["load_failed_corrupt"], s["load_failed_scales"], s["deleted"]) == (1, 0, 1)
+    assert with_client(tier, lambda r: r.exists(ours)) == 0
+
+
+def getrange_calls(r: Any) -> int:
+    return int(r.info("commandstats").get("cmdstat_getrange", {}).get("calls", 0))
+
+
+def test_fp8_store_over_a_value_of_other_scales_is_not_reported_stored(tier_factory: Any) -> None:
+    """NX leaves a value another instance stored under other pool scales, which this pool can never
+    load: the store says False (``store_failed_scales``), not "stored". It costs a GETRANGE per row
+    in the same pipeline, for fp8/int8 pools only."""
+    a, b = make_pool("fp8"), make_pool("fp8", seed=3)
+    b.set_scales(0, 2.0, 2.0)
+    ta, tb = tier_factory(a), tier_factory(b)
+    m = meta(2)
+    g0 = with_client(ta, getrange_calls)
+    assert ta.store(a, i32(1, 2), i32(0, 1), **m).all()
+    first = with_client(ta, lambda r: [r.get(ta.redis_key(k)) for k in m["keys"]])
+    assert tb.store(b, i32(1, 2), i32(0, 1), **m).tolist() == [False, False]
+    assert with_client(ta, lambda r: [r.get(ta.redis_key(k)) for k in m["keys"]]) == first  # left alone
+    s = tb.stats()
+    assert (s["stores"], s["store_exists"], s["store_failed"], s["store_failed_scales"]) == (0, 0, 2, 2)
+    assert tb.load(b, i32(0, 1), i32(3, 4), m["keys"]).tolist() == [False, False]
+    assert tb.exists(m["keys"]) == 2  # exists asks for keys, not for values it could load (documented)
+    assert ta.store(a, i32(1, 2), i32(0, 1), **m).all() and ta.stats()["store_exists"] == 2
+    assert with_client(ta, getrange_calls) - g0 == 6
+    bf16 = make_pool()
+    plain = tier_factory(bf16, prefix=ta.prefix + "-bf16")
+    assert plain.store(bf16, i32(1, 2), i32(0, 1), **m).all()
+    assert with_client(ta, getrange_calls) - g0 == 6  # no GETRANGE for a pool without scales
+
+
+def test_a_namespace_that_is_not_unicode_is_refused_before_anything_is_sent(tier_factory: Any) -> None:
+    pool = make_pool()
+    tier = tier_factory(pool)
+    m = meta(3, namespaces=["ok", None, "bad\ud800"])
+    with pytest.raises(InvalidArgumentError, match="namespaces"):
+        tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m)
+    assert nonzero(tier.stats()) == {}
+    assert tier.exists(m["keys"]) == 0  # no row went out
 
 
 def test_caller_mistakes_raise_before_anything_is_sent(tier_factory: Any) -> None:
@@ -616,6 +673,248 @@ def test_cluster_node_down_fails_only_its_keys(private_cluster: Any) -> None:
     assert tier.stats()["store_failed_down"] == (~want).sum()
     lead = int(np.argmin(want)) if not want.all() else n
     assert tier.exists(m["keys"]) == lead  # the first key on the dead node ends the prefix
+    tier.close()
+
+
+# ------------------------------------------------------------------------------------------ hostile servers
+
+
+def _read_command(f: Any) -> list[bytes] | None:
+    line = f.readline()
+    if not line.startswith(b"*"):
+        return None
+    out = []
+    for _ in range(int(line[1:])):
+        n = int(f.readline()[1:])
+        out.append(f.read(n + 2)[:-2])
+    return out
+
+
+class FakeServer:
+    """A RESP server on 127.0.0.1 (an ephemeral port) that answers each command with
+    ``reply(args)`` (bytes; None closes the connection), CLIENT SETNAME with +OK. It counts the
+    connections it accepted and those still open."""
+
+    def __init__(self, reply: Any) -> None:
+        self.reply = reply
+        self.sock = socket.create_server((HOST, 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.address = f"{HOST}:{self.port}"
+        self.accepted = 0
+        self.open = 0
+        self.commands: list[list[bytes]] = []
+        self._lock = threading.Lock()
+        self._conns: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                c, _ = self.sock.accept()
+            except OSError:
+                return
+            with self._lock:
+                self.accepted += 1
+                self.open += 1
+                self._conns.append(c)
+            threading.Thread(target=self._serve, args=(c,), daemon=True).start()
+
+    def _serve(self, c: socket.socket) -> None:
+        try:
+            with c.makefile("rb") as f:
+                while (args := _read_command(f)) is not None:
+                    with self._lock:
+                        self.commands.append(args)
+                    out = b"+OK\r\n" if args[0].upper() == b"CLIENT" else self.reply(args)
+                    if out is None:
+                        break
+                    c.sendall(out)
+        except (OSError, ValueError):
+            pass
+        finally:
+            with self._lock:
+                self.open -= 1
+            c.close()
+
+    def wait_open(self, n: int, timeout_s: float = 5.0) -> bool:
+        """Until at most ``n`` connections are open; whether that happened within ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while self.open > n and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.open <= n
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.shutdown(socket.SHUT_RDWR)  # wakes the accept()
+        self.sock.close()
+        with self._lock:
+            for c in self._conns:
+                with contextlib.suppress(OSError):
+                    c.shutdown(socket.SHUT_RDWR)
+
+
+HOST = "127.0.0.1"
+
+
+@pytest.fixture
+def fake_server() -> Iterator[Any]:
+    """``make(reply) -> FakeServer``, every one closed at teardown."""
+    made: list[FakeServer] = []
+
+    def make(reply: Any) -> FakeServer:
+        made.append(FakeServer(reply))
+        return made[-1]
+
+    yield make
+    for f in made:
+        f.close()
+
+
+def slots_reply(table: list[tuple[int, int, int]]) -> bytes:
+    """A CLUSTER SLOTS reply: ``(first slot, last slot, port)`` ranges, every master on 127.0.0.1."""
+    out = b"*%d\r\n" % len(table)
+    for lo, hi, port in table:
+        out += b"*3\r\n:%d\r\n:%d\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n" % (lo, hi, port)
+    return out
+
+
+def test_a_plain_server_never_follows_moved(fake_server: Any) -> None:
+    """A redis:// server is not a cluster: a MOVED from it fails the row (counted) and adds no node
+    (each MOVED to a new address used to add one, with its 1 MiB buffer, for good)."""
+    elsewhere = fake_server(lambda args: b"+OK\r\n")
+    ports = iter(range(40_000, 50_000))
+    server = fake_server(lambda args: b"-MOVED 1 127.0.0.1:%d\r\n" % next(ports))
+    pool = make_pool(num_pages=41)
+    tier = RedisTier(f"redis://{server.address}", pool, timeout_s=TIMEOUT)
+    n = 8
+    m = meta(n)
+    moved = f"-MOVED 1 {elsewhere.address}\r\n".encode()
+    server.reply = lambda args: moved if args[0] == b"SET" else b"-MOVED 1 127.0.0.1:%d\r\n" % next(ports)
+    for _ in range(3):
+        assert not tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).any()
+        assert not tier.load(pool, rng_i32(n), rng_i32(n, 20), m["keys"]).any()
+        assert tier.exists(m["keys"]) == 0
+    s = tier.stats()
+    assert (s["store_failed_other"], s["load_failed_other"], s["moved"]) == (3 * n, 3 * n, 3 * (3 * n))
+    assert s["nodes"] == 1 and len(tier._nodes) == 1 and elsewhere.accepted == 0
+    tier.close()
+
+
+def test_cluster_nodes_are_the_masters_of_the_last_table(fake_server: Any) -> None:
+    """The nodes known are the last CLUSTER SLOTS table's masters: a MOVED to an address off the
+    table fails its row and connects nowhere; a node that leaves the table is closed and forgotten."""
+    state: dict[str, Any] = {}
+
+    def reply(port: int) -> Any:
+        def answer(args: list[bytes]) -> bytes:
+            cmd = args[0].upper()
+            if cmd == b"CLUSTER":
+                return slots_reply(state["table"])
+            if cmd == b"SET":
+                return state["set"](port, args)
+            return b":0\r\n" if cmd == b"EXISTS" else b"$-1\r\n"
+
+        return answer
+
+    def moved(args: list[bytes], to: FakeServer) -> bytes:
+        return f"-MOVED {remote_mod._key_slot(args[1])} {to.address}\r\n".encode()
+
+    a = fake_server(None)
+    b = fake_server(None)
+    stranger = fake_server(lambda args: b"+OK\r\n")
+    a.reply, b.reply = reply(a.port), reply(b.port)
+    pool = make_pool(num_pages=41)
+    tier = RedisTier([a.address], pool, timeout_s=TIMEOUT, down_after=100)
+    n = 8
+    m = meta(n)
+    slot_of = [remote_mod._key_slot(tier.redis_key(k)) for k in m["keys"]]
+    assert min(slot_of) < 8192 <= max(slot_of)  # some keys on each half
+
+    # 1. one master; it answers MOVED to an address the table does not list
+    state["table"] = [(0, 16383, a.port)]
+    state["set"] = lambda port, args: moved(args, stranger)
+    assert not tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).any()
+    s = tier.stats()
+    assert (s["nodes"], s["moved"], s["store_failed_other"], stranger.accepted) == (1, n, n, 0)
+
+    # 2. the table grows to two masters: both serve their halves
+    state["table"] = [(0, 8191, a.port), (8192, 16383, b.port)]
+    state["set"] = lambda port, args: b"+OK\r\n"
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+    assert tier.exists(m["keys"]) == 0
+    assert tier.stats()["nodes"] == 2 and b.open == 2  # b's bulk and lookup connections
+
+    # 3. b hands its slots back (MOVED to a, which the table lists: followed at once), then leaves
+    state["table"] = [(0, 16383, a.port)]
+    state["set"] = lambda port, args: b"+OK\r\n" if port == a.port else moved(args, a)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+    with tier._lookup_lock:  # as if an exists() were in flight: its connection to b waits for it
+        assert tier.load(pool, rng_i32(n), rng_i32(n, 20), m["keys"]).tolist() == [False] * n  # new map
+        assert b.wait_open(1) and b.open == 1  # the load's own (bulk) connection to b is closed at once
+    s = tier.stats()
+    assert (s["nodes"], s["topology_refreshes"], stranger.accepted) == (1, 3, 0)
+    assert len(tier._nodes) == 1 and tier._nodes[0].name == a.address
+    assert tier.exists(m["keys"]) == 0
+    assert b.wait_open(0) and b.accepted == 2  # ... the lookup one at the end of the next exists()
+    tier.close()
+
+
+def test_a_table_of_too_many_masters_is_refused(fake_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(remote_mod, "MAX_NODES", 2)
+    server = fake_server(None)
+    ports = [server.port, 1, 2]  # the two others are never connected to
+    table = [(i * 5000, min(16383, i * 5000 + 4999), p) for i, p in enumerate(ports)] + [(15000, 16383, 1)]
+    server.reply = lambda args: slots_reply(table) if args[0].upper() == b"CLUSTER" else b"$-1\r\n"
+    pool = make_pool()
+    tier = RedisTier([server.address], pool, timeout_s=TIMEOUT)
+    m = meta(2)
+    assert tier.load(pool, i32(0, 1), i32(2, 3), m["keys"]).tolist() == [False, False]
+    s = tier.stats()
+    assert (s["nodes"], s["topology_refreshes"], s["connection_errors"]) == (0, 0, 1)
+    assert "more than 2 masters" in tier.last_error
+    tier.close()
+
+
+BAD_TABLES = {
+    "huge bulk length": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$1099511627776\r\n",
+    "huge array length": b"*1099511627776\r\n",
+    "host is an integer": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n:7\r\n:7000\r\n",
+    "host with a space": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0 0.1\r\n:7000\r\n",
+    "negative bulk length": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$-7\r\n:7000\r\n",
+    "port out of range": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:99999\r\n",
+    "negative port": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:-1\r\n",
+    "port as a string": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n$%d\r\n%d\r\n",
+    "range as strings": b"*1\r\n*3\r\n$1\r\n0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+    "range reversed": b"*1\r\n*3\r\n:9\r\n:3\r\n*2\r\n$9\r\n127.0.0.1\r\n:%d\r\n",
+    "entry not a list": b"*1\r\n:5\r\n",
+    "master too short": b"*1\r\n*3\r\n:0\r\n:16383\r\n*1\r\n$9\r\n127.0.0.1\r\n",
+    "nested too deep": b"*1\r\n" * 20 + b":1\r\n",
+    "not RESP": b"hello\r\n",
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES))
+def test_hostile_cluster_slots_replies_fail_rows_and_never_raise(fake_server: Any, case: str) -> None:
+    """Server problems never raise out of store/load/exists, a malformed topology included: the
+    refresh fails like a lost connection (rows False, counted), and no length a server claims is
+    allocated before it is checked (a MemoryError, an AttributeError used to come out)."""
+    server = fake_server(None)
+    raw = BAD_TABLES[case]
+    if b"%d" in raw:
+        port = server.port
+        raw = raw % ((len(str(port)), port) if raw.count(b"%d") == 2 else (port,))
+    server.reply = lambda args: raw if args[0].upper() == b"CLUSTER" else b"+OK\r\n"
+    pool = make_pool()
+    tier = RedisTier(f"redis+cluster://{server.address}", pool, timeout_s=TIMEOUT, down_after=100)
+    m = meta(2)
+    for _ in range(2):
+        assert tier.load(pool, i32(0, 1), i32(2, 3), m["keys"]).tolist() == [False, False]
+        assert tier.exists(m["keys"]) == 0
+        assert tier.store(pool, i32(1, 2), i32(0, 1), **m).tolist() == [False, False]
+    s = tier.stats()
+    assert (s["nodes"], s["topology_refreshes"], s["connection_errors"]) == (0, 0, 6)
+    assert (s["load_failed_connection"], s["store_failed_connection"], s["lookup_failed"]) == (4, 4, 2)
+    assert not any(c[0].upper() == b"SET" for c in server.commands)
     tier.close()
 
 

@@ -3,13 +3,17 @@
 Each test checks behaviour against a reference: pool bytes against the bytes stored (bit for bit),
 quantized values against float32 originals with the codec's own error bound, tier state against a
 dict model (Hypothesis), and every failure path (keys, checksums, torn/truncated/foreign files, full
-or unwritable disks) against the counters and the files left in the directory.
+or unwritable disks, links, FIFOs and directories planted at a file's name) against the counters and
+the files left in the directory (and outside it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import stat
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -293,6 +297,23 @@ def test_fp8_pages_miss_under_other_scales(kind: str, tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------ caller mistakes
+
+
+def test_a_namespace_that_is_not_unicode_is_refused_before_anything_is_written(
+    kind: str, tmp_path: Path
+) -> None:
+    """A lone surrogate cannot be stored as UTF-8: the whole call is refused up front (it used to
+    write the rows before it, then raise UnicodeEncodeError from the header; the host tier took it)."""
+    pool = make_pool()
+    tier = make_tier(kind, tmp_path, pool)
+    m = meta(3, namespaces=["ok", None, "bad\ud800"])
+    before = tier.stats()
+    with pytest.raises(InvalidArgumentError, match="namespaces"):
+        tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m)
+    assert tier.stats() == before
+    assert tier.load(pool, i32(0, 1), i32(4, 5), m["keys"][:2]).tolist() == [False, False]
+    if kind == "disk":
+        assert sorted(p.name for p in Path(tier.path).iterdir()) == ["tier.lock"]
 
 
 def test_caller_mistakes_raise_and_change_nothing(kind: str, tmp_path: Path) -> None:
@@ -821,6 +842,157 @@ def test_unwritable_directory_fails_stores_without_raising(tmp_path: Path) -> No
         assert tier.load(pool, i32(0), i32(4), m["keys"][:1]).tolist() == [False]  # slot 0 was dropped
     finally:
         os.chmod(tier.path, 0o700)
+
+
+# ------------------------------------------------------------------------------------------ planted entries
+
+
+def _temp_path(tier: DiskTier, slot: int) -> Path:
+    return Path(str(slot_path(tier, slot)) + ".tmp")
+
+
+@pytest.mark.parametrize(
+    "plant", ["symlink at the slot", "symlink at the temp name", "dangling symlink", "hard link at the slot"]
+)
+def test_links_at_slot_and_temp_names_are_never_written_through(tmp_path: Path, plant: str) -> None:
+    """Whatever someone puts at a slot file's or a temp file's name, a store writes and truncates
+    nothing outside the directory: the link itself is replaced, never followed. Slot 0 is in use (its
+    old file is recycled), slot 5 is not (a new file is made)."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **meta(2)).all()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    precious = b"precious data\n" * 10
+    victim.write_bytes(precious)
+    if plant == "symlink at the slot":
+        slot_path(tier, 0).unlink()
+        slot_path(tier, 0).symlink_to(victim)
+    elif plant == "symlink at the temp name":
+        _temp_path(tier, 0).symlink_to(victim)
+        _temp_path(tier, 5).symlink_to(victim)
+    elif plant == "dangling symlink":  # an O_CREAT through it would make a file outside
+        _temp_path(tier, 0).symlink_to(outside / "made0")
+        _temp_path(tier, 5).symlink_to(outside / "made5")
+    else:
+        slot_path(tier, 0).unlink()
+        os.link(victim, slot_path(tier, 0))
+    m = meta(2, seed=3)
+    assert tier.store(pool, i32(3, 4), i32(0, 5), **m).tolist() == [True, True]
+    assert victim.read_bytes() == precious and victim.stat().st_nlink == 1
+    assert sorted(p.name for p in outside.iterdir()) == ["victim.txt"]
+    for slot in (0, 5):
+        st = os.lstat(slot_path(tier, slot))
+        assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_size == tier.file_bytes
+        assert not os.path.lexists(_temp_path(tier, slot))
+    assert tier.load(pool, i32(0, 5), i32(8, 9), m["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 8).view(np.uint8), page_bytes(pool, 3).view(np.uint8))
+    assert np.array_equal(page_bytes(pool, 9).view(np.uint8), page_bytes(pool, 4).view(np.uint8))
+
+
+def _within(seconds: float, fn: Any, *args: Any, fifos: list[Path], **kw: Any) -> Any:
+    """``fn(*args, **kw)`` on a thread; the test fails if it has not returned within ``seconds``
+    (then the FIFOs are opened at the other end, so that the stuck thread can end)."""
+    out: list[Any] = []
+    th = threading.Thread(target=lambda: out.append(fn(*args, **kw)), daemon=True)
+    th.start()
+    th.join(seconds)
+    if th.is_alive():
+        fds = []
+        for f in fifos:
+            with contextlib.suppress(OSError):
+                fds.append(os.open(f, os.O_RDWR | os.O_NONBLOCK))
+        th.join(1)
+        for fd in fds:
+            os.close(fd)
+        pytest.fail(f"{fn.__name__} still blocked after {seconds} s")
+    return out[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="needs FIFOs")
+def test_fifos_at_slot_and_temp_names_never_block(tmp_path: Path) -> None:
+    """A FIFO at a slot's name fails its load at once, counted, and is removed; a store over one
+    (recycling the slot's old file) or onto one (a FIFO at a new file's temp name) replaces it.
+    These used to block in open() forever, holding the tier's lock."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(3)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m).all()
+    fifos = [slot_path(tier, 0), slot_path(tier, 1), _temp_path(tier, 5)]
+    for f in fifos[:2]:
+        f.unlink()
+    for f in fifos:
+        os.mkfifo(f)
+    loads = tier.stats()["loads"]
+    ok = _within(
+        10, tier.load, pool, i32(0, 2), i32(6, 7), np.stack([m["keys"][0], m["keys"][2]]), fifos=fifos
+    )
+    assert ok.tolist() == [False, True]
+    s = tier.stats()
+    assert (s["load_failed_io"], s["loads"] - loads, s["slots_used"]) == (1, 1, 2)
+    assert not os.path.lexists(slot_path(tier, 0))  # the FIFO is gone: the slot is empty
+    m2 = meta(2, seed=4)
+    ok = _within(10, tier.store, pool, i32(4, 5), i32(1, 5), **m2, fifos=fifos)
+    assert ok.tolist() == [True, True]
+    for slot in (1, 5):
+        assert stat.S_ISREG(os.lstat(slot_path(tier, slot)).st_mode)
+    assert tier.load(pool, i32(1, 5), i32(8, 9), m2["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 9).view(np.uint8), page_bytes(pool, 5).view(np.uint8))
+
+
+def test_a_directory_at_a_slot_name_fails_one_load_and_empties_the_slot(tmp_path: Path) -> None:
+    """A directory put at a used slot's name: one counted miss, then the slot is empty; the directory
+    is removed only if empty (an operator's files in it are not ours)."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    for slot in (0, 1):
+        slot_path(tier, slot).unlink()
+        slot_path(tier, slot).mkdir()
+    (slot_path(tier, 1) / "keep.txt").write_text("an operator's file")
+    for _ in range(3):
+        assert tier.load(pool, i32(0, 1), i32(4, 5), m["keys"]).tolist() == [False, False]
+    s = tier.stats()
+    assert (s["load_failed_io"], s["load_failed_empty"], s["slots_used"], s["remove_failed"]) == (2, 4, 0, 1)
+    assert not os.path.lexists(slot_path(tier, 0))
+    assert (slot_path(tier, 1) / "keep.txt").read_text() == "an operator's file"
+
+
+def test_only_temp_files_of_ours_are_removed_and_only_removals_are_counted(tmp_path: Path) -> None:
+    """At open, a temp file is removed only under a name this tier writes ([0-9], not any Unicode
+    digit; 8 digits or the slot's own), a directory only if empty, and only what was removed is
+    counted as removed. A store whose temp name holds a non-empty directory fails, counted; an empty
+    one is removed and the store goes through."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    assert tier.store(pool, i32(1), i32(2), **meta(1)).all()
+    tier.close()
+    d = Path(tier.path)
+    busy = _temp_path(tier, 3)
+    busy.mkdir()
+    (busy / "keep.txt").write_text("an operator's file")
+    _temp_path(tier, 4).mkdir()  # empty: nothing to lose
+    _temp_path(tier, 6).write_bytes(b"torn")  # a crash's leftover
+    foreign = [
+        d / "slot-\u0661\u0662\u0663\u0664\u0665\u0666\u0667\u0668.kv.tmp",
+        d / "slot-000000005.kv.tmp",
+    ]
+    for f in foreign:
+        f.write_text("not a name this tier writes")
+    again = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    s = again.stats()
+    assert (s["open_removed_temp"], s["open_removed"], s["remove_failed"]) == (2, 2, 1)
+    assert all(f.exists() for f in foreign) and (busy / "keep.txt").exists()
+    assert not os.path.lexists(_temp_path(tier, 4)) and not os.path.lexists(_temp_path(tier, 6))
+    _temp_path(tier, 7).mkdir()  # after open, at a new file's temp name
+    m = meta(3, seed=2)
+    assert again.store(pool, i32(3, 4, 5), i32(3, 4, 7), **m).tolist() == [False, True, True]
+    s = again.stats()
+    assert (s["store_failed_other"], s["remove_failed"]) == (1, 2)
+    assert (busy / "keep.txt").read_text() == "an operator's file"
+    assert again.load(pool, i32(4, 7), i32(8, 9), m["keys"][1:]).all()
 
 
 # ------------------------------------------------------------------------------------------ model-based

@@ -32,7 +32,6 @@ __all__ = ["STAGING_BYTES", "Counters", "RowCodec", "StoreArgs", "check_load", "
 # Bytes of page data one staging step holds (device staging, disk staging, quantization temporaries):
 # big enough that per-chunk overheads vanish, small enough to leave HBM and RAM to the cache itself.
 STAGING_BYTES: Final[int] = 64 << 20
-_NO_SCALES: Final[bytes] = bytes(16)
 
 
 class Counters:
@@ -55,7 +54,7 @@ def scale_digest(pool: KVPool) -> bytes:
     Stored beside every fp8/int8 page: its bytes mean ``x / scale`` and are garbage under other scales.
     """
     if not kv_dtypes.is_quantized(pool.kv_dtype):
-        return _NO_SCALES
+        return codec.NO_SCALES
     k = np.ascontiguousarray(pool.backend.asnumpy(pool.k_scale), dtype="<f4")
     v = np.ascontiguousarray(pool.backend.asnumpy(pool.v_scale), dtype="<f4")
     return codec.checksum(np.concatenate([k.reshape(-1), v.reshape(-1)]).view(np.uint8))
@@ -135,7 +134,9 @@ def check_store(
         InvalidDTypeError: wrong types, shapes or row counts.
         InvalidPageError: a page id out of ``[1, num_pages)``.
         InvalidArgumentError: a pool of another geometry, a slot out of range, a page or slot
-            repeated, a namespace that is not a str or None.
+            repeated, a namespace that is not a str or None, or not encodable as UTF-8 (a lone
+            surrogate: every tier stores the namespace as UTF-8, so this is checked before any row
+            is written, not found midway).
     """
     check_pool(geometry, pool, who)
     p = _page_ids(pool, pages)
@@ -153,8 +154,17 @@ def check_store(
         )
     ns = list(namespaces)
     for x in ns:
-        if x is not None and not isinstance(x, str):
+        if x is None:
+            continue
+        if not isinstance(x, str):
             raise InvalidArgumentError(f"namespaces: expected str or None, got {x!r}")
+        if not x.isascii():  # ASCII (the common case, O(1) in CPython) always encodes
+            try:
+                x.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InvalidArgumentError(
+                    f"namespaces: {x[:40]!r} is not valid Unicode (it holds a lone surrogate)"
+                ) from None
     return StoreArgs(p, s, k, pk, t, ns)
 
 

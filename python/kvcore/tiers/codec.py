@@ -70,6 +70,8 @@ __all__ = [
     "FORMAT_VERSION",
     "HEADER_ALIGN",
     "MAGIC",
+    "NO_SCALES",
+    "SCALE_DIGEST_OFFSET",
     "Geometry",
     "HeaderCheck",
     "HeaderError",
@@ -95,6 +97,8 @@ FORMAT_VERSION: Final[int] = 1
 HEADER_ALIGN: Final[int] = 4096  # payload offset alignment (page cache pages, a later O_DIRECT path)
 _MIN_NAMESPACE_ROOM: Final[int] = 256  # bytes of namespace every header has room for, at least
 _MAX_HEADER_LEN: Final[int] = 1 << 24  # a parsed header_len above this is corruption, not a geometry
+SCALE_DIGEST_OFFSET: Final[int] = 96  # where a header holds its 16-byte scale digest
+NO_SCALES: Final[bytes] = bytes(16)  # the scale digest of fp16/bf16 pages (no scales)
 
 # magic, version, flags, header_len, key, parent, L, H, P, D, layout, kv_dtype, quant, ns kind, ns len,
 # payload_len, payload checksum, scale digest

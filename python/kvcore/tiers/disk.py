@@ -18,6 +18,14 @@ reads its files on a few threads, so that one file's checksum overlaps another's
 Failure policy: an I/O error (ENOSPC, EACCES, EIO, ...) never raises out of ``store``/``load``; the row
 is False and counted by reason in :meth:`DiskTier.stats`. Caller mistakes (shapes, ranges, a pool of
 another geometry) raise before anything is touched.
+
+Whatever sits at a slot's or a temp file's name may have been put there by someone else, so no open
+follows a symlink (``O_NOFOLLOW``) or waits (``O_NONBLOCK``: a FIFO would hang the call under the
+tier's lock), every descriptor is checked to be a regular file (``fstat``), an old file is written
+over in place only if it has no other hard link, and a new temp file is made with ``O_EXCL``: nothing
+outside the directory is ever written or truncated. A link, FIFO or directory found at a slot's name
+fails its load (``load_failed_io``) and is removed (the entry, never what it points to; a directory
+only if empty); a store replaces it.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import fcntl
 import itertools
 import os
 import re
+import stat
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -42,9 +51,15 @@ from kvcore.tiers.codec import Geometry, HeaderError
 
 __all__ = ["DiskEntry", "DiskTier", "slot_filename"]
 
-_SLOT_RE = re.compile(r"slot-(\d{8,})\.kv")
-_TEMP_RE = re.compile(r"slot-(\d{8,})\.kv\.tmp")
+_SLOT_RE = re.compile(r"slot-([0-9]{8,})\.kv")  # [0-9], not \d: other digits are not names of ours
+_TEMP_RE = re.compile(r"slot-([0-9]{8,})\.kv\.tmp")
+_TEMP_SUFFIX = ".tmp"
 _LOCK_NAME = "tier.lock"
+# Flags of every open of a slot or temp file: never through a symlink, never waiting (a FIFO)
+_SAFE_OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# open() errors that mean "not a regular file": a symlink (ELOOP), a FIFO without a reader (ENXIO), a
+# directory opened for writing (EISDIR), a device without its driver (ENODEV)
+_NOT_A_FILE = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ENODEV})
 PREFETCH_BYTES = 32 << 20  # read-ahead requested beyond the file being loaded (page cache, not ours)
 _PREFETCH_MIN_FILES = 4  # ... but at least this many files
 READERS = 4  # threads reading the files of one load at once (see DiskTier._read_files)
@@ -62,6 +77,7 @@ _LOAD_VERDICTS: dict[str, tuple[tuple[str, ...], str]] = {
     "ok": ((), ""),
     "io": (("load_failed_io",), ""),
     "missing": (("load_failed_io",), "empty"),  # ENOENT: removed behind our back
+    "special": (("load_failed_io",), "drop"),  # a symlink, FIFO, directory, ... put there behind our back
     "geometry": (("load_failed_geometry",), "empty"),  # not a file of this geometry: left alone
     "corrupt": (("load_failed_corrupt",), "drop"),
     "header_checksum": (("load_failed_corrupt", "checksum_mismatches"), "drop"),
@@ -90,16 +106,16 @@ _STAT_NAMES = (
     "load_failed_scales",  # an fp8/int8 page stored under other pool scales
     "load_failed_checksum",  # payload checksum mismatch (file removed)
     "load_failed_corrupt",  # header unreadable or file truncated since open (file removed)
-    "load_failed_io",  # an OSError while reading (ENOENT: the slot is marked empty)
+    "load_failed_io",  # an OSError while reading (ENOENT: the slot is marked empty), or not a regular file
     "checksum_mismatches",  # header or payload checksums that failed, at open or load
     "bytes_written",
     "bytes_read",
     "forgets",
-    "remove_failed",  # files that should have been removed but could not be (unlink failed)
+    "remove_failed",  # entries that should have gone but could not (unlink failed, a non-empty directory)
     "fsync_failed",  # directory fsyncs that failed (fsync=True): the renames may not be durable
     "open_entries",  # valid files found at open (what entries() lists)
     "open_removed",  # files removed at open, all reasons
-    "open_removed_temp",  # temp files a crash left
+    "open_removed_temp",  # temp files a crash left (only those removed: a failure is remove_failed)
     "open_removed_header",  # bad magic, version, header checksum or fields
     "open_removed_truncated",  # a size that disagrees with the header
     "open_removed_out_of_range",  # a valid file of this geometry at a slot >= num_slots
@@ -198,7 +214,7 @@ class _Prefetch:
             if i < self._read:
                 continue  # already read: the loader was faster (a warm page cache)
             try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
             except OSError:
                 continue  # the load reports it
             try:
@@ -278,7 +294,9 @@ class DiskTier:
         try:
             os.makedirs(self.path, exist_ok=True)
             self._lock_fd = os.open(
-                os.path.join(self.path, _LOCK_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644
+                os.path.join(self.path, _LOCK_NAME),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
             )
         except OSError as e:
             raise ConfigError(f"path: {self.path!r} is not a usable directory ({e})") from None
@@ -305,14 +323,25 @@ class DiskTier:
         return os.path.join(self.path, slot_filename(slot))
 
     def _remove(self, path: str) -> bool:
+        """Remove the entry at ``path`` (a link itself, never what it points to; a directory only if
+        empty); True if this call removed it. A failure, other than nothing being there, is counted."""
         try:
             os.unlink(path)
-        except FileNotFoundError:
             return True
-        except OSError:
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if e.errno not in (errno.EISDIR, errno.EPERM):  # EPERM: unlink(2) of a directory on BSD
+                self._stats.add("remove_failed")
+                return False
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return False
+        except OSError:  # not empty (or not a directory after all: an EPERM that meant EPERM)
             self._stats.add("remove_failed")
             return False
-        return True
 
     def _staging(self, pool: KVPool) -> np.ndarray:
         """The staging rows, allocated at first use (pinned when ``pool`` is on the GPU)."""
@@ -339,18 +368,20 @@ class DiskTier:
             raise ConfigError(f"path: cannot list {self.path!r} ({e})") from None
         for entry in listing:
             name = entry.name
-            if _TEMP_RE.fullmatch(name) is not None:
-                self._stats.add("open_removed_temp")
-                self._stats.add("open_removed")
-                self._remove(entry.path)
+            t = _TEMP_RE.fullmatch(name)
+            if t is not None:
+                # only names this tier writes (8 digits at least, no extra leading zero)
+                if name == slot_filename(int(t[1])) + _TEMP_SUFFIX and self._remove(entry.path):
+                    self._stats.add("open_removed_temp")
+                    self._stats.add("open_removed")
                 continue
             m = _SLOT_RE.fullmatch(name)
             if m is None or name != slot_filename(int(m[1])):
                 continue  # not a slot file of ours (the lock file, an operator's file)
             try:
                 if not entry.is_file(follow_symlinks=False):
-                    continue
-                verdict, header = self._check_file(entry.path, entry.stat(follow_symlinks=False).st_size)
+                    continue  # a symlink, FIFO, directory, ...: not a file of ours
+                verdict, header = self._check_file(entry.path)
             except OSError:
                 self._stats.add("open_unreadable")
                 continue
@@ -360,9 +391,9 @@ class DiskTier:
             if verdict == "foreign":
                 self._stats.add("open_foreign")
             elif verdict != "ok":
-                self._stats.add(f"open_removed_{verdict}")
-                self._stats.add("open_removed")
-                self._remove(entry.path)
+                if self._remove(entry.path):
+                    self._stats.add(f"open_removed_{verdict}")
+                    self._stats.add("open_removed")
             else:
                 assert header is not None
                 self._used[slot] = True
@@ -374,11 +405,16 @@ class DiskTier:
         entries.sort(key=lambda e: e.slot)
         return entries
 
-    def _check_file(self, path: str, size: int) -> tuple[str, codec.PageHeader | None]:
+    def _check_file(self, path: str) -> tuple[str, codec.PageHeader | None]:
         """``(verdict, header)``: verdict "ok", "foreign", "header" or "truncated" (from the header
-        alone; the payload checksum is verified at load)."""
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        alone; the payload checksum is verified at load). OSError if it is not a regular file (it
+        was replaced since the directory was listed) or cannot be read."""
+        fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
         try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", path)
+            size = st.st_size
             prefix = os.pread(fd, codec.FIXED_LEN, 0)
             if len(prefix) < codec.FIXED_LEN:
                 return "truncated", None
@@ -443,7 +479,8 @@ class DiskTier:
 
         Raises:
             InvalidDTypeError, InvalidPageError, InvalidArgumentError: caller mistakes (shapes, page ids,
-                slots, a pool of another geometry), before anything is written.
+                slots, a pool of another geometry, a namespace that is not valid Unicode), before
+                anything is written.
         """
         a = _batch.check_store(
             self.geometry,
@@ -500,25 +537,12 @@ class DiskTier:
             self._drop(slot)
             return False
         final = self._file(slot)
-        tmp = final + ".tmp"
+        tmp = final + _TEMP_SUFFIX
         fd = -1
         was_used = bool(self._used[slot])
         self._used[slot] = False  # until the new file is in place
         try:
-            # Recycle the slot's old file as the temp file: renaming it away empties the slot
-            # atomically, and overwriting its blocks in place frees and allocates nothing (replacing
-            # files made ext4 free and discard 0.5 MiB per store: half the write throughput).
-            flags = os.O_WRONLY | os.O_CLOEXEC
-            recycled = False
-            if was_used:
-                try:
-                    os.rename(final, tmp)
-                    recycled = True
-                except FileNotFoundError:
-                    pass
-            if not recycled:
-                flags |= os.O_CREAT | os.O_TRUNC
-            fd = os.open(tmp, flags, 0o644)
+            fd, recycled = self._open_temp(final, tmp, was_used)
             _write_all(fd, [self._whdr_view, *payload])
             if recycled:
                 os.ftruncate(fd, self.file_bytes)  # a no-op for our own files, which all have this size
@@ -541,6 +565,50 @@ class DiskTier:
         self._keys[slot] = a.keys[i]
         self._stats.add("bytes_written", self.file_bytes)
         return True
+
+    def _open_temp(self, final: str, tmp: str, was_used: bool) -> tuple[int, bool]:
+        """A descriptor open for writing on ``tmp``, where the slot's new file is written, and whether
+        it is the slot's old file (recycled: written over in place, then truncated to size).
+
+        Recycling: renaming the old file away empties the slot atomically, and overwriting its blocks
+        in place frees and allocates nothing (replacing files made ext4 free and discard 0.5 MiB per
+        store: half the write throughput). But whatever is at ``final`` or ``tmp`` may have been put
+        there by someone else, and a write through a symlink or a second hard link would land
+        outside the directory: the old file is recycled only if, opened without following links or
+        blocking, it is a regular file with one link. Anything else is removed (the entry itself)
+        and a new file made with ``O_EXCL``, which never follows a link either.
+
+        Raises:
+            OSError: the error of the open (or of the removal, as EEXIST) that failed.
+        """
+        if was_used:
+            try:
+                os.rename(final, tmp)  # renames the entry itself, whatever it is
+            except FileNotFoundError:
+                pass
+            else:
+                try:
+                    fd = os.open(tmp, os.O_WRONLY | _SAFE_OPEN)
+                except OSError as e:
+                    if e.errno not in _NOT_A_FILE:
+                        raise
+                    fd = -1
+                if fd >= 0:
+                    try:
+                        st = os.fstat(fd)
+                    except OSError:
+                        os.close(fd)
+                        raise
+                    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
+                        return fd, True
+                    os.close(fd)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN
+        try:
+            return os.open(tmp, flags, 0o644), False
+        except FileExistsError:
+            pass  # what was not recycled above, a crash's leftover, or an entry someone put there
+        self._remove(tmp)
+        return os.open(tmp, flags, 0o644), False  # EEXIST again if it could not be removed
 
     def _fsync_dir(self) -> None:
         try:
@@ -695,13 +763,17 @@ class DiskTier:
         Reads no mutable state of the tier and changes none: it runs on several threads at once.
         """
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
             try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    return "special", 0
                 got = _read_all(fd, [view, *payload], self.file_bytes)
             finally:
                 os.close(fd)
         except OSError as e:
-            return ("missing" if e.errno == errno.ENOENT else "io"), 0
+            if e.errno == errno.ENOENT:
+                return "missing", 0
+            return ("special" if e.errno == errno.ELOOP else "io"), 0
         if got == self.file_bytes:  # the common case: byte compares instead of a parse
             want = self._header_check.payload_checksum(hdr, key, digest)
             if want is not None:

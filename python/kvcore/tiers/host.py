@@ -117,7 +117,9 @@ class HostTier:
 
         Raises:
             InvalidDTypeError, InvalidPageError, InvalidArgumentError: wrong shapes or dtypes, a page or
-                slot out of range or repeated, a pool of another geometry. Nothing is written then.
+                slot out of range or repeated, a pool of another geometry, a namespace that is not
+                valid Unicode (a lone surrogate: the disk and remote tiers could not store it).
+                Nothing is written then.
         """
         a = _batch.check_store(
             self.geometry,

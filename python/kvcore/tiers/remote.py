@@ -16,15 +16,25 @@ module does instead (see ``research/tiers.md`` sections 2, 3 and 8):
   deleted (LMCache#4991: corrupt values that stayed visible).
 - **Atomicity.** One ``SET key value NX [PX ttl]`` per page: Redis applies a command whole, so a
   half-written value is never visible; with NX an existing value (another instance stored the same
-  page, whose key fixes its bytes) is left alone and counts as stored.
+  page, whose key fixes its bytes) is left alone and counts as stored. Except for fp8/int8 pools,
+  whose bytes mean ``x / scale``: there the key does not fix the value (an instance with other pool
+  scales stores other bytes under it), so each SET is followed, in the same pipeline, by a
+  ``GETRANGE`` of the value's scale digest, and a value found there under other scales is not
+  counted as stored (``store_failed_scales``; it is left alone, for the instances it belongs to).
 - **Deadlines.** Every socket wait is bounded by ``timeout_s`` and a whole exchange with one server
   by ``timeout_s`` times 2 plus one per 64 MiB; a timeout is a miss (False) and a counter, never a hang
   (LMCache#4123, #1491). After ``down_after`` consecutive failed calls a server is *down* for
   ``backoff_s``: its rows fail at once without touching the network, so a scheduler never waits on
   a dead server; then the next call tries again and reconnects by itself.
 - **Cluster.** Keys are spread by page key (no hash tags: a prefix on one node would make it hot);
-  each call sends one pipeline per node; no multi-key command ever crosses slots. A ``MOVED`` reply
-  updates the slot map and the row is retried once; the full map is re-read on the next call.
+  each call sends one pipeline per node; no multi-key command ever crosses slots. The nodes known
+  are exactly the masters of the last ``CLUSTER SLOTS`` table (at most :data:`MAX_NODES`; a node
+  that leaves the table is closed and forgotten), and a reply that does not parse as one (a bad
+  range, host or port, an oversized value) fails the refresh like a lost connection. A ``MOVED``
+  reply to a node of the table points the slot there and the row is retried once; one to any other
+  address fails the row (nothing is connected to an address the table does not list); either way
+  the full map is re-read on the next call. A plain ``redis://`` server is not a cluster: a
+  ``MOVED`` from it fails the row and is never followed.
 
 Why a small RESP client on plain sockets rather than redis-py (measured on loopback,
 ``benches/tiers_remote.py``): redis-py pipelines are *slower* than one command at a time for big
@@ -36,14 +46,15 @@ cache-hot 1 MiB read buffer into its staging row (a third of the client CPU of `
 large row itself), checks it there and copies it into the pool; a byte window
 (:data:`WINDOW_BYTES`, at least one command) bounds what is in flight per server, so replies never
 pile up in the server's output buffer. Only RESP2 commands of every Redis >= 6.2 and Valkey are
-used (SET NX PX, GET / GETEX PX, EXISTS, DEL, CLUSTER SLOTS, AUTH, SELECT, CLIENT SETNAME), and no
-third-party package: ``import kvcore.tiers`` needs nothing more. No TLS yet: ``rediss://`` is
-refused.
+used (SET NX PX, GET / GETEX PX, GETRANGE, EXISTS, DEL, CLUSTER SLOTS, AUTH, SELECT, CLIENT
+SETNAME), and no third-party package: ``import kvcore.tiers`` needs nothing more. No TLS yet:
+``rediss://`` is refused.
 
 Failure policy: server problems (timeouts, refused or reset connections, ``-OOM`` under
-``maxmemory``, a cluster node down, any error reply) never raise out of ``store``/``load``/``exists``;
-the row is False and counted by reason in :meth:`RedisTier.stats`. Caller mistakes (shapes, ranges, a
-pool of another geometry) raise before anything is sent.
+``maxmemory``, a cluster node down, any error reply, a reply that is not RESP or not what the command
+can produce) never raise out of ``store``/``load``/``exists``; the row is False and counted by reason
+in :meth:`RedisTier.stats`. Caller mistakes (shapes, ranges, a pool of another geometry, a namespace
+that is not valid Unicode) raise before anything is sent.
 """
 
 from __future__ import annotations
@@ -78,17 +89,24 @@ _MAX_IOV: Final[int] = 512  # buffers per sendmsg (IOV_MAX is 1024 on Linux)
 _MAX_CHUNK_PAGES: Final[int] = 1024  # pages staged at once (and as many 4 KiB headers), under 64 MiB
 _NUM_CLUSTER_SLOTS: Final[int] = 16384
 _DEFAULT_PORT: Final[int] = 6379
+MAX_NODES: Final[int] = 1000  # masters a CLUSTER SLOTS table may list (Redis Cluster's own limit)
+# A control reply (CLUSTER SLOTS) holds at most this many values and bytes of bulk strings in all: a
+# table of 16,384 one-slot ranges with a few replicas each fits; a hostile length does not allocate.
+_CONTROL_VALUES: Final[int] = 1 << 19
+_CONTROL_BYTES: Final[int] = 8 << 20
+_MAX_HOST_LEN: Final[int] = 255
 
 # Outcome of one row (int8 codes in a status array).
 _PENDING, _OK, _EXISTS, _MISSING, _VALUE, _BADLEN, _OOM, _MOVED, _ERROR, _TIMEOUT, _CONN, _DOWN = range(12)
 _NAMESPACE = 12  # store: a namespace too long for a header (never sent)
+_SCALES = 13  # store: NX found a value of other fp8/int8 pool scales (or not a page) under the key
 _TRANSPORT: Final = frozenset({_TIMEOUT, _CONN})
 
 _STAT_NAMES = (
     "num_slots",
-    "nodes",  # servers known: 1, or a cluster's masters
+    "nodes",  # servers known: 1, or the masters of the last CLUSTER SLOTS table
     "nodes_down",  # servers in back-off now
-    "stores",  # rows stored (a value already there counts: NX)
+    "stores",  # rows stored (a value already there counts, NX, if it is of this pool's scales)
     "store_exists",  # ... of which the key was already there (not rewritten)
     "store_failed",  # rows not stored, every reason below
     "store_failed_timeout",  # no reply within the deadline
@@ -96,7 +114,8 @@ _STAT_NAMES = (
     "store_failed_oom",  # -OOM: maxmemory reached under a noeviction policy
     "store_failed_down",  # the server was in back-off: nothing sent
     "store_failed_namespace",  # a namespace longer than a header holds (codec.namespace_room)
-    "store_failed_other",  # any other error reply (CLUSTERDOWN, READONLY, MOVED twice, ...)
+    "store_failed_scales",  # fp8/int8: NX left a value of other pool scales there (this pool cannot load it)
+    "store_failed_other",  # any other error reply (CLUSTERDOWN, READONLY, MOVED twice or off the map, ...)
     "loads",  # rows loaded into the pool
     "load_failed",  # rows not loaded, every reason below
     "load_failed_missing",  # no such key (never stored, expired, evicted, deleted)
@@ -347,10 +366,19 @@ class _Conn:
             self._lo += k
             n -= k
 
-    def value(self, dl: _Deadline, depth: int = 0) -> Any:
-        """One whole reply, parsed (small control replies only: CLUSTER SLOTS)."""
+    def value(self, dl: _Deadline) -> Any:
+        """One whole reply, parsed (small control replies only: CLUSTER SLOTS): at most
+        :data:`_CONTROL_VALUES` values and :data:`_CONTROL_BYTES` bytes of bulk strings, checked
+        before anything is allocated (a length is only a claim of the server's)."""
+        return self._value(dl, 0, [_CONTROL_VALUES, _CONTROL_BYTES])
+
+    def _value(self, dl: _Deadline, depth: int, left: list[int]) -> Any:
+        """:meth:`value`; ``left`` is ``[values, bytes]`` the rest of the reply may still hold."""
         if depth > 8:
             raise _ProtocolError("reply nested too deep")
+        left[0] -= 1
+        if left[0] < 0:
+            raise _ProtocolError(f"a reply of more than {_CONTROL_VALUES} values")
         line = self.line(dl)
         kind, rest = line[:1], line[1:]
         if kind == b"+":
@@ -359,39 +387,64 @@ class _Conn:
             raise _ReplyError(rest.decode("utf-8", "replace"))
         if kind == b":":
             return int(rest)
-        if kind == b"$":
+        if kind in (b"$", b"*"):
             n = int(rest)
-            if n < 0:
+            if n == -1:
                 return None
+            if n < 0:
+                raise _ProtocolError(f"unexpected reply {line[:40]!r}")
+            if kind == b"*":
+                if n > left[0]:
+                    raise _ProtocolError(f"an array of {n} values, more than a control reply holds")
+                return [self._value(dl, depth + 1, left) for _ in range(n)]
+            left[1] -= n
+            if left[1] < 0:
+                raise _ProtocolError(f"more than {_CONTROL_BYTES} bytes of bulk strings in a reply")
             buf = bytearray(n)
             self.read_into(memoryview(buf), dl)
             self.skip(2, dl)
             return bytes(buf)
-        if kind == b"*":
-            n = int(rest)
-            return None if n < 0 else [self.value(dl, depth + 1) for _ in range(n)]
         raise _ProtocolError(f"unexpected reply {line[:40]!r}")
 
 
-@dataclass
 class _Node:
-    """One server: a connection per channel, and its health."""
+    """One server: a connection per channel, each made at first use (a node of the slot map that no
+    call reaches costs no buffers), and its health."""
 
-    host: str
-    port: int
-    bulk: _Conn  # store / load
-    lookup: _Conn  # exists
-    failures: int = 0  # consecutive failed calls
-    down_until: float = 0.0  # time.monotonic() before which it is not tried
-    down_reason: int = _CONN  # why it went down (rows skipped meanwhile count as _DOWN)
+    __slots__ = ("_bulk", "_lookup", "auth", "down_until", "failures", "host", "port", "retired")
+
+    def __init__(self, host: str, port: int, auth: _Auth) -> None:
+        self.host, self.port, self.auth = host, port, auth
+        self._bulk: _Conn | None = None  # store / load (used under the tier's _io_lock only)
+        self._lookup: _Conn | None = None  # exists (under _lookup_lock only)
+        self.failures = 0  # consecutive failed calls
+        self.down_until = 0.0  # time.monotonic() before which it is not tried
+        self.retired = False  # no longer in the slot map: never connected again
 
     @property
     def name(self) -> str:
         return f"{self.host}:{self.port}"
 
+    @property
+    def bulk(self) -> _Conn:
+        if self._bulk is None:
+            self._bulk = _Conn(self.host, self.port, self.auth, _READ_BUF)
+        return self._bulk
+
+    @property
+    def lookup(self) -> _Conn:
+        if self._lookup is None:
+            self._lookup = _Conn(self.host, self.port, self.auth)
+        return self._lookup
+
+    def conn(self, bulk: bool) -> _Conn | None:
+        """The channel's connection if it was ever made."""
+        return self._bulk if bulk else self._lookup
+
     def close(self) -> None:
-        self.bulk.close()
-        self.lookup.close()
+        for c in (self._bulk, self._lookup):
+            if c is not None:
+                c.close()
 
 
 @dataclass
@@ -401,6 +454,11 @@ class _Call:
     counts: dict[str, int] = field(default_factory=dict)
     failed: dict[int, int] = field(default_factory=dict)  # node index -> transport failure code
     touched: set[int] = field(default_factory=set)  # node indices whose exchange succeeded
+    # The nodes of the slot map the call routed by (node indices index this), and its name -> index:
+    # a refresh by the other channel meanwhile replaces the tier's map, never this one.
+    nodes: Sequence[_Node] = ()
+    index: dict[str, int] = field(default_factory=dict)
+    moved: dict[int, int] = field(default_factory=dict)  # cluster slot -> node index a MOVED named
 
     def add(self, name: str, n: int = 1) -> None:
         if n:
@@ -465,6 +523,14 @@ def _parse_url(url: Any) -> tuple[bool, list[tuple[str, int]], _Auth]:
     if not parts or (not cluster and len(parts) > 1):
         raise ConfigError(f"url: expected {'hosts' if cluster else 'one host'} in {url!r}")
     return cluster, [_parse_host_port(h, "url") for h in parts], _Auth(username, password, db)
+
+
+def _close_conns(nodes: list[_Node], bulk: bool) -> None:
+    """Close the ``bulk`` (else lookup) channel's connection of each node, where one was made."""
+    for nd in nodes:
+        c = nd.conn(bulk)
+        if c is not None:
+            c.close()
 
 
 def _key_slot(key: bytes) -> int:
@@ -572,6 +638,12 @@ class RedisTier:
         self._get_ex = (b"*4\r\n$5\r\nGETEX\r\n$%d\r\n" % kl, b"\r\n$2\r\nPX\r\n" + _bulk(ttl))
         self._exists_head = b"*2\r\n$6\r\nEXISTS\r\n$%d\r\n" % kl
         self._del_head = b"*2\r\n$3\r\nDEL\r\n$%d\r\n" % kl
+        at = codec.SCALE_DIGEST_OFFSET  # GETRANGE's end is inclusive
+        self._digest_get = (
+            b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n" % kl,
+            b"\r\n" + _bulk(b"%d" % at) + _bulk(b"%d" % (at + 15)),
+        )
+        self._digest_buf = memoryview(bytearray(16))  # the scale digest a GETRANGE returned
         self._value_line = b"$%d" % vl
 
         # Staging: payload rows (pinned on the GPU backend) and one header per row, reused; a call
@@ -585,16 +657,19 @@ class RedisTier:
         self._hdr_got = np.zeros(chunk, dtype=np.int64)  # [chunk] header bytes read (wrong lengths)
 
         self._startup = endpoints
-        self._nodes: list[_Node] = []
-        self._node_index: dict[str, int] = {}
+        # The slot map: replaced whole by a refresh, never changed in place but for a MOVED's slot
+        # (a call keeps the one it routed by: see _Call.nodes). One node for a plain server.
+        self._nodes: list[_Node] = [] if self.cluster else [_Node(*endpoints[0], self._auth)]
+        self._node_index: dict[str, int] = {nd.name: i for i, nd in enumerate(self._nodes)}
         # [16384] int32 node index per cluster slot, -1 unknown (a cluster before its first read)
         self._slots = np.full(_NUM_CLUSTER_SLOTS, -1, dtype=np.int32)
+        # nodes a refresh dropped whose connection of a channel, busy then, that channel closes at the
+        # end of its call (bulk channel? -> nodes)
+        self._to_close: dict[bool, list[_Node]] = {True: [], False: []}
         self._topology_stale = self.cluster
         self._topology_failures = 0
         self._topology_retry_at = 0.0
         self._last_good: tuple[str, int] | None = None  # the node whose CLUSTER SLOTS was read last
-        if not self.cluster:
-            self._add_node(*endpoints[0])
         self._stats = _batch.Counters(_STAT_NAMES)
         self._io_lock = threading.Lock()  # store / load, the bulk connections and the staging buffers
         self._lookup_lock = threading.Lock()  # exists, the lookup connections
@@ -650,20 +725,13 @@ class RedisTier:
 
     # ------------------------------------------------------------------------------------ nodes
 
-    def _add_node(self, host: str, port: int) -> int:
-        name = f"{host}:{port}"
-        i = self._node_index.get(name)
-        if i is None:
-            i = len(self._nodes)
-            bulk = _Conn(host, port, self._auth, _READ_BUF)
-            self._nodes.append(_Node(host, port, bulk, _Conn(host, port, self._auth)))
-            self._node_index[name] = i
-        return i
-
-    def _refresh_topology(self, call: _Call, *, blocking: bool) -> None:
+    def _refresh_topology(self, call: _Call, *, bulk: bool) -> None:
         """Read CLUSTER SLOTS from the first node that answers (known nodes, then the URL's) and
-        rebuild the slot map. On failure the old map stays; a cluster never read counts as down."""
-        if not self._topology_lock.acquire(blocking=blocking):
+        replace the slot map: its nodes are the table's masters (those already known keep their
+        connections and health; the others are closed and forgotten). On failure the old map stays;
+        a cluster never read counts as down. ``bulk``: called by store/load (which wait for a refresh
+        in progress), else by exists (which does not)."""
+        if not self._topology_lock.acquire(blocking=bulk):
             return
         try:
             now = time.monotonic()
@@ -699,12 +767,7 @@ class RedisTier:
                     conn.close()
                 call.add("topology_refreshes")
                 self._last_good = (host, port)
-                with self._state_lock:
-                    self._slots[:] = -1
-                    for lo, hi, h, p in table:
-                        self._slots[lo : hi + 1] = self._add_node(h, p)
-                    self._topology_stale = False
-                    self._topology_failures = 0
+                self._install(table, bulk=bulk)
                 return
             call.add("connection_errors")
             self._topology_failures += 1
@@ -714,36 +777,121 @@ class RedisTier:
         finally:
             self._topology_lock.release()
 
+    def _install(self, table: list[tuple[int, int, str, int]], *, bulk: bool) -> None:
+        """Make ``table`` the slot map (under the topology lock and the ``bulk`` channel's lock).
+
+        Why the dance on the dropped nodes: each channel's connections are used only under that
+        channel's lock, so this channel closes its own at once and the other channel's are closed
+        here only if that lock is free; else that channel, whose call in flight may still be using
+        (or even be about to make) them, closes them at the end of that call
+        (:meth:`_close_dropped`). A dropped node is ``retired`` first, so no later call connects
+        to it again.
+        """
+        with self._state_lock:
+            old = self._node_index
+            nodes: list[_Node] = []
+            index: dict[str, int] = {}
+            slots = np.full(_NUM_CLUSTER_SLOTS, -1, dtype=np.int32)
+            for lo, hi, host, port in table:
+                name = f"{host}:{port}"
+                j = index.get(name)
+                if j is None:
+                    k = old.get(name)
+                    j = index[name] = len(nodes)
+                    nodes.append(self._nodes[k] if k is not None else _Node(host, port, self._auth))
+                slots[lo : hi + 1] = j
+            dropped = [nd for nd in self._nodes if nd.name not in index]
+            for nd in dropped:
+                nd.retired = True
+            self._nodes, self._node_index, self._slots = nodes, index, slots
+            self._topology_stale = False
+            self._topology_failures = 0
+        if not dropped:
+            return
+        _close_conns(dropped, bulk)
+        lock = self._lookup_lock if bulk else self._io_lock
+        if lock.acquire(blocking=False):
+            try:
+                _close_conns(dropped, not bulk)
+            finally:
+                lock.release()
+        else:
+            with self._state_lock:
+                self._to_close[not bulk] += dropped
+
+    def _close_dropped(self, *, bulk: bool) -> None:
+        """At the end of a call, under its channel's lock: close this channel's connections of the
+        dropped nodes :meth:`_install` left to it."""
+        if not self._to_close[bulk]:
+            return
+        with self._state_lock:
+            nodes, self._to_close[bulk] = self._to_close[bulk], []
+        _close_conns(nodes, bulk)
+
     @staticmethod
     def _slot_table(reply: Any, asked: str) -> list[tuple[int, int, str, int]]:
-        """``[(first slot, last slot, master host, master port)]`` of a CLUSTER SLOTS reply."""
+        """``[(first slot, last slot, master host, master port)]`` of a CLUSTER SLOTS reply.
+
+        Raises:
+            _ProtocolError: anything but a list of ``[int lo, int hi, [host, int port, ...], ...]``
+                with ``0 <= lo <= hi < 16384``, a printable host (or ``""``/``"?"``/nil: the node
+                asked), a port in ``[1, 65535]``, and at most :data:`MAX_NODES` masters.
+        """
         if not isinstance(reply, list) or not reply:
             raise _ProtocolError("CLUSTER SLOTS: no slots (not a cluster, or not one yet)")
         out = []
+        masters: set[tuple[str, int]] = set()
         for r in reply:
-            lo, hi, master = int(r[0]), int(r[1]), r[2]
-            host = master[0].decode() if master[0] else ""
-            if host in ("", "?"):
-                host = asked  # "the node you asked", Redis 7's unknown endpoint
+            if (
+                not isinstance(r, list)
+                or len(r) < 3
+                or not isinstance(r[0], int)
+                or not isinstance(r[1], int)
+                or not isinstance(r[2], list)
+                or len(r[2]) < 2
+            ):
+                raise _ProtocolError(f"CLUSTER SLOTS: not a slot range {str(r)[:60]}")
+            lo, hi, (raw, port) = r[0], r[1], r[2][:2]
             if not 0 <= lo <= hi < _NUM_CLUSTER_SLOTS:
                 raise _ProtocolError(f"CLUSTER SLOTS: bad range {lo}-{hi}")
-            out.append((lo, hi, host, int(master[1])))
+            if raw is None or raw in (b"", b"?"):
+                host = asked  # "the node you asked", Redis 7's unknown endpoint
+            elif isinstance(raw, bytes) and len(raw) <= _MAX_HOST_LEN:
+                host = raw.decode("utf-8", "replace")
+                if not host.isprintable() or any(c.isspace() for c in host):
+                    raise _ProtocolError(f"CLUSTER SLOTS: bad host {raw[:60]!r}")
+            else:
+                raise _ProtocolError(f"CLUSTER SLOTS: bad host {str(raw)[:60]}")
+            if not isinstance(port, int) or not 0 < port < 65536:
+                raise _ProtocolError(f"CLUSTER SLOTS: bad port {str(port)[:20]}")
+            masters.add((host, port))
+            if len(masters) > MAX_NODES:
+                raise _ProtocolError(f"CLUSTER SLOTS: more than {MAX_NODES} masters")
+            out.append((lo, hi, host, port))
         return out
 
-    def _route(self, names: list[bytes], call: _Call, *, blocking: bool) -> np.ndarray:
-        """int64 ``[n]`` node index of each key, -1 where no node is known (a cluster not read)."""
+    def _route(self, names: list[bytes], call: _Call, *, bulk: bool) -> np.ndarray:
+        """int64 ``[n]`` node index of each key in the slot map, which becomes the call's
+        (``call.nodes``); -1 where no node is known (a cluster not read). ``bulk``: see
+        :meth:`_refresh_topology`."""
         n = len(names)
-        if not self.cluster:
-            return np.zeros(n, dtype=np.int64)
-        if self._topology_stale:
-            self._refresh_topology(call, blocking=blocking)
-        slots = np.fromiter((_key_slot(k) for k in names), dtype=np.int64, count=n)
+        if self.cluster and self._topology_stale:
+            self._refresh_topology(call, bulk=bulk)
+        slots = np.fromiter((_key_slot(k) for k in names), dtype=np.int64, count=n) if self.cluster else None
         with self._state_lock:
+            call.nodes, call.index = self._nodes, self._node_index
+            if slots is None:
+                return np.zeros(n, dtype=np.int64)
             return self._slots[slots].astype(np.int64)
 
     def _moved(self, line: bytes, call: _Call) -> None:
-        """``-MOVED slot host:port``: point the slot at its new master now; re-read the map next call."""
+        """``-MOVED slot host:port``: where that node is in the call's map, point the slot at it now
+        (``call.moved``, and the tier's map if it is still the call's); re-read the map next call.
+        Nothing else is followed: not a plain server's MOVED, nor one to an address off the map."""
         call.add("moved")
+        self.last_error = line[1:].decode("utf-8", "replace")
+        if not self.cluster:
+            return
         parts = line.split()
         try:
             slot = int(parts[1])
@@ -751,9 +899,13 @@ class RedisTier:
         except (IndexError, ValueError, ConfigError):
             return
         with self._state_lock:
-            if 0 <= slot < _NUM_CLUSTER_SLOTS:
-                self._slots[slot] = self._add_node(host, port)
             self._topology_stale = True
+            j = call.index.get(f"{host}:{port}")
+            if j is None or not 0 <= slot < _NUM_CLUSTER_SLOTS:
+                return
+            call.moved[slot] = j
+            if self._nodes is call.nodes:
+                self._slots[slot] = j
 
     # ------------------------------------------------------------------------------------ exchange
 
@@ -774,7 +926,7 @@ class RedisTier:
         stream that cannot be trusted: closed). A failure on a connection kept from an earlier call,
         before any reply, is retried once on a new one (the server restarted meanwhile).
         """
-        nd = self._nodes[node]
+        nd = call.nodes[node]
         conn = nd.bulk
         n = len(rows)
         dl = _Deadline(self.timeout_s, n * cost)
@@ -825,7 +977,10 @@ class RedisTier:
             call.add("skipped_down", int(code == _DOWN))
             call.failed[node] = code
             return code
-        nd = self._nodes[node]
+        nd = call.nodes[node]
+        if nd.retired:  # dropped from the slot map since the call routed by it: its slots moved
+            call.failed[node] = _MOVED
+            return _MOVED
         with self._state_lock:
             down = nd.down_until > time.monotonic()
         if down:
@@ -843,7 +998,7 @@ class RedisTier:
             for i, code in call.failed.items():
                 if code not in _TRANSPORT or i < 0:
                     continue
-                nd = self._nodes[i]
+                nd = call.nodes[i]
                 nd.failures += 1
                 if nd.failures >= self.down_after:
                     # failures are not reset: after the back-off one more failure (the probe)
@@ -853,7 +1008,7 @@ class RedisTier:
                 if self.cluster:
                     self._topology_stale = True  # a failover may have moved its slots
             for i in call.touched - call.failed.keys():
-                self._nodes[i].failures = 0
+                call.nodes[i].failures = 0
 
     def _run(
         self,
@@ -867,7 +1022,8 @@ class RedisTier:
         call: _Call,
     ) -> None:
         """Run ``rows`` (indices into ``status``, ``route`` and ``names``) on their servers, one bulk
-        exchange per server, then retry once the rows a MOVED reply sent elsewhere."""
+        exchange per server, then retry once the rows a MOVED reply sent to another node of the map
+        (a cluster's only: see :meth:`_moved`)."""
         for attempt in (0, 1):
             for node in np.unique(route[rows]).tolist():
                 mine = rows[route[rows] == node]
@@ -885,12 +1041,15 @@ class RedisTier:
                     else:
                         call.touched.add(node)
             moved = rows[status[rows] == _MOVED]
-            if attempt or not moved.shape[0] or not self.cluster:
+            if attempt or not moved.shape[0] or not call.moved:
                 return
-            rows = moved
-            with self._state_lock:
-                for r in rows.tolist():
-                    route[r] = self._slots[_key_slot(names[r])]
+            again = []
+            for r in moved.tolist():
+                j = call.moved.get(_key_slot(names[r]))
+                if j is not None:
+                    route[r] = j
+                    again.append(r)
+            rows = np.asarray(again, dtype=np.int64)
 
     # ------------------------------------------------------------------------------------ store
 
@@ -914,13 +1073,16 @@ class RedisTier:
                 namespaces: ``[n]`` str or None (``"*"`` is the public namespace). All go in the header.
 
         Returns:
-            bool ``[n]``: True where the server holds the page's value now (stored, or already there);
-            False, counted by reason (``store_failed_*``), for a timeout, a lost connection, ``-OOM``,
-            a server in back-off, a namespace too long for a header, or another error reply.
+            bool ``[n]``: True where the server holds the page's value now (stored, or already there:
+            for an fp8/int8 pool, only if that value is of this pool's scales); False, counted by
+            reason (``store_failed_*``), for a timeout, a lost connection, ``-OOM``, a server in
+            back-off, a namespace too long for a header, a value of other scales left there by NX
+            (``store_failed_scales``), or another error reply.
 
         Raises:
             InvalidDTypeError, InvalidPageError, InvalidArgumentError: caller mistakes (shapes, page ids,
-                slots, a pool of another geometry), before anything is sent.
+                slots, a pool of another geometry, a namespace that is not valid Unicode), before
+                anything is sent.
         """
         a = _batch.check_store(
             self.geometry,
@@ -942,15 +1104,19 @@ class RedisTier:
         digest = _batch.scale_digest(pool)
         names = self._names(a.keys)
         chunk = self._chunk
+        # fp8/int8: the key does not fix the value (see the module doc), so each SET is followed by a
+        # GETRANGE of the scale digest of what the key holds afterwards, in the same pipeline
+        scaled = digest != codec.NO_SCALES
+        digest_head, digest_tail = self._digest_get
         with self._io_lock:
-            route = self._route(names, call, blocking=True)
+            route = self._route(names, call, bulk=True)
             pos = np.zeros(n, dtype=np.int64)  # [n] staging row (and header) of each row in its chunk
             oom: set[int] = set()  # nodes that answered -OOM in this call: the rest is not sent
             planes = self._planes(pool)
             body: dict[int, list[Any]] = {}  # row -> its payload buffers (views of the pool or stage)
 
             def pieces(r: int) -> list[Any]:
-                return [
+                cmd = [
                     self._set_head,
                     names[r],
                     self._set_mid,
@@ -958,9 +1124,17 @@ class RedisTier:
                     *body[r],
                     self._set_tail,
                 ]
+                if scaled:
+                    cmd += [digest_head, names[r], digest_tail]
+                return cmd
 
             def handle(conn: _Conn, r: int, dl: _Deadline) -> None:
                 line = conn.line(dl)
+                if scaled:
+                    held = self._held_digest(conn, dl)
+                    if line == b"$-1" and held != digest:
+                        status[r] = _SCALES
+                        return
                 if line == b"+OK":
                     status[r] = _OK
                 elif line == b"$-1":
@@ -1011,8 +1185,9 @@ class RedisTier:
                         status[r] = _NAMESPACE
                 rows = rows[status[rows] == _PENDING]
                 self._run(rows, route, status, pieces, self.value_bytes, handle, names, call)
+            self._close_dropped(bulk=True)
         ok = (status == _OK) | (status == _EXISTS)
-        replied = np.isin(status, (_OK, _EXISTS, _OOM, _ERROR, _MOVED))
+        replied = np.isin(status, (_OK, _EXISTS, _OOM, _ERROR, _MOVED, _SCALES))
         call.add("stores", int(ok.sum()))
         call.add("store_exists", int((status == _EXISTS).sum()))
         call.add("store_failed", int(n - ok.sum()))
@@ -1023,11 +1198,29 @@ class RedisTier:
             (_OOM, "oom"),
             (_DOWN, "down"),
             (_NAMESPACE, "namespace"),
+            (_SCALES, "scales"),
         ):
             call.add(f"store_failed_{reason}", int((status == code).sum()))
         call.add("store_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING)).sum()))
         self._finish(call)
         return ok
+
+    def _held_digest(self, conn: _Conn, dl: _Deadline) -> bytes | None:
+        """The reply to a store's GETRANGE of the scale digest: the 16 bytes the key's value holds
+        there, or None (no such key, a value too short to hold them, an error reply)."""
+        line = conn.line(dl)
+        if line[:1] == b"-":
+            return None
+        if line[:1] != b"$":
+            raise _ProtocolError(f"GETRANGE: unexpected reply {line[:40]!r}")
+        m = int(line[1:])
+        if m == -1:
+            return None
+        if not 0 <= m <= 16:
+            raise _ProtocolError(f"GETRANGE: unexpected reply {line[:40]!r}")
+        conn.read_into(self._digest_buf[:m], dl)
+        conn.skip(2, dl)
+        return bytes(self._digest_buf) if m == 16 else None
 
     # ------------------------------------------------------------------------------------ load
 
@@ -1063,7 +1256,7 @@ class RedisTier:
         ok = np.zeros(n, dtype=bool)
         verdicts = {name: 0 for name in ("checksum", "corrupt", "geometry", "scales")}
         with self._io_lock:
-            route = self._route(names, call, blocking=True)
+            route = self._route(names, call, bulk=True)
             pos = np.zeros(n, dtype=np.int64)
             head, tail = self._get_ex if self._getex else self._get_plain
             vb, hl = self.value_bytes, self.header_len
@@ -1125,6 +1318,7 @@ class RedisTier:
                 ok[g] = True
             if bad:
                 self._delete(np.asarray(bad, dtype=np.int64), route, names, call)
+            self._close_dropped(bulk=True)
         num_ok = int(ok.sum())
         call.add("loads", num_ok)
         call.add("load_failed", n - num_ok)
@@ -1141,7 +1335,13 @@ class RedisTier:
     def _verify(self, j: int, full: bool, key: bytes, digest: bytes) -> tuple[str, bool]:
         """``(verdict, header checksum failed)``: verdict ``"ok"`` or why the value staged at row ``j``
         (header ``_hdr[j]``) is not page ``key``: ``"checksum"``, ``"corrupt"`` (both deleted),
-        ``"geometry"`` or ``"scales"`` (left alone)."""
+        ``"geometry"`` or ``"scales"`` (left alone).
+
+        The order is what makes a value deletable: one of another geometry is some other writer's
+        (its key cannot be ours by accident: the tag differs), so it is left alone; one of ours with
+        a wrong length or key echo is not what this key can hold, whatever its scales, so it is
+        corrupt; only a whole value of this page under other scales is another instance's, kept.
+        """
         hdr = self._hdr[j]
         if full:
             expected = self._check.payload_checksum(hdr, key, digest)
@@ -1162,9 +1362,11 @@ class RedisTier:
             return "corrupt", e.reason == "checksum"
         if h.geometry != self.geometry or h.payload_len != self.payload_len:
             return "geometry", False
+        if not full or h.key != key:
+            return "corrupt", False  # our geometry but a wrong length or key echo
         if h.scale_digest != digest:
             return "scales", False
-        return "corrupt", False  # our geometry but a wrong length, key echo or namespace
+        return "corrupt", False  # not what HeaderCheck accepts, though parse_header did
 
     def _delete(self, rows: np.ndarray, route: np.ndarray, names: list[bytes], call: _Call) -> None:
         status = np.full(len(names), _PENDING, dtype=np.int8)
@@ -1189,7 +1391,13 @@ class RedisTier:
         """How many leading keys of ``keys`` (uint8 ``[m, 16]`` page keys, a prompt's in order) the
         server holds, asking at most ``max_lookup_keys`` of them in one pipelined round trip (per
         cluster node, all sent before any reply is read). A key on a server that is down, times out
-        or errs counts as absent, so the answer is never more than what a load would find.
+        or errs counts as absent, so the answer is never more than what a load would reach.
+
+        It asks whether each key exists, not what its value holds: a value a load would refuse (an
+        fp8/int8 page stored by an instance with other pool scales, a corrupt value) is counted, and
+        that load then misses (``load_failed_scales``, ``load_failed_corrupt``); the manager cuts
+        the hit there and recomputes. A store of such a page under this pool's scales is reported
+        as failed (``store_failed_scales``), so it does not look stored.
 
         Raises:
             InvalidDTypeError, InvalidArgumentError: keys that are not a uint8 ``[m, 16]`` array.
@@ -1204,7 +1412,7 @@ class RedisTier:
         names = self._names(k[:m])
         found = np.zeros(m, dtype=bool)
         with self._lookup_lock:
-            route = self._route(names, call, blocking=False)
+            route = self._route(names, call, bulk=False)
             asked: list[tuple[int, list[int], list[bytes], bool, _Deadline]] = []
             for node in np.unique(route).tolist():
                 if node < 0 or self._usable(node, call) != _OK:
@@ -1212,7 +1420,7 @@ class RedisTier:
                 mine = np.flatnonzero(route == node).tolist()
                 cmds = [b"".join(self._exists_head + names[i] + b"\r\n" for i in mine)]
                 dl = _Deadline(self.timeout_s)
-                kept = self._nodes[node].lookup.sock is not None
+                kept = call.nodes[node].lookup.sock is not None
                 if self._lookup_io(node, cmds, None, found, dl, call, last=not kept):
                     asked.append((node, mine, cmds, kept, dl))
             for node, mine, cmds, kept, dl in asked:  # every node has its commands: read the replies
@@ -1221,6 +1429,7 @@ class RedisTier:
                     ok = self._lookup_io(node, cmds, mine, found, dl, call, last=True)
                 if ok:
                     call.touched.add(node)
+            self._close_dropped(bulk=False)
         call.add("lookup_keys", m)
         lead = int(m if found.all() else np.argmin(found))
         call.add("lookup_hit_keys", lead)
@@ -1244,7 +1453,7 @@ class RedisTier:
         key index of ``mine`` (if given) into ``found``. False on a failure, recorded in
         ``call.failed`` except for a connection failure before any reply when not ``last`` (a
         connection kept from an earlier call that died meanwhile: the caller retries anew)."""
-        nd = self._nodes[node]
+        nd = call.nodes[node]
         conn = nd.lookup
         done = 0
         try:
@@ -1305,6 +1514,10 @@ class RedisTier:
         with self._io_lock, self._lookup_lock, self._state_lock:
             for nd in self._nodes:
                 nd.close()
+            for nodes in self._to_close.values():
+                for nd in nodes:
+                    nd.close()
+                nodes.clear()
 
     def __enter__(self) -> RedisTier:
         return self
@@ -1312,6 +1525,9 @@ class RedisTier:
     def __del__(self) -> None:
         for nd in getattr(self, "_nodes", ()):
             nd.close()
+        for nodes in getattr(self, "_to_close", {}).values():
+            for nd in nodes:
+                nd.close()
 
     def __exit__(self, *exc: object) -> None:
         self.close()
