@@ -28,6 +28,11 @@ import numpy.typing as npt
 from kvcore import PageAllocator
 
 _MAX_THREADS = 1024  # a demo of sharing, not of the OS thread limit
+# The defaults, one place for the run and its --help.
+ENGINE_REQUESTS = 400  # the burst
+ENGINE_PAGES = 65  # page 0 included: 64 usable pages
+ALLOCATOR_REQUESTS = 20_000  # per thread
+ALLOCATOR_PAGES = 20_001
 
 
 @dataclass
@@ -254,18 +259,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--requests",
         type=int_arg(1),
         default=None,
-        help="requests (default 160; --allocator: per thread, 20,000)",
+        help=f"requests (default {ENGINE_REQUESTS}; --allocator: per thread, {ALLOCATOR_REQUESTS:,})",
     )
     parser.add_argument(
         "--num-pages",
         type=int_arg(2),
         default=None,
-        help="pages of the pool, page 0 included (default 97; --allocator 20,001)",
+        help=f"pages of the pool, page 0 included (default {ENGINE_PAGES}, {ENGINE_PAGES - 1} usable; "
+        f"--allocator {ALLOCATOR_PAGES:,})",
     )
-    parser.add_argument("--page-size", type=int_arg(1), default=16, help="tokens per page (default 16)")
-    parser.add_argument("--seed", type=int_arg(0), default=0, help="random seed (default 0)")
     parser.add_argument(
-        "--threads", type=int_arg(1, _MAX_THREADS), default=4, help="--allocator: threads (default 4)"
+        "--page-size", type=int_arg(1), default=16, help="tokens per page (default %(default)s)"
+    )
+    parser.add_argument("--seed", type=int_arg(0), default=0, help="random seed (default %(default)s)")
+    parser.add_argument(
+        "--threads",
+        type=int_arg(1, _MAX_THREADS),
+        default=4,
+        help="--allocator: threads (default %(default)s)",
     )
     live = parser.add_mutually_exclusive_group()
     live.add_argument(
@@ -277,5 +288,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run(a: argparse.Namespace) -> int:
     if a.allocator:
-        return run_allocator_demo(a.threads, a.requests or 20_000, a.num_pages or 20_001, a.page_size)
-    return run_engine_demo(a.requests or 400, a.num_pages or 65, a.page_size, a.seed, a.live)
+        pages = a.num_pages or ALLOCATOR_PAGES
+        return run_allocator_demo(a.threads, a.requests or ALLOCATOR_REQUESTS, pages, a.page_size)
+    return run_engine_demo(
+        a.requests or ENGINE_REQUESTS, a.num_pages or ENGINE_PAGES, a.page_size, a.seed, a.live
+    )

@@ -78,10 +78,13 @@ class TraceFormatError(KVCoreError, ValueError):
 
 
 #: ``RequestRejected.reason`` values and their HTTP status: 429 when the client sends too fast (retry
-#: later with the same request), 503 when the server lacks the capacity (now, or ever: ``too_large``).
+#: later with the same request), 503 when the server lacks the capacity (now, or ever: ``too_large`` and
+#: ``tenant_quota`` come with ``retry_after_s=None``).
 REJECTION_STATUS = {
     "queue_full": 429,  # the waiting queue holds max_queued_requests already
-    "tenant_quota": 429,  # the tenant's queued requests hold its share of the queue
+    # its prompt and first token need more pages than its tenant may ever hold (the tenant's ceiling,
+    # or the cache less the other tenants' floors): no wait will help
+    "tenant_quota": 503,
     "overloaded": 503,  # under memory pressure, long requests are refused (the controller's step 4)
     "timeout": 503,  # waited longer than max_queue_wait_s without getting memory
     "too_large": 503,  # needs more pages than the whole cache has: no wait will help

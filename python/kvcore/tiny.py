@@ -25,6 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcore import kernels as K
+from kvcore.exceptions import InvalidArgumentError
 from kvcore.kernels import plan_attention
 from kvcore.pool import KVPool, dtypes
 
@@ -190,7 +191,17 @@ class TinyEngine:
         )
 
     def forward(self, plan: Any) -> dict[int, int]:
-        """Compute ``plan``; returns ``{request_id: greedy next token}`` for its sampling rows."""
+        """Compute ``plan``; returns ``{request_id: greedy next token}`` for its sampling rows.
+        InvalidArgumentError, before anything is written, for a token outside the model's vocabulary."""
+        vocab = self.model.config.vocab
+        toks = plan.token_ids
+        if toks.size and int(toks.max()) >= vocab:
+            i = int(np.flatnonzero(toks >= vocab)[0])
+            row = int(np.searchsorted(plan.q_indptr, i, side="right")) - 1
+            raise InvalidArgumentError(
+                f"token {int(toks[i])} of request {int(plan.request_ids[row])} (position "
+                f"{int(plan.positions[i])}) is outside the model's vocabulary of {vocab} tokens"
+            )
         if plan.copies.shape[0]:
             K.copy_pages(self.pool, plan.copies)
         out: dict[int, int] = {}

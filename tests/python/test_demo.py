@@ -24,3 +24,37 @@ def test_the_allocator_demo(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["demo", "--allocator", "--threads", "2", "--requests", "200", "--num-pages", "2001"]
     assert kvcore.cli.main(argv) == 0
     assert "0 leaked" in capsys.readouterr().out
+
+
+def test_the_help_states_the_defaults_the_demo_runs_with(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`kvcore demo --help` used to promise 160 requests and 97 pages while the run used 400 and 65."""
+    import kvcore.demo
+
+    with pytest.raises(SystemExit) as e:
+        kvcore.cli.main(["demo", "--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps the help lines
+
+    def default(pattern: str) -> tuple[str, ...]:
+        found = re.search(pattern, text)
+        assert found is not None, pattern
+        return found.groups()
+
+    helped = {
+        "requests": default(r"--requests REQUESTS requests \(default (\d+);"),
+        "pages": default(r"page 0 included \(default (\d+), (\d+) usable;"),
+        "page_size": default(r"tokens per page \(default (\d+)\)"),
+        "seed": default(r"random seed \(default (\d+)\)"),
+    }
+    ran: list[tuple[object, ...]] = []
+    monkeypatch.setattr(kvcore.demo, "run_engine_demo", lambda *args: ran.append(args) or 0)
+    assert kvcore.cli.main(["demo", "--no-live"]) == 0
+    ((num_requests, num_pages, page_size, seed, _live),) = ran
+    assert helped == {
+        "requests": (str(num_requests),),
+        "pages": (str(num_pages), str(num_pages - 1)),  # the run prints the usable pages
+        "page_size": (str(page_size),),
+        "seed": (str(seed),),
+    }

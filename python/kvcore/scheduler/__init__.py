@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from kvcore.exceptions import REJECTION_STATUS, RequestRejected
 from kvcore.scheduler.admission import OutputLengthEstimator
-from kvcore.scheduler.core import QUEUE_POLICIES, Scheduler, SchedulerStats, SwapCost
+from kvcore.scheduler.core import FINISH_REASONS, QUEUE_POLICIES, Scheduler, SchedulerStats, SwapCost
 from kvcore.scheduler.pressure import (
     LEVELS,
     SIGNALS,
@@ -26,11 +26,13 @@ from kvcore.scheduler.pressure import (
     PressureDecision,
     Signals,
 )
-from kvcore.scheduler.request import EVENT_KINDS, Request, SchedulerEvent, StepPlan
+from kvcore.scheduler.request import EVENT_KINDS, MAX_SEQ_LEN, Request, SchedulerEvent, StepPlan
 
 __all__ = [
     "EVENT_KINDS",
+    "FINISH_REASONS",
     "LEVELS",
+    "MAX_SEQ_LEN",
     "QUEUE_POLICIES",
     "REJECTION_STATUS",
     "SIGNALS",

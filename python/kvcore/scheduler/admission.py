@@ -15,7 +15,9 @@ import bisect
 import math
 from collections import deque
 
-from kvcore.exceptions import ConfigError
+import numpy as np
+
+from kvcore.exceptions import ConfigError, InvalidArgumentError
 
 __all__ = ["OutputLengthEstimator"]
 
@@ -34,7 +36,7 @@ class OutputLengthEstimator:
     def __init__(
         self, quantile: float = 0.95, *, window: int = 1024, min_samples: int = 16, clip: int = 4096
     ) -> None:
-        if not (isinstance(quantile, (int, float)) and 0.0 < quantile <= 1.0):
+        if isinstance(quantile, bool) or not (isinstance(quantile, (int, float)) and 0.0 < quantile <= 1.0):
             raise ConfigError(f"quantile must be in (0, 1], got {quantile!r}")
         for name, value in (("window", window), ("min_samples", min_samples), ("clip", clip)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -48,7 +50,13 @@ class OutputLengthEstimator:
         self._cached: dict[str, int] = {}  # per class: the quantile, until the next observation
 
     def observe(self, request_class: str, output_len: int) -> None:
-        """Record a finished request's output length (tokens generated)."""
+        """Record a finished request's output length (tokens generated, an integer >= 0)."""
+        if not isinstance(request_class, str):
+            raise InvalidArgumentError(f"request_class must be a str, got {type(request_class).__name__}")
+        n = output_len
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise InvalidArgumentError(f"output_len must be an integer >= 0, got {n!r}")
+        output_len = int(n)
         order = self._order.setdefault(request_class, deque())
         ranked = self._sorted.setdefault(request_class, [])
         if len(order) == self.window:

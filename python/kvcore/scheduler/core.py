@@ -13,6 +13,15 @@ An engine (or ``kvcore replay`` in timed mode, in simulated time, or ``kvcore de
 There is no clock inside (``now`` is the caller's, real or simulated) and no metrics: everything it
 decides is an event (:class:`SchedulerEvent`) in the next plan, and counted in :meth:`Scheduler.stats`.
 
+**The contract: one update per plan with rows, before the next step.** A step appends each decoding
+request's sampled token to its sequence; ``update`` says the K/V were written. So ``step`` raises
+InvalidArgumentError (nothing changed) while the last plan with rows is not recorded, unless every
+request of it has ended since (``finish``); an engine whose forward pass failed runs the same plan
+again. ``update`` records the latest plan only, once (any other plan changes nothing). A step that
+raises (the manager, an estimator) releases its decode appends first (``truncate``), so that the
+manager holds what the scheduler does; ``prefix_lookup`` is advisory and its failures never escape
+(a ``lookup_failed`` event, ``stats().num_failed_lookups``).
+
 **Each step**, in order (vLLM V1's order: running requests first, then admissions):
 
 1. Requests that waited longer than ``max_queue_wait_s`` are refused (``timeout``, 503).
@@ -21,7 +30,8 @@ decides is an event (:class:`SchedulerEvent`) in the next plan, and counted in :
    prompt is computed from there).
 3. Running requests that decode get one slot each (``append``, one batched call); a prefill chunk
    (chunked prefill) gets its slots (``reserve``), within the token budget
-   ``max_num_batched_tokens`` and at most ``long_prefill_token_threshold`` tokens per request. When a
+   ``max_num_batched_tokens`` and at most ``long_prefill_token_threshold`` tokens per request (more
+   decoding requests than the budget has tokens take turns, round robin). When a
    slot cannot be had, a victim is preempted: lowest priority first, then the youngest (most recently
    admitted); it leaves by **swap** (its pages stored to the first lower tier, when that costs less
    than recomputing them, see :class:`SwapCost`) or by **recompute**, and returns to the front of the
@@ -40,9 +50,15 @@ decides is an event (:class:`SchedulerEvent`) in the next plan, and counted in :
    falls back; preempted ones still return.
 
 **Tenant quotas** (``tenant_max_pages``, ``tenant_min_pages``): a tenant's running requests hold at most
-its ceiling, and no admission of another tenant eats into the part of a tenant's floor it does not use;
-the floor is also the cache's (``KVCacheManager.set_tenant_floor``): the tenant's cached pages up to it
-are evicted only when nothing else can be.
+its ceiling (every page they hold counts, prefix hits included, with their expected answers), and no
+admission of another tenant eats into the part of a tenant's floor it does not use; the floor is also
+the cache's (``KVCacheManager.set_tenant_floor``): the tenant's cached pages up to it are evicted only
+when nothing else can be. As with memory, a quota never holds a request back forever: with nothing
+of its tenant live, the ceiling's predicted-demand test is waived (alone, a request may outgrow its
+plan), and with nothing live at all, so is the floors'. A request that can never fit, its prompt and
+first token above its tenant's ceiling or above the cache less the other tenants' floors, is refused
+(``tenant_quota``, 503, no ``retry_after_s``): at submit, or in the step that would have admitted it
+when its prompt was judged by a window that was not cut.
 """
 
 from __future__ import annotations
@@ -51,7 +67,7 @@ import copy
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from itertools import count
 from typing import Any
@@ -65,14 +81,21 @@ from kvcore.exceptions import (
     RequestRejected,
     UnknownSequenceError,
 )
-from kvcore.manager import PageTable
+from kvcore.manager import PUBLIC_NAMESPACE, PageTable
 from kvcore.scheduler.admission import OutputLengthEstimator
 from kvcore.scheduler.pressure import PressureController, PressureDecision, Signals
-from kvcore.scheduler.request import Request, SchedulerEvent, StepPlan, check_time
+from kvcore.scheduler.request import Request, SchedulerEvent, StepPlan, check_namespace, check_time, is_int
 
-__all__ = ["QUEUE_POLICIES", "Scheduler", "SchedulerStats", "SwapCost"]
+__all__ = ["FINISH_REASONS", "QUEUE_POLICIES", "Scheduler", "SchedulerStats", "SwapCost"]
 
 QUEUE_POLICIES = ("fcfs", "priority")
+#: Reasons an engine may give :meth:`Scheduler.finish`: ``stop`` (an EOS or a stop string the engine
+#: saw), ``length`` (a length limit of the engine's own, e.g. the model's context), ``abort`` (the
+#: client went away). ``stop`` and ``length`` answers feed the output-length estimator; the scheduler's
+#: own endings are ``length`` and ``stop`` (update) and ``capacity`` (counted as a ``too_large``
+#: rejection).
+FINISH_REASONS = ("stop", "length", "abort")
+_MAX_PAGES = 2**63 - 1
 
 _WAITING, _LOADING, _RUNNING, _DONE = 0, 1, 2, 3
 _EMPTY_I32 = np.zeros(0, np.int32)
@@ -92,8 +115,9 @@ class SwapCost:
     bandwidth_gbps: float  # GB/s between HBM and the lower tier, each way
 
     def __post_init__(self) -> None:
-        if isinstance(self.page_bytes, bool) or not isinstance(self.page_bytes, int) or self.page_bytes < 1:
+        if not is_int(self.page_bytes) or self.page_bytes < 1:
             raise ConfigError(f"page_bytes must be an integer >= 1, got {self.page_bytes!r}")
+        object.__setattr__(self, "page_bytes", int(self.page_bytes))
         for name in ("prefill_tokens_per_s", "bandwidth_gbps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v > 0):
@@ -121,6 +145,7 @@ class SchedulerStats:
     num_failed_admissions: int = 0  # of those, add_sequence (an admission the predicted room allowed)
     num_truncated: int = 0
     num_evicted_pages: int = 0  # by the controller's evict_harder
+    num_failed_lookups: int = 0  # prefix_lookup calls that raised (each admission went on without it)
     computed_tokens: int = 0  # tokens the engine was asked to compute (every chunk and decode)
     recomputed_tokens: int = 0  # of those, tokens computed before a preemption and computed again
     prompt_tokens: int = 0  # prompt tokens at first admission
@@ -272,6 +297,29 @@ class _DecodeRows:
         self.names = names
 
 
+def _quota(name: str, quota: object) -> dict[str | None, int]:
+    """``tenant_max_pages`` / ``tenant_min_pages`` checked: a mapping of namespaces (None or a str, not
+    the public ``"*"``, which no tenant owns) to page counts."""
+    if quota is None:
+        return {}
+    if not isinstance(quota, Mapping):
+        raise ConfigError(
+            f"{name} must be None or a mapping {{namespace: pages}}, got {type(quota).__name__}"
+        )
+    out: dict[str | None, int] = {}
+    for ns, v in quota.items():
+        try:
+            check_namespace(ns, f"{name} key {ns!r}")
+        except InvalidArgumentError as e:
+            raise ConfigError(str(e)) from None
+        if ns == PUBLIC_NAMESPACE:
+            raise ConfigError(f"{name}: the public namespace {PUBLIC_NAMESPACE!r} is no tenant's")
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= _MAX_PAGES:
+            raise ConfigError(f"{name}[{ns!r}] must be an integer in [0, 2**63), got {v!r}")
+        out[ns] = int(v)
+    return out
+
+
 class Scheduler:
     """Continuous batching over a :class:`~kvcore.KVCacheManager` (see the module docstring).
 
@@ -329,7 +377,8 @@ class Scheduler:
         w = max_queue_wait_s
         if w is not None and (isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0):
             raise ConfigError(f"max_queue_wait_s must be None or >= 0, got {w!r}")
-        if not (isinstance(target_preemption_prob, (int, float)) and 0 <= target_preemption_prob < 1):
+        tp = target_preemption_prob
+        if isinstance(tp, bool) or not (isinstance(tp, (int, float)) and 0 <= tp < 1):
             raise ConfigError(f"target_preemption_prob must be in [0, 1), got {target_preemption_prob!r}")
         tax = max_preemption_tax
         if tax is not None and (isinstance(tax, bool) or not isinstance(tax, (int, float)) or not tax >= 0):
@@ -339,12 +388,28 @@ class Scheduler:
             raise ConfigError(f"long_prefill_token_threshold must be None or an integer >= 1, got {chunk!r}")
         if prefix_lookup is not None and not callable(prefix_lookup):
             raise ConfigError("prefix_lookup must be None or a callable (tokens, namespace)")
+        if controller is not None and not isinstance(controller, PressureController):
+            got = type(controller).__name__
+            raise ConfigError(f"controller must be None or a PressureController, got {got}")
+        if estimator is not None and not isinstance(estimator, OutputLengthEstimator):
+            got = type(estimator).__name__
+            raise ConfigError(f"estimator must be None or an OutputLengthEstimator, got {got}")
+        if swap is not None and not isinstance(swap, SwapCost):
+            raise ConfigError(f"swap must be None or a SwapCost, got {type(swap).__name__}")
         if swap is not None and not cache.tier_names:
             raise ConfigError("swap needs a manager with a lower tier (lower_tiers=[('host', n)])")
-        for name, quota in (("tenant_max_pages", tenant_max_pages), ("tenant_min_pages", tenant_min_pages)):
-            for ns, v in (quota or {}).items():
-                if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                    raise ConfigError(f"{name}[{ns!r}] must be an integer >= 0, got {v!r}")
+        usable = cache.num_pages - 1
+        ceilings = _quota("tenant_max_pages", tenant_max_pages)
+        floors = _quota("tenant_min_pages", tenant_min_pages)
+        if sum(floors.values()) > usable:
+            raise ConfigError(
+                f"tenant_min_pages sum to {sum(floors.values())} pages, the cache has {usable} usable pages"
+            )
+        for ns, floor in floors.items():
+            if ns in ceilings and ceilings[ns] < floor:
+                raise ConfigError(
+                    f"tenant {ns!r}: its ceiling ({ceilings[ns]} pages) is below its floor ({floor} pages)"
+                )
         self.cache = cache
         self.page_size: int = cache.page_size
         self.usable_pages: int = cache.num_pages - 1
@@ -359,8 +424,8 @@ class Scheduler:
         self.swap = swap
         self.long_prefill_token_threshold = chunk
         self.prefix_lookup = prefix_lookup
-        self.tenant_max = dict(tenant_max_pages or {})
-        self.tenant_min = dict(tenant_min_pages or {})
+        self.tenant_max = ceilings
+        self.tenant_min = floors
         for ns, floor in self.tenant_min.items():  # and its cached pages go last in the cache
             cache.set_tenant_floor(ns, floor)
         for ns, ceiling in self.tenant_max.items():  # and past it, first
@@ -400,14 +465,22 @@ class Scheduler:
         self._dirty = False  # finish() ran since the last plan: its rows need checking
         self._decode_planned = False  # this step's decode rows are chosen (3a is done)
         self._saved_store_policy: tuple[str, dict[str, Any]] | None = None
+        # The latest plan, until update records it (a plan with rows must be, before the next step).
         self._last_plan: StepPlan | None = None
+        self._carry_finished: list[tuple[int, str]] = []  # of a step that raised, for the next plan
+        self._carry_rejected: list[RequestRejected] = []
 
     # ---- requests in ------------------------------------------------------------------------------
 
     def submit(self, request: Request, now: float = 0.0) -> None:
         """Queue ``request``. Raises RequestRejected (nothing queued, nothing computed) when it can
-        never fit, when the queue is full, or under pressure for a long prompt; DuplicateSequenceError-
-        like InvalidArgumentError for an id already live."""
+        never fit (``too_large``: the cache; ``tenant_quota``: its tenant's ceiling, or the cache less
+        the other tenants' floors), when the queue is full, or under pressure for a long prompt;
+        InvalidArgumentError for an id already live.
+
+        "Never fits" is judged on the prompt and its first generated token; on the prompt cut to its
+        ``window`` only when the controller may truncate (``truncate`` on, ``max_level`` >= 3), else on
+        the whole prompt."""
         now = check_time(now)
         if not isinstance(request, Request):
             got = type(request).__name__
@@ -417,13 +490,16 @@ class Scheduler:
             raise InvalidArgumentError(f"request {rid} is already live")
         ps = self.page_size
         plen = request.prompt_len
-        if request.window is not None:
+        if request.window is not None and self._may_truncate():
             plen = min(plen, request.window)  # truncation may bring it under the cache's size
         pages = -(-(plen + 1) // ps)  # the prompt and its first generated token
         self._stats.num_submitted += 1
         if pages > self.usable_pages:
             msg = f"needs {pages} pages, the cache has {self.usable_pages}"
             self._reject(rid, "too_large", None, pages, now, msg)
+        misfit = self._quota_misfit(request.namespace, pages)
+        if misfit is not None:
+            self._reject(rid, "tenant_quota", None, pages, now, misfit)
         waiting = len(self._fifo) + len(self._heap)
         if self.max_queued_requests is not None and waiting >= self.max_queued_requests:
             self._reject(rid, "queue_full", self._retry_after(), pages, now, "the waiting queue is full")
@@ -452,13 +528,20 @@ class Scheduler:
         self._event("queued", rid, now)
 
     def finish(self, request_id: int, reason: str = "stop", now: float = 0.0) -> None:
-        """End a request the engine is done with (EOS, a stop string, or the client went away:
-        ``reason="abort"``), wherever it is; its pages are released (full pages stay cached)."""
-        r = self._reqs.get(request_id)
+        """End a request the engine is done with, wherever it is; its pages are released (full pages
+        stay cached). ``reason`` is one of :data:`FINISH_REASONS`: ``stop`` (EOS, a stop string),
+        ``length`` (a limit of the engine's own), ``abort`` (the client went away). A bad argument
+        raises InvalidArgumentError (UnknownSequenceError for an id not live) and changes nothing."""
+        if not is_int(request_id):
+            raise InvalidArgumentError(f"request_id must be an integer, got {request_id!r}")
+        if not isinstance(reason, str) or reason not in FINISH_REASONS:
+            raise InvalidArgumentError(f"reason must be one of {', '.join(FINISH_REASONS)}, got {reason!r}")
+        now = check_time(now)
+        r = self._reqs.get(int(request_id))
         if r is None:
             raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
         self._dirty = True  # a row of the current plan may be this request's
-        self._end(r, reason, check_time(now))
+        self._end(r, reason, now)
 
     def has_work(self) -> bool:
         """Whether any request is waiting, loading or running."""
@@ -467,11 +550,50 @@ class Scheduler:
     # ---- one step ---------------------------------------------------------------------------------
 
     def step(self, now: float = 0.0) -> StepPlan:
-        """Plan one forward pass at time ``now`` (see the module docstring)."""
+        """Plan one forward pass at time ``now`` (see the module docstring).
+
+        A plan with rows must be recorded (:meth:`update`) before the next step: until then step raises
+        InvalidArgumentError and changes nothing (unless every request of the plan has ended since). An
+        exception raised inside a step (by the manager, the estimator, ...) is re-raised after the
+        step's decode appends are rolled back (``truncate``), so that the manager holds what the
+        scheduler does; what else the step decided (preemptions, admissions, endings) stands and is
+        reported by the next plan. ``prefix_lookup`` failures do not escape (``lookup_failed``)."""
         now = check_time(now)
+        last = self._last_plan
+        if last is not None and last.batch_size:
+            self._check_recorded(last)
+        try:
+            return self._step(now)
+        except BaseException:
+            self._undo_decode_appends()
+            raise
+
+    def _check_recorded(self, last: StepPlan) -> None:
+        if any(r.state != _DONE for r in (*self._decode_rows, *self._rows)):
+            raise InvalidArgumentError(
+                f"step: the last plan ({last.batch_size} row{'s' * (last.batch_size != 1)}) is not "
+                "recorded yet: run it (again, if its forward pass failed) and pass its tokens to "
+                "update(plan, tokens), or finish() its requests, before the next step"
+            )
+        self._last_plan = None  # every request of it ended since: nothing of it is left to record
+
+    def _undo_decode_appends(self) -> None:
+        """After a step raised: release the slots its decode appends took. Outside a step, a decoding
+        request's sequence holds every token but the sampled one (``tokens[-1]``)."""
         m = self.cache
-        finished: list[tuple[int, str]] = []
-        rejected: list[RequestRejected] = []
+        self._sync_decoding()
+        for r in self._decoding.values():
+            keep = len(r.tokens) - 1
+            if r.state == _RUNNING and r.rid in m and m.seq_len(r.rid) > keep:
+                m.truncate(r.rid, keep)
+        self._dec_used = None
+        self._decode_planned = False
+
+    def _step(self, now: float) -> StepPlan:
+        m = self.cache
+        # Ended and refused requests of a step that raised are reported by this one.
+        finished: list[tuple[int, str]] = self._carry_finished
+        rejected: list[RequestRejected] = self._carry_rejected
         self._expire(now, rejected)
         decision = self._observe(now)
         cap = (
@@ -492,10 +614,10 @@ class Scheduler:
         counts: list[int] = []
         self._rows, self._starts, self._counts = rows, starts, counts
         self._swapping = 0  # pages swapped out in this step (free once the engine stores them)
-        if self.tenant_max:
-            self._enforce_ceilings(now)
         self._dec_used = None
         self._decode_planned = False
+        if self.tenant_max:
+            self._enforce_ceilings(now)
         # 3a. decodes: one token each, one batched append. In steady state (the same requests
         # decoding as last step) the arrays come from the last update: no Python per sequence.
         decoding: list[_Req] = []
@@ -512,6 +634,8 @@ class Scheduler:
                 self._sync_decoding()
                 if len(decoding) > budget:
                     decoding = decoding[:budget]
+                    for r in decoding:  # served: the others lead the next step (round robin)
+                        dec[r.rid] = dec.pop(r.rid)
                 d_ids, d_st, d_tok = self._decode_arrays(decoding)
             done = m.append_batch(d_ids, d_tok)
             failed = done < len(decoding)
@@ -571,6 +695,7 @@ class Scheduler:
             budget = self._admit(now, budget, cap, decision, rows, starts, counts, loading)
         loading.extend(r.rid for r in self._loading.values() if r.rid not in loading)
         plan = self._plan(now, rows, starts, counts, loading, finished, rejected, decision)
+        self._carry_finished, self._carry_rejected = [], []
         self._plan_dec_version = self._dec_version
         self._last_plan = plan
         self._dec_cache = None
@@ -583,7 +708,8 @@ class Scheduler:
         """Record a computed plan: its chunks' K/V is written, and each sampling row's next token
         (``{request_id: token}``, or tokens in the order of the rows with ``plan.sample``: a 1-D integer
         array is the fast path). Requests that reach ``max_new_tokens`` or a stop token finish here;
-        returns ``(request_id, reason)`` of those."""
+        returns ``(request_id, reason)`` of those. Only the latest plan is recorded, once: an update of
+        any other plan (or of this one again) checks its tokens and changes nothing."""
         m, ps = self.cache, self.page_size
         num_sampled = int(np.count_nonzero(plan.sample))
         if isinstance(new_tokens, np.ndarray):  # the fast path: an engine's argmax, in row order
@@ -597,13 +723,23 @@ class Scheduler:
                 raise InvalidArgumentError(f"update: no token for sampling request {e.args[0]}") from None
             arr = np.array(given)
         else:
-            given = list(new_tokens)
+            try:
+                given = list(new_tokens)
+            except TypeError:
+                got = type(new_tokens).__name__
+                raise InvalidArgumentError(
+                    f"update: tokens must be a mapping or an iterable, got {got}"
+                ) from None
             if len(given) != num_sampled:
                 raise InvalidArgumentError(f"update: {len(given)} tokens for {num_sampled} sampling rows")
             arr = np.array(given)
         if arr.size and (arr.dtype.kind not in "iu" or int(arr.min()) < 0 or int(arr.max()) >= 2**32):
             raise InvalidArgumentError("update: token ids must be integers in [0, 2**32)")
         toks: list[int] = arr.tolist()
+        if plan is not self._last_plan:
+            # Recorded already, or not this scheduler's latest plan (a stale row could match a request
+            # that was preempted and recomputed back to the same position): nothing of it applies.
+            return []
         reqs, dec = self._reqs, self._decoding
         ended: list[tuple[int, str]] = []
         now = plan.time_s
@@ -613,14 +749,13 @@ class Scheduler:
         joined: list[_Req] = []  # prefill rows that start decoding here
         # Whether the decode rows were every decoding request, unchanged since the plan: then the
         # next step's arrays are these, patched for the rows that end and join (no Python pass).
-        steady = plan is self._last_plan and not self._dirty and self._dec_version == self._plan_dec_version
+        steady = not self._dirty and self._dec_version == self._plan_dec_version
         steady = steady and nd > 0 and nd == len(dec)
         # The hot loop: a decode row's request is live and decoding unless it ended since the plan
-        # (finish) or was preempted (computed reset). The latest plan's rows are its requests
-        # themselves (no lookup); an older plan's go through their ids. While decoding, ``known``
+        # (finish). The plan's rows are its requests themselves (no lookup). While decoding, ``known``
         # and ``reserved`` are not kept up to date: they equal ``computed`` (see _tenant_pages).
         d_starts = plan.starts[:nd]
-        used = self._dec_used if plan is self._last_plan and not self._dirty else None
+        used = self._dec_used if not self._dirty else None
         r: _Req | None
         if used is not None:
             # Steady state: the rows are the cached decoding requests, all live. Only their tokens
@@ -648,14 +783,9 @@ class Scheduler:
             self._lazy = True
         else:
             self._sync_decoding()
-            drows: Sequence[_Req | None]
-            if plan is self._last_plan:
-                drows = self._decode_rows
-            else:
-                drows = [reqs.get(rid) for rid in plan.request_ids[:nd].tolist()]
+            drows = self._decode_rows
             for i, (r, start, tok) in enumerate(zip(drows, d_starts.tolist(), toks[:nd], strict=True)):
-                # An ended request's computed is -1, a preempted one's 0: no decode start matches.
-                if r is None or r.computed != start:
+                if r.computed != start:  # ended since the plan (its computed is -1)
                     void += 1
                     continue
                 r.computed = start + 1
@@ -671,7 +801,7 @@ class Scheduler:
             for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
                 r = drows[i]
                 end = int(d_starts[i]) + 1
-                if r is not None and r.computed == end and r.state == _RUNNING:
+                if r.computed == end and r.state == _RUNNING:
                     m.commit(r.rid, end)
                     r.committed_pages = end // ps
         gen = nd - void
@@ -711,13 +841,10 @@ class Scheduler:
         self._stats.generated_tokens += gen
         for rid, reason in ended:
             self._end(reqs[rid], reason, now)
-        if plan is self._last_plan or void + void_prefill < plan.batch_size:
-            self._dec_cache = self._next_decode_cache(
-                plan, nd, arr, used, steady and not void, ended_rows, joined
-            )
-        # else: a plan recorded already (every row void): nothing changed, the cache stands.
-        # Recorded: an update of this plan again takes the checked path, where its rows are void.
-        self._last_plan = None
+        self._dec_cache = self._next_decode_cache(
+            plan, nd, arr, used, steady and not void, ended_rows, joined
+        )
+        self._last_plan = None  # recorded: an update of this plan again changes nothing
         self._dec_used = None
         return ended
 
@@ -834,6 +961,11 @@ class Scheduler:
 
     def _event(self, kind: str, rid: int | None, now: float, /, **detail: Any) -> None:
         self._events.append(SchedulerEvent(kind, rid, now, detail))
+
+    def _may_truncate(self) -> bool:
+        """Whether the controller may cut an opted-in prompt to its window (level 3's response)."""
+        c = self.controller
+        return c is not None and c.config.enabled("truncate")
 
     def _retry_after(self) -> float:
         d = self._decision
@@ -1144,6 +1276,8 @@ class Scheduler:
         avail = st.num_pages_free + st.num_pages_cached  # pages an admission can take now
         quotas = bool(self.tenant_max or self.tenant_min)
         tenants = self._tenant_pages(expected=True) if quotas else {}
+        # Tenants with a live request (the predicted-demand test against a ceiling is theirs only).
+        active = {r.ns for r in (*self._running.values(), *self._loading.values())} if quotas else set()
         tax_ok = self.max_preemption_tax is None or self._stats.preemption_tax <= self.max_preemption_tax
         skipped: set[str | None] = set()  # tenants at their quota this step
         while budget > 0 and len(self._running) + len(self._loading) < cap:
@@ -1155,16 +1289,26 @@ class Scheduler:
                 break  # the preemption budget is spent: new requests wait (alone, one may run)
             if not resumed and decision is not None and decision.truncate:
                 self._truncate(r, now)
+            if quotas and not resumed:  # its prompt as admitted (a window not cut) may never fit
+                misfit = self._quota_misfit(r.ns, -(-(len(r.tokens) + 1) // ps))
+                if misfit is not None:
+                    self._refuse_waiting(r, "tenant_quota", misfit, now)
+                    continue
             tokens = r.token_array()
             prefix = m.peek_prefix_len(tokens, r.ns)  # uncapped, HBM only
-            need = -(-len(r.tokens) // ps) - prefix // ps + self._expected_extra_pages(r)
+            extra = self._expected_extra_pages(r)
+            need = -(-len(r.tokens) // ps) - prefix // ps + extra
             if (self._running or self._loading) and need > avail - promised:
                 break  # it would likely be preempted: wait for the running ones to finish
-            if quotas and not self._tenant_allows(r, need, tenants):
+            if quotas and not self._tenant_allows(r, need, extra, avail, tenants, active):
                 skipped.add(r.ns)
                 continue
             if self.prefix_lookup is not None:
-                self.prefix_lookup(tokens, r.ns)
+                try:
+                    self.prefix_lookup(tokens, r.ns)
+                except Exception as e:  # advisory: admitted with what HBM (and earlier lookups) hold
+                    self._stats.num_failed_lookups += 1
+                    self._event("lookup_failed", r.rid, now, error=f"{type(e).__name__}: {e}")
             hit = m.add_sequence(
                 r.rid, tokens, r.ns, r.priority, cache_prompt=False, reserve=min(budget, chunk)
             )
@@ -1173,30 +1317,20 @@ class Scheduler:
                 self._stats.num_failed_admissions += 1
                 self._failed_this_step += 1
                 if not self._running and not self._loading:
-                    self._take_waiting(r)
-                    del self._reqs[r.rid]
-                    r.state = _DONE
-                    pages = -(-(len(r.tokens) + 1) // ps)
-                    try:
-                        self._reject(r.rid, "too_large", None, pages, now, "does not fit even alone")
-                    except RequestRejected as e:
-                        self._rejected_in_step.append(e)
+                    self._refuse_waiting(r, "too_large", "does not fit even alone", now)
                     continue
                 break
+            # Registered before anything else can raise: the manager's sequence is a live request's.
             self._take_waiting(r)
-            if quotas:
-                tenants[r.ns] = tenants.get(r.ns, 0) + need
             r.known = len(r.tokens)
             r.computed = int(hit)
             r.committed_pages = int(hit) // ps
             r.reserved = int(m.num_reserved(r.rid))
             r.order = next(self._admissions)
             r.resumed = resumed
-            # What it took (its new pages, and its hit pages that were evictable: the estimate above
-            # cannot tell those from pages other requests hold) and what it will still take.
-            st = m.stats()
-            avail = st.num_pages_free + st.num_pages_cached
-            promised += self._expected_extra_pages(r) + self._unreserved_prompt_pages(r)
+            ready = not self._tiered or m.is_ready(r.rid)
+            r.state = _RUNNING if ready else _LOADING
+            (self._running if ready else self._loading)[r.rid] = r
             s = self._stats
             if resumed:
                 s.recomputed_tokens += max(0, min(r.ever_computed, r.known) - r.computed)
@@ -1208,14 +1342,18 @@ class Scheduler:
             self._event(
                 "admitted", r.rid, now, hit_tokens=r.computed, resumed=resumed, hbm_prefix_tokens=prefix
             )
-            if self._tiered and not m.is_ready(r.rid):
-                r.state = _LOADING
-                self._loading[r.rid] = r
+            if quotas:
+                tenants[r.ns] = tenants.get(r.ns, 0) + -(-len(r.tokens) // ps) + extra
+                active.add(r.ns)
+            # What it took (its new pages, and its hit pages that were evictable: the estimate above
+            # cannot tell those from pages other requests hold) and what it will still take.
+            st = m.stats()
+            avail = st.num_pages_free + st.num_pages_cached
+            promised += extra + self._unreserved_prompt_pages(r)
+            if not ready:
                 loading.append(r.rid)
                 self._event("loading", r.rid, now)
                 continue
-            r.state = _RUNNING
-            self._running[r.rid] = r
             n = min(r.known - r.computed, budget, r.reserved - r.computed)
             if n > 0:
                 rows.append(r)
@@ -1223,6 +1361,17 @@ class Scheduler:
                 counts.append(n)
                 budget -= n
         return budget
+
+    def _refuse_waiting(self, r: _Req, reason: str, msg: str, now: float) -> None:
+        """Reject a queued request in the step (it is in the plan's ``rejected``): it can never fit."""
+        self._take_waiting(r)
+        del self._reqs[r.rid]
+        r.state = _DONE
+        pages = -(-(len(r.tokens) + 1) // self.page_size)
+        try:
+            self._reject(r.rid, reason, None, pages, now, msg)
+        except RequestRejected as e:
+            self._rejected_in_step.append(e)
 
     def _check_loaded_hit(self, r: _Req) -> None:
         """A request whose loads completed: a failed load cut its hit before the failed page (the
@@ -1239,17 +1388,47 @@ class Scheduler:
         r.computed = hit
         r.committed_pages = hit // self.page_size
 
-    def _tenant_allows(self, r: _Req, need: int, held: dict[str | None, int]) -> bool:
+    def _quota_misfit(self, ns: str | None, pages: int) -> str | None:
+        """Why a request of tenant ``ns`` that holds ``pages`` pages with its first generated token can
+        never run within the quotas (None: it can). Every page a request holds counts, its prefix hits
+        included (as ``_tenant_pages`` counts them)."""
+        ceiling = self.tenant_max.get(ns)
+        if ceiling is not None and pages > ceiling:
+            return f"needs {pages} pages, the ceiling of tenant {ns!r} is {ceiling}"
+        if self.tenant_min:
+            room = self.usable_pages - sum(f for t, f in self.tenant_min.items() if t != ns)
+            if pages > room:
+                return f"needs {pages} pages, the cache less the other tenants' floors has {room}"
+        return None
+
+    def _tenant_allows(
+        self,
+        r: _Req,
+        need: int,
+        extra: int,
+        avail: int,
+        held: dict[str | None, int],
+        active: set[str | None],
+    ) -> bool:
+        """Whether the quotas let ``r`` in now (``need``: its new pages with its expected answer,
+        ``extra`` of them its answer's; ``held``: each tenant's pages with their expected answers).
+
+        Its tenant's ceiling must hold its prompt's pages (hits included) and its expected answer's
+        beside the tenant's live requests'; with none of them live, that test is waived, as the memory
+        test is with nothing running (alone, a request may outgrow its plan): that its prompt and first
+        token fit (``_quota_misfit``, checked before) is enough. No admission takes the part of another
+        tenant's floor that tenant does not use; with nothing live at all, waiting frees nothing and
+        that test is waived too."""
         ceiling = self.tenant_max.get(r.ns)
-        if ceiling is not None and held.get(r.ns, 0) + need > ceiling:
-            return False
-        if not self.tenant_min:
+        if ceiling is not None and r.ns in active:
+            if held.get(r.ns, 0) + -(-len(r.tokens) // self.page_size) + extra > ceiling:
+                return False
+        if not self.tenant_min or not (self._running or self._loading):
             return True
         # Floors of the other tenants that their running requests do not use yet stay available to them.
-        st = self.cache.stats()
         reserved = sum(max(0, f - held.get(ns, 0)) for ns, f in self.tenant_min.items() if ns != r.ns)
         mine = max(0, self.tenant_min.get(r.ns, 0) - held.get(r.ns, 0))
-        return need <= st.num_pages_free + st.num_pages_cached - reserved or need <= mine
+        return need <= avail - reserved or need <= mine
 
     def _truncate(self, r: _Req, now: float) -> None:
         w = r.request.window
@@ -1283,7 +1462,7 @@ class Scheduler:
             s.rejected_by_reason["too_large"] = s.rejected_by_reason.get("too_large", 0) + 1
         else:
             s.num_finished += 1
-            if reason in ("length", "stop"):
+            if reason in ("length", "stop") and r.generated:  # an answer (none: nothing to learn)
                 self.estimator.observe(r.cls, r.generated)
         s.finished_by_reason[reason] = s.finished_by_reason.get(reason, 0) + 1
         self._event("finished", rid, now, reason=reason, output_len=r.generated)
@@ -1347,8 +1526,9 @@ class Scheduler:
             positions = _EMPTY_I32
             slots = np.zeros(0, np.int64)
             tok = np.zeros(0, np.uint32)
-        self._stats.computed_tokens += total
+        # Taken last: a step that raised before leaves the copies (and the events) to the next plan.
         copies = m.take_pending_copies()
+        self._stats.computed_tokens += total
         events, self._events = self._events, []
         return StepPlan(
             time_s=now,

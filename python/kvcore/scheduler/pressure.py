@@ -16,8 +16,9 @@ Two tracks, because memory and compute overloads need different answers:
   anyway: a shed request gets a 503 and a ``Retry-After`` at once instead of a timeout a minute later.
   Shrinking the batch would only slow a compute-bound engine down further, so the queue never does.
 
-Each memory level adds one response to those below it, in the seed's order; each can be switched off,
-and each application is counted with the signal that triggered it (``counts``):
+Each memory level adds one response to those below it, in the seed's order; each can be switched off
+(the level still rises past it: it reads the pressure, and ``max_level`` caps it), and each application
+is counted with the signal that triggered it (``counts``):
 
 1. ``shrink_batch``: the running cap drops to ``shrink_factor`` of the requests running then.
 2. ``evict_harder``: cached pages are evicted until ``free_target`` of the usable pages is free (room
@@ -207,6 +208,31 @@ class PressureController:
     _queue: _Track = field(default_factory=_Track)
     _cap: int | None = None
     _transitions: list[tuple[int, int, str | None]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        """The state a controller may start in (a restored one): ``level`` is what the tracks say."""
+        c = self.config
+        if not isinstance(c, PressureConfig):
+            raise ConfigError(f"config must be a PressureConfig, got {type(c).__name__}")
+        for name, top in (("level", len(LEVELS) - 1), ("mem_level", 3)):
+            v = getattr(self, name)
+            top = min(top, c.max_level)
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= top:
+                raise ConfigError(f"{name} must be an integer in [0, {top}], got {v!r}")
+        for name in ("trigger", "refusing"):
+            v = getattr(self, name)
+            if v is not None and v not in SIGNALS:
+                raise ConfigError(f"{name} must be None or one of {', '.join(SIGNALS)}, got {v!r}")
+        if not isinstance(self.scaling_out, bool) or (self.scaling_out and self.refusing is None):
+            raise ConfigError("scaling_out must be a bool, and True only while refusing")
+        derived = 5 if self.scaling_out else 4 if self.refusing is not None else self.mem_level
+        if self.level != derived:
+            raise ConfigError(
+                f"level {self.level} contradicts the tracks (mem_level {self.mem_level}, refusing "
+                f"{self.refusing!r}, scaling_out {self.scaling_out}): it would be {derived}"
+            )
+        if not isinstance(self.counts, dict):
+            raise ConfigError(f"counts must be a dict, got {type(self.counts).__name__}")
 
     def memory_signal(self, s: Signals) -> str | None:
         """The first memory signal over its high threshold, or None."""

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -14,10 +14,30 @@ import numpy.typing as npt
 from kvcore.exceptions import InvalidArgumentError, RequestRejected
 from kvcore.manager import PageTable
 
-__all__ = ["EVENT_KINDS", "Request", "SchedulerEvent", "StepPlan"]
+__all__ = ["EVENT_KINDS", "MAX_SEQ_LEN", "Request", "SchedulerEvent", "StepPlan"]
 
 _MAX_TOKEN = 2**32 - 1
 _MAX_SEQ_ID = 2**63 - 1
+#: Most tokens a sequence may reach, its prompt and answer together: positions are int32.
+MAX_SEQ_LEN = 2**31 - 1
+_PRIORITY_RANGE = (-(2**31), 2**31 - 1)  # the manager's priorities are int32
+
+
+def is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_))
+
+
+def check_namespace(ns: object, what: str = "namespace") -> str | None:
+    """``ns`` if the manager accepts it as a namespace (None, or a str without lone surrogates)."""
+    if ns is None:
+        return None
+    if not isinstance(ns, str):
+        raise InvalidArgumentError(f"{what} must be None or a str, got {type(ns).__name__}")
+    try:
+        ns.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidArgumentError(f"{what} must be valid Unicode (it holds a lone surrogate)") from None
+    return ns
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,11 +45,17 @@ class Request:
     """One generation request.
 
     ``request_id`` is also its sequence id in the manager: unique among the scheduler's live requests.
-    ``priority``: higher is served first (priority queue) and preempted last. ``namespace``: the tenant
-    (prefix sharing and quotas). ``request_class``: the class whose output lengths predict this one's
-    (:class:`~kvcore.scheduler.OutputLengthEstimator`). ``window``: opt in to truncation under pressure,
-    the prompt then keeps its ``sink_tokens`` first tokens and its most recent ones, ``window`` tokens in
-    all. ``stop_token_ids``: a sampled one finishes the request (reason ``"stop"``).
+    ``priority``: higher is served first (priority queue) and preempted last; an int32, as the manager's.
+    ``namespace``: the tenant (prefix sharing and quotas): None (the default one) or a str.
+    ``request_class``: the class whose output lengths predict this one's
+    (:class:`~kvcore.scheduler.OutputLengthEstimator`). ``max_new_tokens``: at most this many tokens are
+    generated; the prompt and the answer together stay within :data:`MAX_SEQ_LEN` tokens (positions are
+    int32). ``window``: opt in to truncation under pressure, the prompt then keeps its ``sink_tokens``
+    first tokens and its most recent ones, ``window`` tokens in all. ``stop_token_ids``: token ids in
+    ``[0, 2**32)``; a sampled one finishes the request (reason ``"stop"``).
+
+    Every field is checked here (InvalidArgumentError naming it), so that a request the scheduler
+    accepts is one the manager accepts too.
     """
 
     request_id: int
@@ -44,7 +70,7 @@ class Request:
 
     def __post_init__(self) -> None:
         rid = self.request_id
-        if isinstance(rid, bool) or not isinstance(rid, (int, np.integer)) or not 0 <= rid <= _MAX_SEQ_ID:
+        if not is_int(rid) or not 0 <= rid <= _MAX_SEQ_ID:
             raise InvalidArgumentError(f"request_id must be an integer in [0, 2**63), got {rid!r}")
         object.__setattr__(self, "request_id", int(rid))
         arr = np.asarray(self.prompt)
@@ -54,23 +80,55 @@ class Request:
             raise InvalidArgumentError(f"prompt token ids must be integers, got dtype {arr.dtype}")
         if int(arr.min()) < 0 or int(arr.max()) > _MAX_TOKEN:
             raise InvalidArgumentError("prompt token ids must be in [0, 2**32)")
+        if arr.size >= MAX_SEQ_LEN:
+            raise InvalidArgumentError(f"prompt must be shorter than {MAX_SEQ_LEN} tokens")
         object.__setattr__(self, "prompt", arr.astype(np.uint32, copy=True))  # a private copy
         for name, low in (("max_new_tokens", 1), ("sink_tokens", 0)):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
+            if not is_int(v) or v < low:
                 raise InvalidArgumentError(f"{name} must be an integer >= {low}, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        room = MAX_SEQ_LEN - arr.size
+        if self.max_new_tokens > room:
+            raise InvalidArgumentError(
+                f"max_new_tokens must be at most {room} (prompt and answer within {MAX_SEQ_LEN} tokens, "
+                f"positions are int32), got {self.max_new_tokens}"
+            )
         w = self.window
-        if w is not None and (isinstance(w, bool) or not isinstance(w, int) or w <= self.sink_tokens):
+        if w is not None and (not is_int(w) or w <= self.sink_tokens):
             raise InvalidArgumentError(f"window must be None or an integer > sink_tokens, got {w!r}")
-        if isinstance(self.priority, bool) or not isinstance(self.priority, (int, np.integer)):
-            raise InvalidArgumentError(f"priority must be an integer, got {self.priority!r}")
+        if w is not None:
+            object.__setattr__(self, "window", int(w))
+        p = self.priority
+        low, high = _PRIORITY_RANGE
+        if not is_int(p) or not low <= p <= high:
+            raise InvalidArgumentError(f"priority must be an integer in the int32 range, got {p!r}")
+        object.__setattr__(self, "priority", int(p))
+        check_namespace(self.namespace)
         if not isinstance(self.request_class, str):
             raise InvalidArgumentError("request_class must be a string")
-        object.__setattr__(self, "stop_token_ids", frozenset(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
 
     @property
     def prompt_len(self) -> int:
         return len(self.prompt)
+
+
+def _stop_ids(ids: object) -> frozenset[int]:
+    """``stop_token_ids`` as a frozenset of ints: an iterable (not a string) of token ids."""
+    bad = InvalidArgumentError(f"stop_token_ids must be an iterable of token ids, got {type(ids).__name__}")
+    if isinstance(ids, (str, bytes, bytearray)) or not isinstance(ids, Iterable):
+        raise bad
+    try:
+        items = list(ids)
+    except TypeError:  # a 0-d array, an iterator that fails
+        raise bad from None
+    out: set[int] = set()
+    for t in items:
+        if not is_int(t) or not 0 <= t <= _MAX_TOKEN:
+            raise InvalidArgumentError(f"stop_token_ids must be integers in [0, 2**32), got {t!r}")
+        out.add(int(t))
+    return frozenset(out)
 
 
 #: Kinds of :class:`SchedulerEvent`.
@@ -87,6 +145,9 @@ EVENT_KINDS = (
     "scale_out",  # the controller's scale-out signal (detail: pages)
     "store_policy",  # the controller changed the lower tiers' store policy (detail: policy, options)
     "pins_capped",  # the controller shortened the cache's pins (detail: pins, ttl_s)
+    # prefix_lookup raised: the lookup is advisory, the admission went on as if it found nothing more
+    # (detail: error, the exception's type and message); counted in SchedulerStats.num_failed_lookups
+    "lookup_failed",
 )
 
 
