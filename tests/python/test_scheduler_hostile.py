@@ -610,3 +610,36 @@ def test_a_windowed_prompt_above_the_cache_is_refused_at_submit_without_truncati
     sched = Scheduler(kvcore.KVCacheManager(9, PS), controller=PressureController())
     sched.submit(req)  # may be cut to 10 tokens under pressure: it waits for that
     assert sched.num_waiting == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"usage": float("nan")},
+        {"usage": float("inf")},
+        {"usage": -0.1},
+        {"queue_wait_p95_s": float("nan")},
+        {"tier_usage": float("nan")},
+        {"failed_reservations": -1},
+        {"failed_reservations": True},
+        {"demand_pages": 1.5},
+    ],
+)
+def test_signals_that_would_freeze_the_controller_are_refused(kwargs: dict[str, object]) -> None:
+    # A NaN compares false with every threshold: the level would never move again.
+    from kvcore.scheduler import Signals
+
+    args: dict[str, object] = {"usage": 0.5, "failed_reservations": 0, "queue_wait_p95_s": 0.0}
+    with pytest.raises(InvalidArgumentError, match=next(iter(kwargs))):
+        Signals(**{**args, **kwargs})  # type: ignore[arg-type]
+
+
+def test_a_clock_set_back_reads_as_no_queue_wait() -> None:
+    from kvcore.scheduler import PressureController
+
+    m = kvcore.KVCacheManager(33, 4)
+    s = Scheduler(m, controller=PressureController())
+    s.submit(Request(1, [1, 2, 3], 2), now=10.0)
+    plan = s.step(5.0)  # earlier than the arrival: the wait is 0, not negative
+    s.update(plan, {1: 4})
+    assert s.step(6.0).batch_size == 1

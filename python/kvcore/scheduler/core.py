@@ -1059,7 +1059,7 @@ class Scheduler:
         st = self.cache.stats()
         usage = st.num_pages_in_use / max(self.usable_pages, 1)
         waits = [now - r.arrival for r in self._fifo] + [now - e[2].arrival for e in self._heap]
-        p95 = float(np.percentile(waits, 95)) if waits else 0.0
+        p95 = max(0.0, float(np.percentile(waits, 95))) if waits else 0.0  # a clock set back: no wait
         demand = 0
         if c.level >= 4:
             ps = self.page_size

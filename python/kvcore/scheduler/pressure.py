@@ -41,7 +41,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, fields
 
-from kvcore.exceptions import ConfigError
+from kvcore.exceptions import ConfigError, InvalidArgumentError
 
 __all__ = ["LEVELS", "SIGNALS", "PressureConfig", "PressureController", "PressureDecision", "Signals"]
 
@@ -60,6 +60,19 @@ class Signals:
     queue_wait_p95_s: float  # p95 of the waiting requests' time in the queue so far (0: queue empty)
     tier_usage: float | None = None  # occupied / all slots of the lower tiers (None: not watched)
     demand_pages: int = 0  # pages the queued requests need beyond what is free (for scale_out)
+
+    def __post_init__(self) -> None:
+        # A NaN reading compares false with every threshold: the controller would silently freeze.
+        for name in ("usage", "queue_wait_p95_s", "tier_usage"):
+            v = getattr(self, name)
+            if v is None and name == "tier_usage":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not (math.isfinite(v) and v >= 0):
+                raise InvalidArgumentError(f"Signals.{name} must be a finite number >= 0, got {v!r}")
+        for name in ("failed_reservations", "demand_pages"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InvalidArgumentError(f"Signals.{name} must be an integer >= 0, got {v!r}")
 
 
 @dataclass(frozen=True)
