@@ -9,14 +9,18 @@ exit code 2, never a traceback: a bad flag (the parsers below print one line, no
 :class:`~kvcore.exceptions.KVCoreError` (the jobs raise ``ConfigError`` / ``TraceFormatError`` naming the
 file, line and field), running out of memory (``MemoryError``, including the core's
 ``OutOfMemoryError``), and a file that cannot be read or written (``OSError``). Sub-commands do not
-catch errors themselves. Flags that argparse converts to numbers use :func:`int_arg` and
-:func:`float_arg` (ASCII digits, bounds, finite); the sizing commands parse theirs as sizes and counts.
+catch errors themselves. A reader that closes the output early (``kvcore size ... | head -1``) is not
+an error of the user's: the output stops quietly, with exit code 141 (128 + SIGPIPE, what a shell
+reports for a command a closed pipe ends) and no message. Flags that argparse converts to numbers use
+:func:`int_arg` and :func:`float_arg` (ASCII digits, bounds, finite); the sizing commands parse theirs as
+sizes and counts.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -29,6 +33,7 @@ __all__ = ["build_parser", "float_arg", "int_arg", "main"]
 # Modules that contribute sub-commands, in the order `kvcore --help` lists them.
 _COMMAND_MODULES = ("kvcore.replay.cli", "kvcore.sizing.cli", "kvcore.demo")
 _INT64 = 2**63 - 1  # the largest count a flag takes (what the core holds)
+_EXIT_BROKEN_PIPE = 128 + 13  # 128 + SIGPIPE: what a shell reports for a writer a closed pipe ended
 
 
 class _UsageError(Exception):
@@ -102,8 +107,23 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run ``kvcore ARGV``; returns the exit code (2 for every error a user can cause, see the module
-    docs)."""
+    """Run ``kvcore ARGV``; returns the exit code (2 for every error a user can cause, 141 when the
+    reader of stdout closed it early; see the module docs)."""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is found while it can still be handled
+    except BrokenPipeError:
+        # Python's recipe (the signal module's note on SIGPIPE): point stdout at devnull, so the flush
+        # at interpreter exit does not fail a second time and print "Exception ignored".
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except (OSError, ValueError):  # no real file descriptor behind stdout (an in-process capture)
+            pass
+        return _EXIT_BROKEN_PIPE
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
@@ -116,6 +136,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result: int = func(args)
+    except BrokenPipeError:
+        raise  # stdout closed by its reader: main ends quietly
     except (KVCoreError, MemoryError, OSError) as exc:
         print(f"kvcore {args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 2

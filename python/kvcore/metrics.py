@@ -24,8 +24,10 @@ Series (prefix ``kvcore``; fields in ``docs/api.md``):
   ``kvcore_preemptions_total{kind}`` (swap / recompute), ``kvcore_preemption_tax``,
   ``kvcore_computed_tokens_total``, ``kvcore_recomputed_tokens_total``, ``kvcore_pressure_level``,
   ``kvcore_pressure_responses_total{response,signal}``;
-- ``kvcore_tenant_pages{tenant}``: pages held by each tenant's running requests, only with
-  ``tenant_labels=True``: namespace names are the tenants' own, and never leave kvcore unless asked.
+- ``kvcore_tenant_pages{tenant,default_namespace}``: pages held by each tenant's running requests, only
+  with ``tenant_labels=True``: namespace names are the tenants' own, and never leave kvcore unless asked.
+  The default namespace (``None``) is ``tenant="",default_namespace="true"``; every named namespace,
+  ``""`` included, is ``tenant=<its name>,default_namespace="false"``, so no name can collide with it.
 """
 
 from __future__ import annotations
@@ -163,10 +165,14 @@ def _scheduler_families(sched: Any, prefix: str, tenant_labels: bool) -> Iterato
     yield resp
     if tenant_labels:
         ten = GaugeMetricFamily(
-            f"{prefix}_tenant_pages", "Pages held by each tenant's running requests.", labels=["tenant"]
+            f"{prefix}_tenant_pages",
+            "Pages held by each tenant's running requests.",
+            labels=["tenant", "default_namespace"],
         )
-        for ns, n in sorted(sched._tenant_pages().items(), key=lambda kv: str(kv[0])):
-            ten.add_metric(["" if ns is None else ns], n)
+        # None (the default namespace) and "" are two tenants: a label of its own tells them apart,
+        # where any spelling of None in ``tenant`` could be some tenant's real name.
+        for ns, n in sorted(sched._tenant_pages().items(), key=lambda kv: (kv[0] is not None, kv[0] or "")):
+            ten.add_metric(["", "true"] if ns is None else [ns, "false"], n)
         yield ten
 
 

@@ -143,6 +143,39 @@ def test_finite_rates_whose_times_overflow_are_refused(
     assert not (tmp_path / "report.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("url", "needle"),
+    [
+        ("redis://[::1", "Invalid IPv6 URL"),
+        ("redis://h:99999", "Port out of range"),
+        ("redis://h:abc", "Port could not be cast"),
+        ("redis://h:0", "[1, 65535]"),
+        ("unix://", "socket's path"),
+    ],
+)
+def test_malformed_remote_urls_are_refused_before_the_trace_is_read(
+    url: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # urlsplit's ValueError used to escape as a traceback. The trace here is malformed too: the URL is
+    # refused first, so its error is the one line, and no report is written.
+    trace = write_lines(tmp_path / "t.jsonl", ["not json"])
+    refused(replay_argv(trace, tmp_path, "--remote", url), capsys, "--remote", needle)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("load", ["1e-310", "1,1e-310"])
+def test_loads_whose_arrival_times_overflow_are_refused(
+    load: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # 1e-310 is finite and > 0, but 2 s of arrivals / 1e-310 is infinite: it used to end in an
+    # AssertionError traceback (requests "still queued"), after the loads before it had run.
+    rows = [{**ROW, "timestamp": 0}, {**ROW, "timestamp": 2000}]
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(r) for r in rows])
+    argv = replay_argv(trace, tmp_path, "--pressure", "none", "--load", load)
+    refused(argv, capsys, "--load", "1e-310", "overflow")
+    assert not (tmp_path / "out" / "report.json").exists()
+
+
 def test_demo_page_size_zero(capsys: pytest.CaptureFixture[str]) -> None:
     # Was a ZeroDivisionError in every worker thread (one traceback each).
     argv = ["demo", "--allocator", "--threads", "2", "--requests", "5", "--page-size", "0"]
@@ -319,6 +352,57 @@ def test_subprocess_deep_trace_exits_2_without_traceback(tmp_path: Path) -> None
     proc = run_kvcore(replay_argv(trace, tmp_path), tmp_path)
     assert proc.returncode == 2 and proc.stdout == ""
     one_line(proc.stderr, f"{trace}: line 1", "nested")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["size", "llama-3.1-8b"],
+        ["plan", "--list-presets"],
+        ["--help"],
+        ["replay", "--requests", "20", "--json"],
+    ],
+)
+def test_a_closed_stdout_ends_quietly(argv: list[str], tmp_path: Path) -> None:
+    # `kvcore size ... | head -1` printed "kvcore size: error: [Errno 32] Broken pipe" and exited 2. The
+    # pipe's reader is closed before the command starts, so its first write meets EPIPE, as head's exit
+    # would: the output stops with exit code 141 (128 + SIGPIPE) and nothing on stderr.
+    if argv[0] == "replay":
+        argv = [*argv, "--no-plot", "--out", str(tmp_path)]
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "kvcore", *argv],
+            cwd=tmp_path,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.stderr == ""
+    # argparse prints --help itself and ignores a failed write (then exits 0); the rest is kvcore's.
+    assert proc.returncode in ((0, 141) if argv == ["--help"] else (141,))
+
+
+@pytest.mark.parametrize(
+    ("argv", "needles"),
+    [
+        (["size", "llama-3.1-8b", "--context", "1k,,2k"], ("context", "''")),
+        (["size", "llama-3.1-8b", "--context", "1k,"], ("context", "''")),
+        (["plan", "llama-3.1-8b", "--gpu", "H100-80G", "--request", "1k,,2k"], ("request", "''")),
+        (["replay", "--requests", "5", "--sweep-tokens", "16,,32"], ("--sweep-tokens", "''")),
+    ],
+)
+def test_empty_items_of_comma_lists_are_refused(
+    argv: list[str], needles: tuple[str, ...], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # --context 1k,,2k used to drop the empty item where --sweep-tokens 16,,32 refuses it.
+    if argv[0] == "replay":
+        argv = [*argv, "--no-plot", "--out", str(tmp_path)]
+    refused(argv, capsys, *needles, "is not a token count")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")

@@ -332,6 +332,36 @@ def test_work_items_start_on_16_key_steps() -> None:
         assert (plan.items[:, 2] % 16 == 0).all()
 
 
+@pytest.mark.parametrize("window", [None, 24])
+def test_a_plan_keeps_its_own_page_table_when_the_caller_reuses_its_buffers(window: int | None) -> None:
+    """An engine refills its page-table buffers each step (``page_table(ids, out=buf)``) while an earlier
+    plan may still run: the plan's output stays the reference's over the table it was made from."""
+    rng = np.random.default_rng(3)
+    batch = write_batch(
+        rng, lens=[37, 70, 20], q_lens=[1, 5, 1], page_size=16, num_kv_heads=2, head_dim=64, kv_dtype="fp16"
+    )
+    bufs = (np.zeros(8, np.int32), np.zeros(16, np.int32), np.zeros(8, np.int32))
+    pt = batch.manager.page_table([0, 1, 2], out=bufs)
+    original = tuple(np.array(a) for a in (pt.kv_indptr, pt.kv_indices, pt.kv_last_page_len))
+    q_indptr = np.array([0, 1, 6, 7], np.int32)
+    q = rng.normal(size=(7, 8, 64)).astype(np.float32)
+    plan = plan_attention(pt, q_indptr, page_size=16, num_qo_heads=8, num_kv_heads=2, window=window)
+    assert not any(np.shares_memory(a, b) for a in plan.page_table for b in (*bufs, q_indptr))
+    want = K.paged_prefill_attention(q, batch.pool, 1, original, q_indptr.copy(), window=window)
+    # The next step's table lands in the same buffers: other pages, one sequence shorter (indptr[1] = 1,
+    # 4 keys where the plan's kv_len says 37), and the query offsets reused too.
+    batch.manager.page_table([2, 1, 0], out=bufs)
+    pt.kv_indptr[1], pt.kv_last_page_len[0] = 1, 4
+    q_indptr[1:] = [2, 3, 7]
+    got = K.paged_prefill_attention(q, batch.pool, 1, pt, q_indptr, plan=plan, window=window)
+    np.testing.assert_array_equal(got, want)
+    for kept, was in zip(plan.page_table, original, strict=True):
+        np.testing.assert_array_equal(kept, was)
+        assert not kept.flags.writeable  # what the plan validated cannot change under it either
+    if window is None:
+        check_against_dense(batch, q, got, "fp16")
+
+
 def test_attention_rejects_bad_input() -> None:
     pool = KVPool(num_layers=1, num_pages=4, num_kv_heads=2, head_dim=8, page_size=4, kv_dtype="fp16")
     pt = (np.array([0, 1], np.int32), np.array([2], np.int32), np.array([3], np.int32))

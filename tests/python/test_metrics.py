@@ -74,7 +74,38 @@ def test_series_equal_the_live_counters() -> None:
         held[ns] = held.get(ns, 0) + len(m.seq_pages(rid))
     assert held
     for ns, pages in held.items():
-        assert metric_value(text, "kvcore_tenant_pages", tenant=ns) == pages
+        assert metric_value(text, "kvcore_tenant_pages", tenant=ns, default_namespace="false") == pages
+
+
+# Names a tenant may pick, each a distinct namespace of the cache: the default one (None), the empty
+# name, names spelling the label syntax, and names that look like the default's own label values.
+HOSTILE_NAMESPACES = [None, "", 'a"b', "c\\d", "e\nf", "*", "ünï", "x" * 300, "a\x00b", "true", "None", "{}"]
+
+
+def test_every_series_is_unique_with_hostile_tenant_names() -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    cache = kvcore.KVCacheManager(num_pages=400, page_size=4)
+    sched = Scheduler(cache)
+    for i, ns in enumerate(HOSTILE_NAMESPACES):
+        sched.submit(Request(i, [i + 1] * (4 * i + 5), max_new_tokens=3, namespace=ns), 0.0)
+    sched.step(0.0)
+    text = scrape(KVCoreCollector(cache, scheduler=sched, tenant_labels=True))
+    seen: set[tuple[str, tuple[tuple[str, str], ...]]] = set()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            key = (sample.name, tuple(sorted(sample.labels.items())))
+            assert key not in seen, f"two series {key}: Prometheus refuses the scrape"
+            seen.add(key)
+    # Each tenant is its own series, holding its own request's pages (prompt i: 4 i + 5 tokens).
+    for i, ns in enumerate(HOSTILE_NAMESPACES):
+        labels = (
+            {"tenant": "", "default_namespace": "true"}
+            if ns is None
+            else {"tenant": ns, "default_namespace": "false"}
+        )
+        assert metric_value(text, "kvcore_tenant_pages", **labels) == len(cache.seq_pages(i))
+    assert sum(1 for name, _ in seen if name == "kvcore_tenant_pages") == len(HOSTILE_NAMESPACES)
 
 
 def test_serve_answers_on_loopback() -> None:

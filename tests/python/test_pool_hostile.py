@@ -153,3 +153,42 @@ def test_a_pool_too_large_for_memory_is_an_out_of_memory_error() -> None:
     """NumPy's own _ArrayMemoryError never reaches the caller: kvcore's OutOfMemoryError (a MemoryError)."""
     with pytest.raises(kvcore.OutOfMemoryError, match="cannot allocate"):
         KVPool(num_layers=80, num_pages=10**6, num_kv_heads=8, head_dim=128, page_size=16)
+
+
+@pytest.mark.parametrize("num_pages", [2**48, 2**62])  # past the address space; past NumPy's index range
+def test_a_host_buffer_too_large_for_memory_is_an_out_of_memory_error(num_pages: int) -> None:
+    pool = random_pool()
+    with pytest.raises(kvcore.OutOfMemoryError, match="host_buffer: cannot allocate"):
+        pool.host_buffer(num_pages)
+
+
+# ------------------------------------------------------------------------------------ from_memory_budget
+
+BUDGET_SHAPE = dict(num_layers=2, num_kv_heads=2, head_dim=8, page_size=4)  # 512-byte bf16 pages
+
+
+@pytest.mark.parametrize(
+    "budget",
+    [
+        pytest.param("1GiB", id="str"),
+        pytest.param(True, id="bool"),
+        pytest.param(np.True_, id="numpy-bool"),
+        pytest.param(1e6, id="float"),
+        pytest.param(np.float64(1e6), id="numpy-float"),
+        pytest.param(None, id="None"),
+    ],
+)
+def test_from_memory_budget_refuses_a_budget_that_is_not_an_integer(budget: Any) -> None:
+    with pytest.raises(kvcore.ConfigError, match="budget_bytes: expected an integer"):
+        KVPool.from_memory_budget(budget, **BUDGET_SHAPE)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("as_int", [int, np.int64, np.uint32], ids=["int", "int64", "uint32"])
+def test_from_memory_budget_takes_integers_as_the_constructor_does(as_int: Any) -> None:
+    """NumPy integers are budgets and shapes, as KVPool(num_pages=np.int64(2)) takes them."""
+    shape = {k: as_int(v) for k, v in BUDGET_SHAPE.items()}
+    pool = KVPool.from_memory_budget(as_int(10 * 512 + 100), **shape)
+    assert (pool.num_pages, pool.page_bytes) == (10, 512)
+    assert type(pool.num_pages) is int and type(pool.num_layers) is int
+    with pytest.raises(InvalidArgumentError, match="num_layers"):
+        KVPool.from_memory_budget(10**6, **{**BUDGET_SHAPE, "num_layers": True})  # type: ignore[arg-type]

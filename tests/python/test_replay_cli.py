@@ -135,3 +135,23 @@ def test_timed_json_names_the_scheduler_chunk_and_decode_chunk_is_ignored(
     for doc in (a, b):
         del doc["results"]["lru"]["elapsed_s"]
     assert a["results"] == b["results"] and a["results"]["lru"]["num_served"] == 3
+
+
+@pytest.mark.parametrize("model", ["gemma-3-27b", "llama-3.1-8b"])  # hybrid (7 KV-cache groups), plain
+def test_gpu_and_capacity_bytes_flags_give_the_same_cache(
+    model: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from kvcore.sizing import load_model, plan
+
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    common = [str(trace), "--trace-block-size", "16", "--model", model, "--policy", "lru", "--json"]
+    common += ["--no-plot", "--out", str(tmp_path / "out")]
+    pool_bytes = plan(model, gpu="H200-141G").pool_bytes
+    caps = []
+    for flags in (["--gpu", "H200-141G"], ["--capacity-bytes", str(pool_bytes)]):
+        assert run([*common, *flags]) == 0
+        caps.append(json.loads(capsys.readouterr().out)["capacity"])
+    page = load_model(model).page_bytes(16)  # 16 tokens of every layer: the replayed manager's page
+    for cap in caps:
+        assert (cap["pages"], cap["page_bytes"]) == (pool_bytes // page - 1, page)
+        assert cap["bytes"] <= pool_bytes

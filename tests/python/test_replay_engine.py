@@ -4,6 +4,7 @@ requests, and the capacity resolution through kvcore.sizing."""
 from __future__ import annotations
 
 import contextlib
+from dataclasses import asdict
 from typing import Any
 
 import numpy as np
@@ -17,6 +18,7 @@ from kvcore.replay import (
     PolicyResult,
     ReplayConfig,
     Trace,
+    UsageSplit,
     WorkloadConfig,
     default_sweep_pages,
     format_report,
@@ -360,6 +362,25 @@ def test_default_sweep_spans_the_footprint() -> None:
     assert default_sweep_pages(trace, 5, 2, num_points=3) == [1, 3, 5, 6]
 
 
+@pytest.mark.parametrize("mode", ["sequential", "timed"])
+def test_usage_with_no_request_admitted_is_the_idle_pool(mode: str) -> None:
+    """Every request is larger than the cache, so none is admitted and no usage sample is taken: peak and
+    mean are both the pool as it stayed (all 6 pages free), not a mean of zero samples (0 free), and every
+    figure is a float, in report.json too."""
+    trace = make_trace([([1, 2, 3, 4], 16, 2), ([1, 5, 6, 7], 16, 2)], bs=4, times_ms=[0.0, 100.0])
+    r = replay(trace, ReplayConfig(capacity_pages=6, page_size=2, mode=mode))
+    assert r.num_served == 0 and r.num_refused == 2
+    assert r.peak == UsageSplit(in_use=0.0, cached=0.0, pinned=0.0, free=6.0)
+    assert asdict(r.mean) == pytest.approx(asdict(r.peak))  # timed: a time integral, to rounding
+    doc = r.to_dict()
+    for split in (doc["peak"], doc["mean"]):
+        assert split == pytest.approx({"in_use": 0, "cached": 0, "pinned": 0, "free": 6})
+        assert all(type(v) is float for v in split.values())
+    text = format_report(run_replay(trace, ReplayConfig(capacity_pages=6, page_size=2, mode=mode)))
+    (line,) = [x for x in text.splitlines() if x.strip().startswith("free min/mean")]
+    assert line.split("free min/mean")[1].split() == ["100.0", "%", "/", "100.0", "%"]
+
+
 def test_capacity_resolution_uses_sizing() -> None:
     p = plan("llama-3.1-8b", gpu="H100-80G", page_size=16)
     cap = resolve_capacity()
@@ -387,3 +408,22 @@ def test_config_validation() -> None:
         ReplayConfig(capacity_pages=10, policy="fifo")
     with pytest.raises(ValueError, match="timestamps"):
         replay(HAND, ReplayConfig(capacity_pages=10, mode="timed"))
+
+
+# Hybrid presets (KV-cache groups of fewer layers than the model: Gemma 3 27B 7 groups of 10 slots, Gemma 3
+# 1B with padding slots, gpt-oss two groups of 12) and plain ones (one group of every layer).
+@pytest.mark.parametrize("model", ["gemma-3-27b", "gemma-3-1b", "gpt-oss-20b", "llama-3.1-8b", "qwen3-8b"])
+def test_gpu_and_bytes_routes_agree_on_the_replayed_page(model: str) -> None:
+    p = plan(model, gpu="H200-141G", page_size=16)
+    page = load_model(model).page_bytes(16)
+    by_gpu = resolve_capacity(model=model, gpu="H200-141G", page_size=16)
+    by_bytes = resolve_capacity(model=model, capacity_bytes=p.pool_bytes, page_size=16)
+    # The replay's manager has one page table per sequence: its page is 16 tokens of every layer, whatever
+    # the route, and the plan's pool bytes hold as many of them (the null page paid out of them).
+    assert by_gpu.page_bytes == by_bytes.page_bytes == page
+    assert by_gpu.pages == by_bytes.pages == p.pool_bytes // page - 1
+    assert by_gpu.bytes is not None and by_gpu.bytes <= p.pool_bytes
+    if len(p.groups) == 1:
+        assert (by_gpu.pages, page) == (p.usable_pages, p.page_bytes)
+    else:  # a group page holds group_size layer slots, fewer than the model's layers
+        assert page > p.page_bytes and by_gpu.pages < p.usable_pages

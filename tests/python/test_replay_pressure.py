@@ -45,8 +45,28 @@ def test_a_tiny_trace_by_hand(tmp_path: Path) -> None:
     assert r.ttft_p99_s == pytest.approx(0.1, abs=1e-9) or r.ttft_p99_s <= 0.1 + 1e-9
     # 10 s of arrivals, then request 1: 0.05 s of prefill and 2 decode steps.
     assert r.simulated_s == pytest.approx(10.0 + 0.05 + 0.2)
+    assert r.goodput_rps == pytest.approx(2 / r.simulated_s)  # per second the replay ran
     assert r.num_preemptions == 0 and r.preemption_tax == 0.0
     assert r.queue_wait_p50_s == r.queue_wait_p99_s == 0.0  # each admitted on arrival
+
+
+def test_goodput_is_per_second_of_the_replay_even_when_all_arrive_at_once(tmp_path: Path) -> None:
+    """Goodput divides the good requests by the simulated span the replay ran (first arrival to the end
+    of the last request), never by the arrivals' own span, which is 0 here (it was 2 / 1e-9 = 2e9/s)."""
+    rows = [
+        {"timestamp": 5, "input_length": 100, "output_length": 3, "hash_ids": [1, 2]},
+        {"timestamp": 5, "input_length": 100, "output_length": 3, "hash_ids": [3, 4]},
+    ]
+    trace = read_trace(write_trace(tmp_path / "t.jsonl", rows), block_size=50)
+    cfg = PressureReplayConfig(capacity_pages=100, page_size=10, prefill_rate=1000.0, decode_rate=10.0)
+    r = replay_pressure(trace, cfg, pressure="none")
+    # One step prefills both (0.2 s) and two decode steps of 0.1 s finish both: 2 good in 0.4 s.
+    assert r.num_good == 2 and r.simulated_s == pytest.approx(0.4)
+    assert r.goodput_rps == pytest.approx(2 / 0.4)
+    # Nothing good: 0 per second, whatever the span (a request too large for the cache, refused at once).
+    huge = [{"timestamp": 0, "input_length": 5000, "output_length": 3, "hash_ids": list(range(100))}]
+    none = replay_pressure(read_trace(write_trace(tmp_path / "h.jsonl", huge), block_size=50), cfg)
+    assert (none.num_good, none.num_refused, none.goodput_rps) == (0, 1, 0.0)
 
 
 def test_the_pressure_replay_is_the_timed_replays_engine(

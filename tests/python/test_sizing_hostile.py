@@ -221,3 +221,16 @@ def test_model_methods_check_their_arguments(preset: str) -> None:
             for wrong in (object(), "2", None):
                 with pytest.raises(ConfigError):
                     method(**{**kwargs, param: wrong})
+
+
+@pytest.mark.parametrize("global_kv_heads", [3, 5, 64])
+def test_global_kv_heads_must_divide_the_query_heads(global_kv_heads: int) -> None:
+    # Gemma 4's full layers (attention_k_eq_v) take num_global_key_value_heads, checked as
+    # num_key_value_heads is: 3 K/V heads for 32 query heads was sized as a model.
+    cfg = llama_like(attention_k_eq_v=True, global_head_dim=256, num_global_key_value_heads=global_kv_heads)
+    with pytest.raises(ConfigError, match=f"num_global_key_value_heads: {global_kv_heads} does not divide"):
+        model_from_config(cfg)
+    for ok in (1, 4, 32):  # every divisor is a valid grouping: the full layers then cache `ok` heads
+        spec = model_from_config({**cfg, "num_global_key_value_heads": ok})
+        (full,) = spec.groups
+        assert (full.num_kv_heads, full.head_dim) == (ok, 256)

@@ -278,7 +278,8 @@ def occupancy(pool: KVPool, q: Any, *, bounded: bool = False, variant: str = "de
 
 
 def _device_plan(plan: AttentionPlan, pool: KVPool) -> dict[Any, Any]:
-    """The plan's arrays on the pool's device (copied once per plan and device)."""
+    """The plan's arrays on the pool's device (copied once per plan and device), from the plan's own
+    read-only host copies, never from the caller's page-table buffers (which it may refill)."""
     dev = int(pool.data.device.id)
     arrays: dict[Any, Any] | None = plan.device.get(dev)
     if arrays is None:

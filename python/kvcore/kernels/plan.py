@@ -167,9 +167,9 @@ class AttentionPlan:
     num_qo_heads: int  # query heads
     num_kv_heads: int  # kv heads; group_size = num_qo_heads // num_kv_heads
     page_size: int  # tokens per page
-    page_table: PageTableArrays  # the host page table the plan was made from
+    page_table: PageTableArrays  # the plan's own read-only copy of the host page table it was made from
     kv_len: np.ndarray  # [batch] int32 keys per sequence (prefix + new tokens)
-    q_indptr: np.ndarray  # [batch + 1] int32 CSR offsets of each sequence's query tokens
+    q_indptr: np.ndarray  # [batch + 1] int32 CSR offsets of each sequence's query tokens (own copy)
     chunk_lens: np.ndarray  # [batch] int32 keys per split (multiples of CHUNK_ALIGN): [k*chunk, (k+1)*chunk)
     items: np.ndarray  # [num_items, 5] int32: (seq, row_tile, kv_begin, kv_end, partial or -1)
     merges: np.ndarray  # [num_merges, 4] int32: (seq, row_tile, first_partial, num_partials)
@@ -189,6 +189,13 @@ class AttentionPlan:
     def num_q_tokens(self) -> int:
         """Query tokens over the batch (rows of ``q``)."""
         return int(self.q_indptr[-1])
+
+
+def _own(a: np.ndarray) -> np.ndarray:
+    """A private, read-only copy of a checked host array (what a plan keeps of its caller's arrays)."""
+    out = np.array(a, copy=True)
+    out.flags.writeable = False
+    return out
 
 
 def _ceil_div(a: Any, b: Any) -> Any:
@@ -379,8 +386,11 @@ def plan_attention(
     """
     window = check_window(window)
     variant = check_variant(variant)
-    pt = unpack_page_table(page_table, allow_null=window is not None)
-    qi = _offsets(q_indptr, "q_indptr")
+    # The plan keeps copies of what it validates: the caller may refill its buffers for the next step
+    # (``page_table(ids, out=buf)``) while this plan is still in use, and a call with ``plan=`` reads only
+    # the plan's table (read-only, so nothing writes it behind the checks either).
+    pt = PageTableArrays(*(_own(a) for a in unpack_page_table(page_table, allow_null=window is not None)))
+    qi = _own(_offsets(q_indptr, "q_indptr"))
     batch = pt.kv_last_page_len.shape[0]
     if qi.shape[0] != batch + 1 or qi[0] != 0 or (np.diff(qi) < 0).any():
         raise InvalidArgumentError(f"q_indptr: expected [{batch + 1}] offsets from 0, non-decreasing")

@@ -153,11 +153,22 @@ class KVPool:
         The page count is ``kvcore.sizing.pages_for_budget(budget_bytes - scale_bytes, page_bytes)`` and
         includes the null page, so the allocator over this pool hands out ``num_pages - 1`` pages.
 
+        Integers are taken as the constructor takes them (Python or NumPy integers, never bools).
+
         Raises:
-            ConfigError: the budget holds fewer than two pages.
+            ConfigError: ``budget_bytes`` is not an integer (a bool, a float, a string such as ``"1GiB"``),
+                or the budget holds fewer than two pages.
+            InvalidArgumentError: a shape argument the constructor refuses (not an integer >= 1).
         """
         from kvcore.sizing import kv_cache_bytes, pages_for_budget
 
+        if isinstance(budget_bytes, bool | np.bool_) or not isinstance(budget_bytes, int | np.integer):
+            raise ConfigError(f"budget_bytes: expected an integer number of bytes, got {budget_bytes!r}")
+        budget_bytes = int(budget_bytes)
+        num_layers = _positive_int(num_layers, "num_layers")
+        num_kv_heads = _positive_int(num_kv_heads, "num_kv_heads")
+        head_dim = _positive_int(head_dim, "head_dim")
+        page_size = _positive_int(page_size, "page_size")
         name = dtypes.normalize_kv_dtype(kv_dtype)
         page_bytes = kv_cache_bytes(num_layers, num_kv_heads, head_dim, page_size, kv_dtype=name)
         scale_bytes = 2 * num_layers * num_kv_heads * 4 if dtypes.is_quantized(name) else 0
@@ -223,9 +234,19 @@ class KVPool:
 
         Shape ``[num_pages, num_layers, 2, *page_shape]``, storage dtype: one page's bytes over every
         layer are contiguous, ready for a host tier. Pinned memory on the GPU backend.
+
+        Raises:
+            InvalidArgumentError: ``num_pages`` is not an integer >= 0.
+            OutOfMemoryError: the buffer cannot be allocated (as for a pool too large).
         """
         n = _positive_int(num_pages, "num_pages", minimum=0)
-        return self.backend.empty_host((n, self.num_layers, 2, *self.page_shape), self.storage_dtype)
+        try:
+            return self.backend.empty_host((n, self.num_layers, 2, *self.page_shape), self.storage_dtype)
+        except (MemoryError, ValueError) as e:  # NumPy: ValueError "array is too big" past its index range
+            raise OutOfMemoryError(
+                f"host_buffer: cannot allocate {n * self.page_bytes:,} bytes ({n:,} pages of "
+                f"{self.page_bytes:,} bytes) on {self.backend.name}"
+            ) from e
 
     # ------------------------------------------------------------------------------------ scales
 

@@ -69,6 +69,11 @@ def resolve_capacity(
     null page is paid out of it, as in :func:`kvcore.sizing.plan`); or ``model`` on ``gpu`` through
     :func:`kvcore.sizing.plan`. With none of them: :data:`DEFAULT_MODEL` on :data:`DEFAULT_GPU`.
 
+    A page is always what the replay's manager pages: ``page_size`` tokens of *every* layer (one page
+    table per sequence), ``ModelSpec.page_bytes``. The plan's pool, cut for a grouped manager into pages of
+    one KV-cache group, is re-cut into such pages, so ``--gpu`` and ``--capacity-bytes`` of the plan's
+    ``pool_bytes`` give the same count (a hybrid model's sliding layers are not released early here).
+
     Raises:
         ConfigError: contradictory or invalid arguments, an unknown preset, or a capacity under one page.
     """
@@ -109,9 +114,16 @@ def resolve_capacity(
     model = model or DEFAULT_MODEL
     gpu = gpu or DEFAULT_GPU
     p = plan(model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size)
-    if p.usable_pages < 1:
+    # The replay's manager has one page table per sequence (no KV-cache groups), so its page holds
+    # page_size tokens of every layer. The plan counts pages of one group (group_size layer slots), as a
+    # grouped manager would: for a hybrid model, several of those make one replay page. The pool's bytes
+    # are what both agree on, so they are re-cut into replay pages, as --capacity-bytes cuts its bytes.
+    full_page = load_model(model).page_bytes(page_size, kv_dtype, tp)
+    pages = pages_for_budget(p.pool_bytes, full_page) - 1
+    if pages < 1:
         raise ConfigError(f"{p.model} does not leave room for K/V pages on {p.gpu}: {' '.join(p.warnings)}")
-    source = (
-        f"{p.model} on {p.gpu}, {p.kv_dtype}" + (f", tp={tp}" if tp != 1 else "") + " (kvcore.sizing.plan)"
-    )
-    return Capacity(p.usable_pages, page_size, source, p.page_bytes)
+    how = "kvcore.sizing.plan"
+    if p.page_bytes != full_page:
+        how += f": {p.pool_bytes:,} B of {len(p.groups)}-group pages, as pages of every layer"
+    source = f"{p.model} on {p.gpu}, {p.kv_dtype}" + (f", tp={tp}" if tp != 1 else "") + f" ({how})"
+    return Capacity(pages, page_size, source, full_page)

@@ -480,7 +480,13 @@ def _run_pressure(args: argparse.Namespace) -> int:
 
     from kvcore.exceptions import ConfigError
     from kvcore.replay.plot import matplotlib_available, plot_pressure
-    from kvcore.replay.pressure import PRESSURE_MODES, PressureReplayConfig, format_pressure, replay_pressure
+    from kvcore.replay.pressure import (
+        PRESSURE_MODES,
+        PressureReplayConfig,
+        arrival_times,
+        format_pressure,
+        replay_pressure,
+    )
     from kvcore.replay.tokens import TokenSource
 
     modes = [m.strip().lower() for m in args.pressure.split(",") if m.strip()]
@@ -516,6 +522,11 @@ def _run_pressure(args: argparse.Namespace) -> int:
     trace, capacity = _trace_and_capacity(args)
     if trace.timestamps_ms is None:
         raise ConfigError("--pressure needs a trace with timestamps")
+    for load in loads:  # every load's arrival times, before the first replay
+        try:
+            arrival_times(trace, load)
+        except ConfigError as exc:
+            raise ConfigError(f"--load: {exc}") from None
     config = PressureReplayConfig(
         capacity_pages=capacity.pages,
         page_size=capacity.page_size,

@@ -449,7 +449,11 @@ class _Usage:
         return UsageSplit(self.max_u, self.max_c, self.max_p, self.min_f)
 
     def sample_mean(self) -> UsageSplit:
-        n = max(self.count, 1)
+        """The mean over samples; with none (no request admitted), the pool as it stayed: idle, as its
+        extremes say (a mean of zero samples would say 0 pages free of a pool that never lost one)."""
+        n = self.count
+        if n == 0:
+            return UsageSplit(self.u, self.c, self.p, self.f)
         return UsageSplit(self.sum_u / n, self.sum_c / n, self.sum_p / n, self.sum_f / n)
 
     def time_mean(self, span: float) -> UsageSplit:

@@ -17,7 +17,9 @@ comparison's settings:
   (a request whose answer outgrows the cache ends with reason ``capacity``).
 
 A request is **good** when it is served and its first token came within ``ttft_target_s`` of its
-arrival; **goodput** is good requests per second of the trace. Every request ends served or refused:
+arrival; **goodput** is good requests per simulated second the replay ran, from the first arrival to the
+end of the last request (served or refused), ``simulated_s``: the span the good requests were served in,
+also when every request arrives at one instant (0.0 when none is good). Every request ends served or refused:
 ``served + refused == submitted`` is checked, and an engine that lost one raises.
 """
 
@@ -36,7 +38,14 @@ from kvcore.replay.tokens import TokenSource
 from kvcore.replay.trace import Trace
 from kvcore.scheduler import PressureConfig, PressureController
 
-__all__ = ["PRESSURE_MODES", "PressureReplayConfig", "PressureResult", "format_pressure", "replay_pressure"]
+__all__ = [
+    "PRESSURE_MODES",
+    "PressureReplayConfig",
+    "PressureResult",
+    "arrival_times",
+    "format_pressure",
+    "replay_pressure",
+]
 
 PRESSURE_MODES = ("none", "graduated")
 
@@ -81,8 +90,8 @@ class PressureResult:
     queue_wait_p50_s: float
     queue_wait_p99_s: float
     ttft_p99_s: float
-    goodput_rps: float
-    simulated_s: float
+    goodput_rps: float  # num_good / simulated_s (0.0 when num_good is 0)
+    simulated_s: float  # first arrival (0) to the end of the last request, simulated seconds
     num_steps: int
     peak_usage: float  # most pages in use / usable pages, read after each step's plan
     max_level: int
@@ -91,6 +100,28 @@ class PressureResult:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def arrival_times(trace: Trace, load: float) -> np.ndarray:
+    """float64 ``[num_requests]``: each request's arrival in seconds after the first, compressed by ``load``.
+
+    Raises:
+        ConfigError: the trace has no timestamps, ``load`` is not finite and > 0, or an arrival divided by
+            ``load`` is not finite (``load=1e-310``: a tiny load stretches the trace past any float).
+    """
+    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
+        raise ConfigError(f"load must be finite and > 0, got {load!r}")
+    if trace.timestamps_ms is None:
+        raise ConfigError("a pressure replay needs a trace with timestamps")
+    ts = trace.timestamps_ms
+    with np.errstate(over="ignore"):
+        arrival = (ts - ts.min()) / 1000.0 / load if len(ts) else np.zeros(0)
+    if not np.isfinite(arrival).all():
+        raise ConfigError(
+            f"load {load!r}: the trace's {float(ts.max() - ts.min()) / 1000:g} s of arrivals divided by it "
+            "overflow to infinite times (give a larger load)"
+        )
+    return arrival
 
 
 def replay_pressure(
@@ -105,10 +136,7 @@ def replay_pressure(
     """Replay ``trace`` at ``load`` through a fresh manager and scheduler (see the module docstring)."""
     if pressure not in PRESSURE_MODES:
         raise ConfigError(f"pressure must be one of {', '.join(PRESSURE_MODES)}, got {pressure!r}")
-    if not (isinstance(load, (int, float)) and math.isfinite(load) and load > 0):
-        raise ConfigError(f"load must be finite and > 0, got {load!r}")
-    if trace.timestamps_ms is None:
-        raise ConfigError("a pressure replay needs a trace with timestamps")
+    arrival = arrival_times(trace, load)  # [n] float64 s
     src = tokens if tokens is not None else TokenSource(trace)
     cfg = config
     controller = None
@@ -138,7 +166,6 @@ def replay_pressure(
         max_queue_wait_s=cfg.max_queue_wait_s,
     )
     n = trace.num_requests
-    arrival = (trace.timestamps_ms - trace.timestamps_ms.min()) / 1000.0 / load  # [n] float64 s
     sim = _Timed(trace, replay_cfg, src, None, engine=engine, arrival_s=arrival.tolist())
     sim.run(None)
     t_end = sim.finish()
@@ -153,7 +180,13 @@ def replay_pressure(
     admitted_at = sim.admitted_at
     queue_waits = (admitted_at - arrival)[~np.isnan(admitted_at)]  # arrival to first admission
     good = int(np.sum(sim.served & got & (np.nan_to_num(ttft, nan=np.inf) <= cfg.ttft_target_s)))
-    span = max(float(arrival.max()) if n else 0.0, 1e-9)
+    # The span the replay ran (arrivals start at 0), not the arrivals' own: they may all be at one instant.
+    # A good request was prefilled, which takes simulated time, so the span is > 0 whenever good is.
+    span = t_end
+    if good and not (span > 0 and math.isfinite(good / span)):
+        raise ConfigError(
+            f"rates so high that the replay took {span!r} simulated s: goodput is undefined (lower them)"
+        )
     return PressureResult(
         pressure=pressure,
         load=float(load),
@@ -168,7 +201,7 @@ def replay_pressure(
         queue_wait_p50_s=float(np.percentile(queue_waits, 50)) if len(queue_waits) else 0.0,
         queue_wait_p99_s=float(np.percentile(queue_waits, 99)) if len(queue_waits) else 0.0,
         ttft_p99_s=float(np.percentile(waits_first, 99)) if len(waits_first) else 0.0,
-        goodput_rps=good / span,
+        goodput_rps=good / span if good else 0.0,
         simulated_s=t_end,
         num_steps=sim.num_steps,
         peak_usage=sim.usage.max_u / cfg.capacity_pages,

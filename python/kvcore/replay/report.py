@@ -49,12 +49,17 @@ __all__ = [
 @dataclass(frozen=True)
 class UsageSplit:
     """Pages per class (the manager's honest split); fractional when averaged. As a peak, each class is
-    its own extreme (``free`` its minimum), so the four need not sum to the total."""
+    its own extreme (``free`` its minimum), so the four need not sum to the total. Always floats (a peak
+    too), so report.json writes every usage figure one way."""
 
     in_use: float  # held by live sequences or locked by them
     cached: float  # cached and evictable
     pinned: float  # cached and protected by a TTL pin
     free: float  # in the allocator's free pool
+
+    def __post_init__(self) -> None:
+        for name in ("in_use", "cached", "pinned", "free"):
+            object.__setattr__(self, name, float(getattr(self, name)))
 
 
 @dataclass
@@ -133,7 +138,7 @@ class PolicyResult:
     hit_pages: int  # of those, found cached
     num_evicted_pages: int  # pages evicted from the prefix cache during the replay
     peak: UsageSplit  # largest in_use, cached, pinned and *smallest* free, each on its own (the tightest)
-    mean: UsageSplit  # timed: time-weighted mean; sequential: mean over sampled admissions
+    mean: UsageSplit  # timed: time-weighted mean; sequential: mean over sampled admissions (or the idle pool)
     peak_running: int  # most sequences live at once (timed: admitted, loading ones too; 1 in sequential mode)
     queue_wait_mean_s: float  # timed: mean wait from arrival to first admission of served requests
     queue_wait_p50_s: float  # timed: median of the same

@@ -102,7 +102,7 @@ class RedisStore:
     """The shared store on a Redis server: ``prefix + key`` -> the first instance that stored it.
 
     Raises (at construction):
-        ConfigError: redis-py is not installed.
+        ConfigError: redis-py is not installed, or ``url`` does not parse (:func:`check_store`).
         ConnectionError: the server does not answer a ``PING``.
     """
 
@@ -114,11 +114,7 @@ class RedisStore:
                 f"--remote {url}: needs the redis package (pip install 'kvcore[remote]')"
             ) from None
         self._errors: tuple[type[BaseException], ...] = (redis.RedisError,)
-        parts = urlsplit(url)
-        # The URL without user or password, for reports.
-        self.name = (
-            f"{parts.scheme}://{parts.hostname or ''}{f':{parts.port}' if parts.port else ''}{parts.path}"
-        )
+        self.name = _url_name(url)  # the URL without user or password, for reports
         self.prefix = (prefix if prefix is not None else f"kvcore-replay:{uuid.uuid4().hex}:").encode()
         self._count = 0  # keys this run added (SET NX answered OK)
         try:
@@ -205,12 +201,34 @@ class RedisStore:
             self._r.close()
 
 
-def check_store(spec: str) -> str:
-    """The kind of store ``--remote`` names, ``"memory"`` or a URL scheme of :data:`REMOTE_SCHEMES`,
-    without connecting.
+def _url_name(url: str) -> str:
+    """``url`` without user or password (what reports show), once its parts parse.
 
     Raises:
-        ConfigError: anything else.
+        ConfigError: a URL ``urlsplit`` cannot take apart (``redis://[::1``), a port that is not a number
+            in ``[1, 65535]`` (``redis://h:99999``, ``redis://h:0``), or a ``unix://`` URL without a path.
+    """
+    try:
+        parts = urlsplit(url)
+        host, port = parts.hostname, parts.port
+    except ValueError as exc:  # an unclosed IPv6 bracket, a port out of range or not a number
+        raise ConfigError(f"--remote: {url[:80]!r} is not a valid URL ({exc})") from None
+    if port == 0:
+        raise ConfigError(f"--remote: {url[:80]!r}: the port must be in [1, 65535]")
+    if parts.scheme == "unix" and not parts.path:
+        raise ConfigError(f"--remote: {url[:80]!r}: a unix:// URL needs the socket's path (unix:///path)")
+    if host is not None and ":" in host:
+        host = f"[{host}]"  # an IPv6 address, bracketed again
+    return f"{parts.scheme}://{host or ''}{f':{port}' if port else ''}{parts.path}"
+
+
+def check_store(spec: str) -> str:
+    """The kind of store ``--remote`` names, ``"memory"`` or a URL scheme of :data:`REMOTE_SCHEMES`,
+    without connecting: a URL's host and port are parsed here, so a malformed one is refused before the
+    trace is read.
+
+    Raises:
+        ConfigError: anything else, or a URL that does not parse (see :func:`_url_name`).
     """
     if spec == "memory":
         return spec
@@ -218,6 +236,7 @@ def check_store(spec: str) -> str:
     if scheme not in REMOTE_SCHEMES:
         schemes = ", ".join(f"{s}://" for s in REMOTE_SCHEMES)
         raise ConfigError(f"--remote: expected memory or a URL {schemes}, got {spec[:80]!r}")
+    _url_name(spec)
     return scheme
 
 

@@ -33,8 +33,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from array import array
 from dataclasses import dataclass
-from itertools import chain
 from pathlib import Path
 from typing import Any
 
@@ -265,13 +265,18 @@ def read_trace(
     """
     _check_block_size(block_size)
     at = _Line(os.fspath(path))
-    inputs: list[int] = []
-    outputs: list[int] = []
-    stamps: list[float] = []
-    prios: list[int] = []
-    id_lists: list[list[int]] = []
-    line_nos: list[int] = []  # of each request, for errors found after the loop
-    out_lists: list[list[int]] = []
+    # Per-request columns and ids in typed buffers (array.array), never lists of Python objects.
+    inputs = array("q")  # [num_requests] input_length
+    outputs = array("q")  # [num_requests] output_length
+    stamps = array("d")  # [num_requests] timestamp in ms (empty when untimed)
+    prios = array("i")  # [num_requests] priority, int32
+    # Every line's ids go straight into one flat int64 buffer (8 bytes an id; a list of Python ints
+    # holds 36): a multi-GB trace then costs about its ids' bytes, not several times the file.
+    ids_buf = array("q")  # all prompt ids, in request order
+    counts = array("q")  # [num_requests] ids of each request
+    out_buf = array("q")  # all answer ids, in request order
+    out_counts = array("q")  # [num_requests] answer ids of each request (0 without output_hash_ids)
+    line_nos = array("q")  # [num_requests] line of each request, for errors found after the loop
     timed: bool | None = None  # decided by the first request
     has_prio = has_out = False
     first_line = 0
@@ -296,7 +301,7 @@ def read_trace(
             n_out = _int_field(obj, "output_length", at, 0)
             if "hash_ids" not in obj:
                 raise at.fail("hash_ids", "missing")
-            id_lists.append(_id_list(obj, "hash_ids", at, -(-n_in // block_size)))
+            prompt_ids = _id_list(obj, "hash_ids", at, -(-n_in // block_size))
             stamp = obj.get("timestamp")
             if timed is None:
                 timed, first_line = stamp is not None, at.no
@@ -310,42 +315,53 @@ def read_trace(
                 raise at.fail("priority", f"expected a 32-bit integer, got {show(prio)}")
             has_prio |= prio != 0
             prios.append(prio)
+            answer_ids = None
             if "output_hash_ids" in obj:
                 has_out = True
-                out_lists.append(_id_list(obj, "output_hash_ids", at, -(-n_out // block_size)))
-            else:
-                out_lists.append([])
+                answer_ids = _id_list(obj, "output_hash_ids", at, -(-n_out // block_size))
+            # The line is valid: its ids join the flat buffers.
+            ids_buf.extend(prompt_ids)
+            counts.append(len(prompt_ids))
+            if answer_ids is not None:
+                out_buf.extend(answer_ids)
+            out_counts.append(0 if answer_ids is None else len(answer_ids))
             line_nos.append(at.no)
             inputs.append(n_in)
             outputs.append(n_out)
     if not inputs:
         raise TraceFormatError(f"{at.path}: no requests")
-    out_counts = [len(x) for x in out_lists]
     if has_out:
         for k, (count, n_out) in enumerate(zip(out_counts, outputs, strict=True)):
             if count != -(-n_out // block_size):
                 raise at.fail("output_hash_ids", "missing (other lines have it)", line_nos[k])
-    counts = np.fromiter((len(x) for x in id_lists), dtype=np.int64, count=len(id_lists))
     indptr = np.zeros(len(counts) + 1, dtype=np.int64)
     np.cumsum(counts, out=indptr[1:])
-    ids = np.fromiter(chain.from_iterable(id_lists), dtype=np.int64, count=int(indptr[-1]))
+    ids = _int64_array(ids_buf)
     out_indptr = out_ids = None
     if has_out:
         out_indptr = np.zeros(len(out_counts) + 1, dtype=np.int64)
         np.cumsum(out_counts, out=out_indptr[1:])
-        out_ids = np.fromiter(chain.from_iterable(out_lists), dtype=np.int64, count=int(out_indptr[-1]))
+        out_ids = _int64_array(out_buf)
     return Trace(
-        input_lens=np.asarray(inputs, dtype=np.int64),
-        output_lens=np.asarray(outputs, dtype=np.int64),
+        input_lens=np.array(inputs, dtype=np.int64),
+        output_lens=np.array(outputs, dtype=np.int64),
         hash_indptr=indptr,
         hash_ids=ids,
         block_size=block_size,
-        timestamps_ms=np.asarray(stamps, dtype=np.float64) if timed else None,
-        priorities=np.asarray(prios, dtype=np.int32) if has_prio else None,
+        timestamps_ms=np.array(stamps, dtype=np.float64) if timed else None,
+        priorities=np.array(prios, dtype=np.int32) if has_prio else None,
         output_indptr=out_indptr,
         output_ids=out_ids,
         name=Path(path).name,
     )
+
+
+def _int64_array(buf: array[int]) -> _I64:
+    """``buf`` as an int64 NumPy array without a copy (the array shares the buffer, which then stays)."""
+    if not len(buf):
+        return np.zeros(0, dtype=np.int64)
+    out: _I64 = np.frombuffer(buf, dtype=np.int64)
+    return out
 
 
 def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:

@@ -98,9 +98,8 @@ def _cmd_size(args: argparse.Namespace) -> int:
     spec = load_model(_need_model(args))
     tp = _int(args.tp, "tp")
     batch = _int(args.batch, "batch")
-    contexts = [parse_tokens(c, "context") for c in str(args.context).split(",") if c.strip()]
-    if not contexts:
-        raise ConfigError("context: give at least one token count")
+    # Every item is a count: an empty one ("1k,,2k") is refused, as --sweep-tokens refuses it.
+    contexts = [parse_tokens(c.strip(), "context") for c in str(args.context).split(",")]
     reports = [size(spec, ctx, batch=batch, kv_dtype=args.kv_dtype, tp=tp) for ctx in contexts]
     if args.json:
         print(json.dumps({"reports": [r.to_dict() for r in reports]}, indent=2))
@@ -172,7 +171,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         else GpuSpec("custom", parse_bytes(args.gpu_mem, "gpu_mem"))
     )
     reserve_bytes, reserve_fraction = _parse_reserve(args.reserve)
-    requests = [_parse_request(item) for arg in args.request for item in arg.split(",") if item.strip()]
+    requests = [_parse_request(item) for arg in args.request for item in arg.split(",")]
     result = plan(
         spec,
         gpu=gpu,

@@ -878,6 +878,12 @@ def _attention_groups(
     full_kv_heads = kv_heads
     if f.flag("attention_k_eq_v"):
         full_kv_heads = f.int_("num_global_key_value_heads") or kv_heads
+        # Grouped-query attention on the full layers too: the query heads split evenly over their K/V heads.
+        if num_heads is not None and (full_kv_heads > num_heads or num_heads % full_kv_heads):
+            raise f.fail(
+                "num_global_key_value_heads",
+                f"{full_kv_heads} does not divide num_attention_heads = {num_heads}",
+            )
 
     counts: dict[str, int] = {}
     for kind in kinds:
