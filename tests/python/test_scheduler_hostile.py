@@ -643,3 +643,138 @@ def test_a_clock_set_back_reads_as_no_queue_wait() -> None:
     plan = s.step(5.0)  # earlier than the arrival: the wait is 0, not negative
     s.update(plan, {1: 4})
     assert s.step(6.0).batch_size == 1
+
+
+class _Flaky:
+    """A manager whose method ``name`` raises once, armed with ``arm()`` (``after``: once the real call
+    returned, as an interrupt landing just after a native call would)."""
+
+    def __init__(self, m: kvcore.KVCacheManager, name: str, after: bool = False) -> None:
+        self.m, self.name, self.after, self.armed = m, name, after, False
+
+    def arm(self) -> None:
+        self.armed = True
+
+    def __contains__(self, seq_id: object) -> bool:
+        return seq_id in self.m
+
+    def __getattr__(self, attr: str) -> Any:
+        real = getattr(self.m, attr)
+        if attr != self.name or not self.armed:
+            return real
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.armed = False
+            if self.after:
+                real(*args, **kwargs)
+            raise MemoryError(f"injected in {attr}")
+
+        return call
+
+
+def _drain(sched: Scheduler, t: float = 0.0) -> None:
+    while sched.has_work():
+        plan = sched.step(t)
+        sched.update(plan, np.full(int(plan.sample.sum()), 3, np.int64))
+        t += 1
+        assert t < 500
+
+
+def _assert_released(m: kvcore.KVCacheManager) -> None:
+    assert not m.seq_ids()
+    m.evict(m.num_pages)
+    assert m.stats().num_pages_free == m.num_pages - 1
+    m._check_invariants()
+
+
+@pytest.mark.parametrize("name", ["num_reserved", "is_ready"])
+def test_a_raise_just_after_an_admission_leaves_the_request_live(name: str) -> None:
+    m = kvcore.KVCacheManager(16, 4, lower_tiers=[("host", 8)])
+    p = _Flaky(m, name)
+    sched = Scheduler(p)  # type: ignore[arg-type]
+    sched.submit(Request(1, [1, 2, 3, 4, 5], 4))
+    p.arm()
+    with pytest.raises(MemoryError):
+        sched.step(0.0)
+    assert m.seq_ids() == [1]  # the manager's sequence is the scheduler's request
+    assert sched.has_work() and sched.num_waiting == 0
+    sched.finish(1, "abort")  # was a bare ValueError (in no queue)
+    _assert_released(m)
+    sched.submit(Request(2, [1, 2, 3, 4, 5], 4))
+    p.arm()
+    with pytest.raises(MemoryError):
+        sched.step(1.0)
+    _drain(sched, 2.0)  # and it runs to its end from there
+    _assert_released(m)
+
+
+def test_a_free_that_raises_while_a_request_ends_leaves_it_to_end_again() -> None:
+    m = kvcore.KVCacheManager(3, 4)  # 2 usable pages: 8 tokens
+    p = _Flaky(m, "free_sequence")
+    sched = Scheduler(p)  # type: ignore[arg-type]
+    sched.submit(Request(1, [1, 2, 3, 4, 5], 10))
+    t = 0.0
+    while 1 not in m or m.seq_len(1) < 8:
+        plan = sched.step(t)
+        sched.update(plan, {1: 7})
+        t += 1
+    p.arm()
+    with pytest.raises(MemoryError):
+        sched.step(t)  # the next append fails, the request ends (capacity), its free raises
+    plan = sched.step(t + 1)
+    assert plan.finished == [(1, "capacity")]
+    assert not sched.has_work()
+    _assert_released(m)
+
+
+@pytest.mark.parametrize("steady", [True, False])
+def test_an_update_whose_commit_raises_can_be_run_again(steady: bool) -> None:
+    m = kvcore.KVCacheManager(32, 4)
+    p = _Flaky(m, "commit")
+    sched = Scheduler(p)  # type: ignore[arg-type]
+    sched.submit(Request(1, [1, 2], 10))
+    sched.submit(Request(2, [4, 5], 10))
+    sched.update(sched.step(0.0), {1: 7, 2: 7})
+    sched.update(sched.step(1.0), {1: 8, 2: 8})
+    plan = sched.step(2.0)  # both fill their first page: one commit each
+    assert sched._dec_used is not None  # the steady path
+    if not steady:
+        sched._dec_used = None  # the checked path
+    p.arm()
+    with pytest.raises(MemoryError):
+        sched.update(plan, {1: 9, 2: 9})
+    assert sched.request_tokens(1) == [1, 2, 7, 8]  # nothing recorded yet
+    sched.update(plan, {1: 9, 2: 9})
+    assert sched.request_tokens(1) == [1, 2, 7, 8, 9] and m.seq_len(1) == 4
+    assert m.peek_prefix_len([1, 2, 7, 8, 9]) == 4  # the filled page was committed
+    _drain(sched, 3.0)
+    _assert_released(m)
+
+
+def test_a_reservation_interrupted_after_the_call_is_read_back() -> None:
+    m = kvcore.KVCacheManager(32, 4)
+    p = _Flaky(m, "reserve", after=True)
+    sched = Scheduler(p, long_prefill_token_threshold=4)  # type: ignore[arg-type]
+    sched.submit(Request(1, list(range(12)), 3))
+    sched.update(sched.step(0.0), {})  # the first chunk
+    p.arm()
+    with pytest.raises(MemoryError):
+        sched.step(1.0)  # the second chunk's slots are reserved, then the call raises
+    _drain(sched, 2.0)  # was: "0 prompt tokens left to reserve" at every step
+    _assert_released(m)
+
+
+def test_has_work_until_the_endings_of_a_step_that_raised_are_reported() -> None:
+    m = kvcore.KVCacheManager(16, 4)
+    p = _Flaky(m, "take_pending_copies")
+    sched = Scheduler(p, max_queue_wait_s=1.0, max_num_seqs=1)  # type: ignore[arg-type]
+    sched.submit(Request(1, [1, 2, 3], 2))
+    sched.submit(Request(2, [4, 5], 2))
+    sched.update(sched.step(0.0), {1: 9})
+    p.arm()
+    with pytest.raises(MemoryError):
+        sched.step(5.0)  # request 2 waited past its limit: refused in this step
+    sched.finish(1, "abort")
+    assert sched.has_work()  # request 2's refusal is still to be reported
+    assert [(e.request_id, e.reason) for e in sched.step(6.0).rejected] == [(2, "timeout")]
+    assert not sched.has_work()

@@ -544,8 +544,9 @@ class Scheduler:
         self._end(r, reason, now)
 
     def has_work(self) -> bool:
-        """Whether any request is waiting, loading or running."""
-        return bool(self._reqs)
+        """Whether any request is waiting, loading or running, or a step that raised left endings or
+        refusals for the next plan to report."""
+        return bool(self._reqs or self._carry_finished or self._carry_rejected)
 
     # ---- one step ---------------------------------------------------------------------------------
 
@@ -578,8 +579,9 @@ class Scheduler:
         self._last_plan = None  # every request of it ended since: nothing of it is left to record
 
     def _undo_decode_appends(self) -> None:
-        """After a step raised: release the slots its decode appends took. Outside a step, a decoding
-        request's sequence holds every token but the sampled one (``tokens[-1]``)."""
+        """After a step raised: release the slots its decode appends took (outside a step, a decoding
+        request's sequence holds every token but the sampled one, ``tokens[-1]``). A raise between a
+        reservation and its bookkeeping needs nothing here: ``_reserve`` reads the count back."""
         m = self.cache
         self._sync_decoding()
         for r in self._decoding.values():
@@ -756,7 +758,41 @@ class Scheduler:
         # and ``reserved`` are not kept up to date: they equal ``computed`` (see _tenant_pages).
         d_starts = plan.starts[:nd]
         used = self._dec_used if not self._dirty else None
+        if used is None:
+            self._sync_decoding()
+        drows = self._decode_rows
         r: _Req | None
+        # First the manager, then the scheduler's own state: a commit that raises leaves nothing of
+        # the scheduler changed, and the same update can be run again (commits are idempotent).
+        # Rows whose token filled a page commit it (one in page_size rows); a live row's computed is
+        # its start (an ended request's is -1, a lagging decode count is current in steady state).
+        for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
+            r = drows[i]
+            start = int(d_starts[i])
+            if used is not None or (r.computed == start and r.state == _RUNNING):
+                m.commit(r.rid, start + 1)
+                r.committed_pages = (start + 1) // ps
+        void_prefill = 0
+        it = iter(toks[nd:])
+        prefills: list[tuple[_Req, int, int]] = []  # (request, end, sampled token or -1)
+        rows = zip(
+            plan.request_ids[nd:].tolist(),
+            plan.starts[nd:].tolist(),
+            plan.num_tokens[nd:].tolist(),
+            plan.sample[nd:].tolist(),
+            strict=True,
+        )
+        for rid, start, n, samples in rows:
+            tok = next(it) if samples else -1
+            r = reqs.get(rid)
+            if r is None or r.state != _RUNNING or r.computed != start:
+                void_prefill += 1
+                continue  # finished or preempted since the plan: its row is void
+            end = start + n
+            if end // ps > r.committed_pages:
+                m.commit(rid, end)
+                r.committed_pages = end // ps
+            prefills.append((r, end, tok))
         if used is not None:
             # Steady state: the rows are the cached decoding requests, all live. Only their tokens
             # grow here; their counts lag (self._lazy) and the countdown is one array.
@@ -773,17 +809,10 @@ class Scheduler:
                     done_rows += [(i, "stop") for i in hit.tolist()]
                 done_rows.sort()  # row order, as the checked loop ends them
             for i, reason in done_rows:
-                ended.append((self._decode_rows[i].rid, reason))
+                ended.append((drows[i].rid, reason))
                 ended_rows.append(i)
-            for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
-                r = self._decode_rows[i]
-                end = int(d_starts[i]) + 1
-                m.commit(r.rid, end)
-                r.committed_pages = end // ps
             self._lazy = True
         else:
-            self._sync_decoding()
-            drows = self._decode_rows
             for i, (r, start, tok) in enumerate(zip(drows, d_starts.tolist(), toks[:nd], strict=True)):
                 if r.computed != start:  # ended since the plan (its computed is -1)
                     void += 1
@@ -797,55 +826,30 @@ class Scheduler:
                 elif r.stop and tok in r.stop:
                     ended.append((r.rid, "stop"))
                     ended_rows.append(i)
-            # Rows whose token filled a page: commit it (one in page_size rows).
-            for i in np.flatnonzero((d_starts + 1) % ps == 0).tolist():
-                r = drows[i]
-                end = int(d_starts[i]) + 1
-                if r.computed == end and r.state == _RUNNING:
-                    m.commit(r.rid, end)
-                    r.committed_pages = end // ps
         gen = nd - void
-        void_prefill = 0
-        it = iter(toks[nd:])
-        rows = zip(
-            plan.request_ids[nd:].tolist(),
-            plan.starts[nd:].tolist(),
-            plan.num_tokens[nd:].tolist(),
-            plan.sample[nd:].tolist(),
-            strict=True,
-        )
-        for rid, start, n, samples in rows:
-            tok = next(it) if samples else -1
-            r = reqs.get(rid)
-            if r is None or r.state != _RUNNING or r.computed != start:
-                void_prefill += 1
-                continue  # finished or preempted since the plan: its row is void
-            end = start + n
+        for r, end, tok in prefills:
             r.computed = end
-            if end // ps > r.committed_pages:
-                m.commit(rid, end)
-                r.committed_pages = end // ps
             if tok < 0 or end != len(r.tokens):
                 continue
             r.tokens.append(tok)
             r.generated += 1
             gen += 1
             if r.generated >= r.max_new:  # as for decode rows: the length first, then a stop token
-                ended.append((rid, "length"))
+                ended.append((r.rid, "length"))
             elif tok in r.stop:
-                ended.append((rid, "stop"))
+                ended.append((r.rid, "stop"))
             else:
-                dec[rid] = r
+                dec[r.rid] = r
                 self._dec_version += 1
                 joined.append(r)
         self._stats.generated_tokens += gen
+        self._last_plan = None  # recorded: an update of this plan again changes nothing
+        self._dec_used = None
         for rid, reason in ended:
             self._end(reqs[rid], reason, now)
         self._dec_cache = self._next_decode_cache(
             plan, nd, arr, used, steady and not void, ended_rows, joined
         )
-        self._last_plan = None  # recorded: an update of this plan again changes nothing
-        self._dec_used = None
         return ended
 
     def _next_decode_cache(
@@ -1163,6 +1167,9 @@ class Scheduler:
     def _reserve(self, r: _Req, upto: int, now: float, finished: list[tuple[int, str]]) -> bool:
         """Slots for r's tokens up to ``upto``, preempting others if needed; False if r itself left."""
         m = self.cache
+        # The manager's count, not ours: a step that raised may have fallen between a reservation and
+        # its bookkeeping (one call per prefill row, never on the decode path).
+        r.reserved = int(m.num_reserved(r.rid))
         while r.reserved < upto:
             if m.reserve(r.rid, upto - r.reserved):
                 r.reserved = upto
@@ -1320,17 +1327,26 @@ class Scheduler:
                     self._refuse_waiting(r, "too_large", "does not fit even alone", now)
                     continue
                 break
-            # Registered before anything else can raise: the manager's sequence is a live request's.
+            # Registered (running) before the next manager call, so that the manager's sequence is a
+            # live request's whatever raises from here: a step that raises leaves it running, and the
+            # next step plans it from what it holds.
             self._take_waiting(r)
             r.known = len(r.tokens)
             r.computed = int(hit)
             r.committed_pages = int(hit) // ps
-            r.reserved = int(m.num_reserved(r.rid))
+            r.reserved = r.computed  # read from the manager just below (and after a raise: see step)
             r.order = next(self._admissions)
             r.resumed = resumed
-            ready = not self._tiered or m.is_ready(r.rid)
-            r.state = _RUNNING if ready else _LOADING
-            (self._running if ready else self._loading)[r.rid] = r
+            # Loading until the manager says it is ready: a lookup that raises leaves it waiting for
+            # its loads (the step's loading check asks again), never computing over pages in flight.
+            r.state = _LOADING if self._tiered else _RUNNING
+            (self._loading if self._tiered else self._running)[r.rid] = r
+            r.reserved = int(m.num_reserved(r.rid))
+            if self._tiered and m.is_ready(r.rid):
+                del self._loading[r.rid]
+                r.state = _RUNNING
+                self._running[r.rid] = r
+            ready = r.state == _RUNNING
             s = self._stats
             if resumed:
                 s.recomputed_tokens += max(0, min(r.ever_computed, r.known) - r.computed)
@@ -1445,14 +1461,14 @@ class Scheduler:
     def _end(self, r: _Req, reason: str, now: float) -> None:
         self._sync_one(r)
         rid = r.rid
-        if self._decoding.pop(rid, None) is not None:
-            self._dec_version += 1
         if r.state in (_RUNNING, _LOADING):
-            self.cache.free_sequence(rid)
+            self.cache.free_sequence(rid)  # first: if it raises, the request is as it was
             self._running.pop(rid, None)
             self._loading.pop(rid, None)
         elif r.state == _WAITING:
             self._take_waiting(r)
+        if self._decoding.pop(rid, None) is not None:
+            self._dec_version += 1
         r.state = _DONE
         r.computed = -1  # a stale plan row of it is void
         del self._reqs[rid]
