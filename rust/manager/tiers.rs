@@ -1293,10 +1293,12 @@ impl KVCacheManager {
             .unwrap_or_default();
         let mut path_tokens: Vec<u32> = Vec::new();
         let mut path_slots: Vec<PageId> = Vec::new();
+        let mut path_ns: Vec<Namespace> = Vec::new();
         while let Some((i, depth)) = stack.pop() {
             let p = &pages[i];
             path_tokens.truncate(depth * ps);
             path_slots.truncate(depth);
+            path_ns.truncate(depth);
             let ns = match p.namespace.as_deref() {
                 None => crate::radix::DEFAULT_NAMESPACE,
                 Some(name) => {
@@ -1307,17 +1309,28 @@ impl KVCacheManager {
             let kns = st.key_namespace(ns).ok_or_else(|| {
                 internal(KvError::InvalidArgument("namespace without a name".into()))
             })?;
-            if page_key(&p.parent_key, kns, &p.tokens) != p.key || !free.contains(&p.slot) {
+            // A path is public pages from the root, then one namespace's (see `crate::radix`): a
+            // page may continue its parent's namespace or a public parent, nothing else (a chain
+            // that crosses tenants is not one kvcore writes: a foreign or tampered directory).
+            let continues = path_ns.last().map_or(true, |&parent| {
+                parent == ns || parent == crate::radix::PUBLIC_NAMESPACE
+            });
+            if !continues
+                || page_key(&p.parent_key, kns, &p.tokens) != p.key
+                || !free.contains(&p.slot)
+            {
                 st.forget_if_unused(ns);
                 continue;
             }
             path_tokens.extend_from_slice(&p.tokens);
             path_slots.push(p.slot + 1);
+            path_ns.push(ns);
             let tier = &mut st.tiers[t];
-            let ins = tier
-                .tree
-                .insert(ns, &path_tokens, &path_slots, 0, now)
-                .map_err(internal)?;
+            // A refused insert changes nothing: the entry is rejected like any other bad one.
+            let Ok(ins) = tier.tree.insert(ns, &path_tokens, &path_slots, 0, now) else {
+                st.forget_if_unused(ns);
+                continue;
+            };
             if ins.num_adopted_pages != 1 {
                 // A duplicate of a page restored already (or a namespace that cannot continue
                 // this path): the branch goes on from the copy the tier kept.

@@ -509,3 +509,43 @@ def test_an_impossible_tier_size_is_an_out_of_memory_error_not_an_abort() -> Non
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.startswith('refused: cannot allocate lower tier "host"')
+
+
+def _chain_key(parent: bytes, namespace: str | None, page: list[int]) -> bytes:
+    """A page key as docs/api.md defines it (version 1)."""
+    import hashlib
+    import struct
+
+    kind, name = (0, b"") if namespace is None else (2, b"") if namespace == "*" else (1, namespace.encode())
+    data = (
+        bytes([1])
+        + parent
+        + bytes([kind])
+        + struct.pack("<Q", len(name))
+        + name
+        + struct.pack("<Q", len(page))
+        + struct.pack(f"<{len(page)}I", *page)
+    )
+    return hashlib.sha256(data).digest()[:16]
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "ok"),
+    [("a", "b", False), (None, "*", False), ("a", None, False), ("*", "a", True), ("a", "a", True)],
+)
+def test_a_restored_chain_continues_only_its_own_namespace_or_a_public_one(
+    first: str | None, second: str | None, ok: bool
+) -> None:
+    # A chain crossing tenants is no chain kvcore writes (a foreign or tampered directory): the
+    # child is refused, a bool like any bad entry, and the tier stays consistent.
+    m = KVCacheManager(16, 2, lower_tiers=[("disk", 8)])
+    root = bytes(m.root_key())
+    k1 = _chain_key(root, first, [1, 2])
+    k2 = _chain_key(k1, second, [3, 4])
+    got = m.restore_tier("disk", [(0, k1, root, first, [1, 2]), (1, k2, k1, second, [3, 4])])
+    assert got.tolist() == [True, ok]
+    m._check_invariants()
+    stats = m.tier_stats()["disk"]
+    assert stats["num_slots_free"] == 8 - 1 - ok
+    assert stats["num_restored_pages"] == 1 + ok
+    assert m.tier_prefix_len("disk", [1, 2, 3, 4], second) == (2 if ok else 0)
