@@ -12,6 +12,8 @@ Reference: ``docs/api.md`` (every call, its contract and its failures) and ``doc
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvcore._kvcore import KVCacheManager, PageAllocator, __version__, page_keys
 from kvcore.exceptions import (
     ConfigError,
@@ -27,6 +29,22 @@ from kvcore.exceptions import (
     UnknownSequenceError,
 )
 from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixHit, PrefixMatch, TransferBatch
+
+# Sub-packages, imported on first use (``kvcore.tiers.HostTier`` after a plain ``import kvcore``): none
+# of them is paid for by a caller that does not use it (matplotlib, prometheus_client, CuPy stay
+# unimported until their own module asks).
+_SUBMODULES = frozenset(
+    {"events", "kernels", "metrics", "pool", "replay", "scheduler", "sizing", "tiers", "tiny", "dtypes"}
+)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"kvcore.{name}")
+    raise AttributeError(f"module 'kvcore' has no attribute {name!r}")
+
 
 __all__ = [
     "PUBLIC_NAMESPACE",

@@ -243,3 +243,23 @@ def test_host_buffer_read_slots_and_copy() -> None:
 def test_importing_pool_and_kernels_never_imports_cupy() -> None:
     code = "import sys, kvcore, kvcore.pool, kvcore.kernels; sys.exit('cupy' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
+
+
+def test_sub_packages_load_on_first_use_after_a_plain_import() -> None:
+    # `import kvcore` then `kvcore.tiers.HostTier` (docs/api.md's examples) works, and the plain import
+    # loads none of the sub-packages' optional dependencies.
+    code = (
+        "import sys, kvcore\n"
+        "heavy = {'matplotlib', 'prometheus_client', 'cupy', 'kvcore.tiers', 'kvcore.metrics'}\n"
+        "assert not heavy & set(sys.modules), heavy & set(sys.modules)\n"
+        "assert kvcore.tiers.HostTier and kvcore.metrics.serve and kvcore.scheduler.Scheduler\n"
+        "assert kvcore.sizing and kvcore.kernels and kvcore.pool and kvcore.replay and kvcore.tiny\n"
+        "try:\n"
+        "    kvcore.no_such_thing\n"
+        "except AttributeError:\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('no AttributeError')\n"
+    )
+    run = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr

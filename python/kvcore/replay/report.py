@@ -371,7 +371,8 @@ def format_report(report: ReplayReport) -> str:
         f" ({_tokens(w.output_tokens)} output), {w.unique_blocks:,} distinct blocks of {w.block_size}"
         + (f", over {w.duration_s:,.0f} s" if w.duration_s else ""),
         f"  best case  {_pct(w.ideal_token_hit_rate).strip()} of prompt tokens"
-        f" ({_pct(w.ideal_block_hit_rate).strip()} of blocks) repeat earlier prompts: an infinite cache hits",
+        f" ({_pct(w.ideal_block_hit_rate).strip()} of blocks) repeat earlier prompts: an infinite cache of"
+        " prompts hits (a timed replay also caches answers, which later prompts may hit)",
         f"  capacity   {cap.pages:,} pages x {cap.page_size} tokens = {_tokens(cap.tokens)} tokens"
         + (f" ({cap.bytes / 2**30:,.1f} GiB)" if cap.bytes is not None else "")
         + f"  [{cap.source}]",
