@@ -875,6 +875,102 @@ def test_a_table_of_too_many_masters_is_refused(fake_server: Any, monkeypatch: p
     tier.close()
 
 
+def test_a_table_that_leaves_slots_unserved_is_read_again(fake_server: Any) -> None:
+    """A CLUSTER SLOTS table covering half the slots: rows of the other half fail at once, counted
+    as other errors (no connection was tried: connection_errors stays 0), and the map is re-read by
+    the next call (it used to be kept for good), backing off after down_after incomplete reads."""
+    state = {"full": False}
+
+    def answer(args: list[bytes]) -> bytes:
+        if args[0].upper() == b"CLUSTER":
+            full = [(8192, 16383, server.port)] if state["full"] else []
+            return slots_reply([(0, 8191, server.port), *full])
+        return b"+OK\r\n" if args[0] == b"SET" else b":1\r\n"
+
+    server = fake_server(answer)
+    pool = make_pool(num_pages=41)
+    tier = RedisTier([server.address], pool, timeout_s=TIMEOUT, down_after=3, backoff_s=60)
+    n = 16
+    m = meta(n)
+    served = np.array([remote_mod._key_slot(tier.redis_key(k)) < 8192 for k in m["keys"]])
+    unserved = int(n - served.sum())
+    assert 0 < unserved < n
+
+    def refreshes() -> int:
+        return sum(1 for c in server.commands if c[0].upper() == b"CLUSTER")
+
+    def counts() -> tuple[int, ...]:
+        s = tier.stats()
+        names = ("store_failed_other", "store_failed_down", "store_failed_connection", "connection_errors")
+        return tuple(s[k] for k in names)
+
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).tolist() == served.tolist()
+    assert counts() == (unserved, 0, 0, 0) and refreshes() == 1
+    state["full"] = True
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()  # re-read: the whole table now
+    assert (refreshes(), tier.stats()["topology_refreshes"]) == (2, 2)
+    assert tier.exists(m["keys"]) == n and refreshes() == 2  # a whole map is not re-read
+
+    # an incomplete table again (as after a failover): re-read by each call until down_after reads
+    # in a row were incomplete; then its unserved rows fail as down, without a re-read, until backoff_s
+    state["full"] = False
+    tier._topology_stale = True
+    for _ in range(4):
+        assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).tolist() == served.tolist()
+    assert refreshes() == 5
+    assert counts() == (3 * unserved, 2 * unserved, 0, 0) and tier.stats()["down_events"] == 1
+    assert tier.exists(m["keys"][served]) == served.sum() and tier.exists(m["keys"][~served]) == 0
+    assert refreshes() == 5 and tier.stats()["lookup_failed"] == 1
+    tier.close()
+
+
+def _held_buffer_bytes(tier: RedisTier) -> int:
+    """Bytes of read buffers the tier's connections (every node's, both channels) hold now."""
+    nodes = [*tier._nodes, *tier._to_close[True], *tier._to_close[False]]
+    return sum(len(c._buf) for nd in nodes for c in (nd._bulk, nd._lookup) if c is not None)
+
+
+def test_unreachable_masters_hold_no_read_buffers(fake_server: Any) -> None:
+    """A table of many masters that refuse connections: their rows fail as connections, and the
+    tier holds the read buffers of its one reachable node only (a 1 MiB + 64 KiB buffer per master
+    used to be allocated at its first try and kept: 1000 masters, +1 GiB)."""
+    num_masters = 200
+    refused = [socket.socket() for _ in range(num_masters - 1)]
+    try:
+        for sk in refused:
+            sk.bind((HOST, 0))  # bound, never listening: connect() is refused
+        ports = [int(sk.getsockname()[1]) for sk in refused]
+        step = 16384 // num_masters
+        server = fake_server(None)
+        table = [(0, step - 1, server.port)] + [
+            (step * i, step * i + step - 1 if i < num_masters - 1 else 16383, ports[i - 1])
+            for i in range(1, num_masters)
+        ]
+        server.reply = lambda args: (
+            slots_reply(table)
+            if args[0].upper() == b"CLUSTER"
+            else (b"+OK\r\n" if args[0] == b"SET" else b":0\r\n" if args[0] == b"EXISTS" else b"$-1\r\n")
+        )
+        n = 1000
+        pool = make_pool(num_pages=n + 1)
+        tier = RedisTier([server.address], pool, timeout_s=TIMEOUT, down_after=100)
+        m = meta(n)
+        ok = tier.store(pool, rng_i32(n, 1), rng_i32(n), **m)
+        tier.load(pool, rng_i32(n), rng_i32(n, 1), m["keys"])
+        tier.exists(m["keys"])
+        s = tier.stats()
+        assert s["nodes"] == num_masters and 0 < ok.sum() < n
+        assert s["store_failed_connection"] == n - ok.sum() and s["connection_errors"] > num_masters
+        bound = remote_mod._READ_BUF + remote_mod._LINE_BUF  # the reachable node's two channels
+        assert _held_buffer_bytes(tier) == bound
+        assert tier._buffer_bytes() == bound
+        tier.close()
+        assert tier._buffer_bytes() == 0
+    finally:
+        for sk in refused:
+            sk.close()
+
+
 BAD_TABLES = {
     "huge bulk length": b"*1\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$1099511627776\r\n",
     "huge array length": b"*1099511627776\r\n",
@@ -999,7 +1095,7 @@ def test_reader_parses_replies_cut_anywhere(sizes: list[int], cuts: list[int], s
     stream += b"*2\r\n*3\r\n:0\r\n:16383\r\n*2\r\n$9\r\n127.0.0.1\r\n:7000\r\n$-1\r\n"
     a, b = socket.socketpair()
     conn = remote_mod._Conn("x", 0, remote_mod._Auth(None, None, 0), remote_mod._READ_BUF)
-    conn.sock = a
+    conn.attach(a)
     dl = remote_mod._Deadline(5.0)
 
     def write() -> None:
@@ -1034,7 +1130,7 @@ def test_reader_parses_replies_cut_anywhere(sizes: list[int], cuts: list[int], s
 def test_reader_times_out_and_sees_a_closed_connection() -> None:
     a, b = socket.socketpair()
     conn = remote_mod._Conn("x", 0, remote_mod._Auth(None, None, 0))
-    conn.sock = a
+    conn.attach(a)
     b.sendall(b"+OK\r\n+PART")
     assert conn.line(remote_mod._Deadline(0.1)) == b"+OK"
     t = time.perf_counter()

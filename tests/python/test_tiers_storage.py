@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import socket
 import stat
 import threading
 from pathlib import Path
@@ -993,6 +994,176 @@ def test_only_temp_files_of_ours_are_removed_and_only_removals_are_counted(tmp_p
     assert (s["store_failed_other"], s["remove_failed"]) == (1, 2)
     assert (busy / "keep.txt").read_text() == "an operator's file"
     assert again.load(pool, i32(4, 7), i32(8, 9), m["keys"][1:]).all()
+
+
+def test_a_hard_link_swapped_out_before_the_check_is_never_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The race of a hard link at a used slot's name: the store renames it to the temp name and opens
+    it, and before its fstat the attacker renames something else over the temp name, so the victim
+    has one link again. Only the inode the tier made is recycled: the victim is never written."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    victim = outside / "victim.txt"
+    precious = b"precious data\n" * 10
+    victim.write_bytes(precious)
+    d = Path(tier.path)
+    os.link(victim, d / "x")
+    os.replace(d / "x", slot_path(tier, 0))  # nlink 2: the tier's old file is gone
+    real = os.fstat
+    swapped: list[int] = []
+
+    def fstat(fd: int) -> os.stat_result:
+        if real(fd).st_ino == victim.stat().st_ino and not swapped:
+            swapped.append(fd)
+            (d / "y").write_bytes(b"the attacker's")
+            os.replace(d / "y", _temp_path(tier, 0))  # the victim's link at the temp name goes
+        return real(fd)
+
+    monkeypatch.setattr(os, "fstat", fstat)
+    m2 = meta(1, seed=3)
+    assert tier.store(pool, i32(2), i32(0), **m2).tolist() == [True]
+    monkeypatch.undo()
+    assert swapped and victim.read_bytes() == precious and victim.stat().st_nlink == 1
+    st = os.lstat(slot_path(tier, 0))
+    assert stat.S_ISREG(st.st_mode) and st.st_nlink == 1 and st.st_ino != victim.stat().st_ino
+    assert not os.path.lexists(_temp_path(tier, 0))
+    assert tier.load(pool, i32(0), i32(5), m2["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 5).view(np.uint8), page_bytes(pool, 2).view(np.uint8))
+
+
+def test_a_store_recycles_only_its_own_files_with_one_fstat(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The hot path: a store over a used slot writes its old file in place (same inode, one fstat),
+    whether the tier wrote it or validated it at open; a file put there by anyone else, even a
+    regular file with one link, is replaced by a new one."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **meta(3)).all()
+    tier.close()
+    tier = DiskTier(tier.path, 8 * tier.file_bytes, pool)  # slots 0-2 validated by the scan
+    assert [e.slot for e in tier.entries()] == [0, 1, 2]
+    stranger = Path(tier.path) / "stranger"
+    stranger.write_bytes(slot_path(tier, 2).read_bytes())
+    os.replace(stranger, slot_path(tier, 2))  # one link, a regular file, not the tier's inode
+    inodes = [os.lstat(slot_path(tier, slot)).st_ino for slot in range(3)]
+    real = os.fstat
+    calls: list[int] = []
+    monkeypatch.setattr(os, "fstat", lambda fd: (calls.append(fd), real(fd))[1])
+    m = meta(2, seed=4)
+    assert tier.store(pool, i32(4, 5), i32(0, 1), **m).all()
+    assert len(calls) == 2  # one per recycled row
+    for _ in range(2):  # the tier's own writes are recycled too
+        assert tier.store(pool, i32(4, 5), i32(0, 1), **m).all()
+    assert len(calls) == 6
+    assert tier.store(pool, i32(6), i32(2), **meta(1, seed=5)).all()
+    monkeypatch.undo()
+    assert [os.lstat(slot_path(tier, slot)).st_ino for slot in (0, 1)] == inodes[:2]
+    assert os.lstat(slot_path(tier, 2)).st_ino != inodes[2]
+    assert tier.load(pool, i32(0, 1), i32(8, 9), m["keys"]).all()
+
+
+def test_the_directory_swapped_for_a_symlink_is_never_followed(tmp_path: Path) -> None:
+    """The tier's directory is resolved once, at open: renaming it away and putting a symlink to
+    another directory at its path moves nothing of that other directory's (no write, no delete)."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    other = tmp_path / "other"
+    other.mkdir()
+    for slot in (0, 1, 2):
+        (other / slot_filename(slot)).write_bytes(b"someone else's")
+    moved = tmp_path / "moved"
+    os.rename(tier.path, moved)
+    os.symlink(other, tier.path)
+    m2 = meta(2, seed=7)
+    assert tier.store(pool, i32(3, 4), i32(0, 2), **m2).all()
+    tier.forget(i32(1))
+    assert tier.load(pool, i32(0, 2), i32(8, 9), m2["keys"]).all()
+    assert sorted(p.name for p in other.iterdir()) == [slot_filename(s) for s in (0, 1, 2)]
+    assert all((other / slot_filename(s)).read_bytes() == b"someone else's" for s in (0, 1, 2))
+    assert sorted(p.name for p in moved.iterdir()) == [slot_filename(0), slot_filename(2), "tier.lock"]
+    tier.close()
+    assert tier.store(pool, i32(5), i32(3), **meta(1, seed=8)).tolist() == [False]  # closed: EBADF
+    assert not (other / slot_filename(3)).exists() and not (moved / slot_filename(3)).exists()
+
+
+def test_an_empty_directory_at_an_unused_slot_name_is_replaced(tmp_path: Path) -> None:
+    """A store replaces an empty directory at a slot's name (it used to fail for good: EISDIR); a
+    non-empty one holds someone's files: a counted failure, every time, its files untouched."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    slot_path(tier, 0).mkdir()
+    slot_path(tier, 1).mkdir()
+    (slot_path(tier, 1) / "keep.txt").write_text("an operator's file")
+    m = meta(2)
+    for n in (1, 2):
+        assert tier.store(pool, i32(1, 2), i32(0, 1), **m).tolist() == [True, False]
+        s = tier.stats()
+        assert (s["store_failed_other"], s["remove_failed"], s["slots_used"]) == (n, n, 1)
+    assert stat.S_ISREG(os.lstat(slot_path(tier, 0)).st_mode)
+    assert (slot_path(tier, 1) / "keep.txt").read_text() == "an operator's file"
+    assert not os.path.lexists(_temp_path(tier, 1))
+    assert tier.load(pool, i32(0), i32(5), m["keys"][:1]).all()
+
+
+def test_an_empty_directory_at_a_used_slot_temp_name_is_replaced(tmp_path: Path) -> None:
+    """A store over a used slot whose temp name holds an empty directory removes it and recycles the
+    old file (it used to fail and destroy the old page: rename -> EISDIR)."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    assert tier.store(pool, i32(1), i32(0), **meta(1)).all()
+    inode = os.lstat(slot_path(tier, 0)).st_ino
+    _temp_path(tier, 0).mkdir()
+    m = meta(1, seed=2)
+    assert tier.store(pool, i32(2), i32(0), **m).tolist() == [True]
+    assert os.lstat(slot_path(tier, 0)).st_ino == inode and not os.path.lexists(_temp_path(tier, 0))
+    assert tier.load(pool, i32(0), i32(5), m["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 5).view(np.uint8), page_bytes(pool, 2).view(np.uint8))
+
+
+@pytest.mark.parametrize("plant", ["unix socket", "ENODEV", "EISDIR", "ENXIO"])
+def test_any_non_regular_file_at_a_used_slot_is_removed_at_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, plant: str
+) -> None:
+    """Every open() error that means "not a regular file" (a socket gives ENXIO, a device without its
+    driver ENODEV) is one counted miss, and the entry is removed, the slot emptied."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    if plant == "unix socket":
+        slot_path(tier, 0).unlink()
+        monkeypatch.chdir(tier.path)  # a short name: sun_path holds 108 bytes
+        sock = socket.socket(socket.AF_UNIX)
+        sock.bind(slot_filename(0))
+        monkeypatch.undo()
+    else:
+        real = os.open
+        err = getattr(errno, plant)
+
+        def fake(path: Any, flags: int, *a: Any, **k: Any) -> int:
+            if os.path.basename(os.fspath(path)) == slot_filename(0) and not flags & os.O_WRONLY:
+                raise OSError(err, os.strerror(err))
+            return real(path, flags, *a, **k)
+
+        monkeypatch.setattr(os, "open", fake)
+    try:
+        for _ in range(2):
+            assert tier.load(pool, i32(0), i32(5), m["keys"]).tolist() == [False]
+        monkeypatch.undo()
+        s = tier.stats()
+        assert (s["load_failed_io"], s["load_failed_empty"], s["slots_used"]) == (1, 1, 0)
+        assert not os.path.lexists(slot_path(tier, 0))
+    finally:
+        if plant == "unix socket":
+            sock.close()
 
 
 # ------------------------------------------------------------------------------------------ model-based

@@ -22,10 +22,14 @@ another geometry) raise before anything is touched.
 Whatever sits at a slot's or a temp file's name may have been put there by someone else, so no open
 follows a symlink (``O_NOFOLLOW``) or waits (``O_NONBLOCK``: a FIFO would hang the call under the
 tier's lock), every descriptor is checked to be a regular file (``fstat``), an old file is written
-over in place only if it has no other hard link, and a new temp file is made with ``O_EXCL``: nothing
-outside the directory is ever written or truncated. A link, FIFO or directory found at a slot's name
-fails its load (``load_failed_io``) and is removed (the entry, never what it points to; a directory
-only if empty); a store replaces it.
+over in place only if the descriptor is on the very inode this tier made or validated for that slot
+(its ``st_dev, st_ino``, remembered) and it has no other hard link, and a new temp file is made with
+``O_EXCL``: nothing outside the directory is ever written or truncated. The directory itself is
+resolved by name once, at open, and every later call goes through that descriptor (``dir_fd``), so
+swapping the directory for a symlink later moves nothing elsewhere. A link, FIFO, socket or directory
+found at a slot's name fails its load (``load_failed_io``) and is removed (the entry, never what it
+points to; a directory only if empty); a store replaces it (a directory only if empty: else the store
+fails, counted).
 """
 
 from __future__ import annotations
@@ -197,8 +201,9 @@ class _Prefetch:
     alone (:data:`READERS`) did not make up for it.
     """
 
-    def __init__(self, paths: list[str], file_bytes: int) -> None:
-        self._paths = paths
+    def __init__(self, paths: list[str], dir_fd: int, file_bytes: int) -> None:
+        self._paths = paths  # names in the directory dir_fd (open while the load runs)
+        self._dir_fd = dir_fd
         self._read = 0  # files the loaders have consumed, about (a hint: the helper skips those)
         self._consumed = itertools.count(1)  # next() is atomic: several loading threads count here
         self._stop = False
@@ -214,7 +219,7 @@ class _Prefetch:
             if i < self._read:
                 continue  # already read: the loader was faster (a warm page cache)
             try:
-                fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
+                fd = os.open(path, os.O_RDONLY | _SAFE_OPEN, dir_fd=self._dir_fd)
             except OSError:
                 continue  # the load reports it
             try:
@@ -239,8 +244,10 @@ class DiskTier:
     """Pages of pools of one geometry in ``path``, one file per slot, at most ``capacity_bytes`` in all.
 
     Args:
-        path: the directory (created if missing). One DiskTier per directory at a time: an advisory
-            lock (``tier.lock``) makes a second opener fail with ConfigError.
+        path: the directory (created if missing; resolved once, here: see the module doc). One
+            DiskTier per directory at a time: an advisory lock (``flock`` of ``tier.lock``) makes a
+            second opener fail with ConfigError. Advisory only: deleting ``tier.lock`` while a tier
+            holds it lets a second tier open the directory (and the two then undo each other's files).
         capacity_bytes: the disk budget; ``num_slots = capacity_bytes // file_bytes``.
         pool: a pool of the geometry stored.
         quantize: None, ``"int8"`` or ``"int4"`` (KIVI, fp16/bf16 pools; :mod:`kvcore.tiers.codec`).
@@ -249,7 +256,8 @@ class DiskTier:
             power loss; slower). Without it a power loss can leave short or zero-filled files, which the
             header checks at open and the payload checksum at load turn into misses.
 
-    Side effects: creates the directory and the lock file; scans the directory (see :meth:`entries`),
+    Side effects: creates the directory and the lock file and keeps both open until :meth:`close`;
+    scans the directory (see :meth:`entries`),
     removing temp files, corrupt or truncated files and files at slots beyond ``num_slots``. Pages of
     an unquantized NumPy pool go straight between the pool and the files (``writev``/``readv`` of
     their pieces); a quantized tier or a GPU pool stages them in a buffer of up to 64 MiB (pinned on
@@ -291,25 +299,33 @@ class DiskTier:
                 f"({self.header_len} header + {self.payload_len} payload)"
             )
         self.path = os.fspath(path)
+        self._dir_fd = self._lock_fd = -1
         try:
             os.makedirs(self.path, exist_ok=True)
+            # the directory, resolved by name once: every later call goes through this descriptor
+            self._dir_fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             self._lock_fd = os.open(
-                os.path.join(self.path, _LOCK_NAME),
+                _LOCK_NAME,
                 os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o644,
+                dir_fd=self._dir_fd,
             )
         except OSError as e:
+            self.close()
             raise ConfigError(f"path: {self.path!r} is not a usable directory ({e})") from None
         try:
             fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            os.close(self._lock_fd)
+            self.close()
             raise ConfigError(f"path: {self.path!r} is in use by another DiskTier ({e})") from None
 
         self._stats = _batch.Counters(_STAT_NAMES)
         self._lock = threading.Lock()
         self._used = np.zeros(self.num_slots, dtype=bool)  # [num_slots] bool: a valid file of ours
         self._keys = np.zeros((self.num_slots, 16), dtype=np.uint8)  # [num_slots, 16] its page key
+        # slot -> (st_dev, st_ino) of its file, for every used slot: the one inode a store may write
+        # over in place (made or validated by this tier; see _open_temp)
+        self._inodes: dict[int, tuple[int, int]] = {}
         # [chunk_pages, payload_len] uint8: staged payloads (quantized, or a GPU pool; see _staging)
         self._stage: np.ndarray | None = None
         self._whdr = bytearray(self.header_len)  # the header being written
@@ -320,13 +336,14 @@ class DiskTier:
     # ------------------------------------------------------------------------------------ paths
 
     def _file(self, slot: int) -> str:
-        return os.path.join(self.path, slot_filename(slot))
+        """A slot file's name in the directory (every path is relative to ``_dir_fd``)."""
+        return slot_filename(slot)
 
     def _remove(self, path: str) -> bool:
         """Remove the entry at ``path`` (a link itself, never what it points to; a directory only if
         empty); True if this call removed it. A failure, other than nothing being there, is counted."""
         try:
-            os.unlink(path)
+            os.unlink(path, dir_fd=self._dir_fd)
             return True
         except FileNotFoundError:
             return False
@@ -335,7 +352,7 @@ class DiskTier:
                 self._stats.add("remove_failed")
                 return False
         try:
-            os.rmdir(path)
+            os.rmdir(path, dir_fd=self._dir_fd)
             return True
         except FileNotFoundError:
             return False
@@ -355,6 +372,7 @@ class DiskTier:
         if self._used[slot]:
             self._remove(self._file(slot))
         self._used[slot] = False
+        self._inodes.pop(slot, None)
 
     # ------------------------------------------------------------------------------------ open
 
@@ -363,7 +381,7 @@ class DiskTier:
         skipped and counted (see the ``open_*`` counters)."""
         entries: list[DiskEntry] = []
         try:
-            listing = list(os.scandir(self.path))
+            listing = list(os.scandir(self._dir_fd))  # entry.path is then the name
         except OSError as e:
             raise ConfigError(f"path: cannot list {self.path!r} ({e})") from None
         for entry in listing:
@@ -381,7 +399,7 @@ class DiskTier:
             try:
                 if not entry.is_file(follow_symlinks=False):
                     continue  # a symlink, FIFO, directory, ...: not a file of ours
-                verdict, header = self._check_file(entry.path)
+                verdict, header, inode = self._check_file(entry.path)
             except OSError:
                 self._stats.add("open_unreadable")
                 continue
@@ -398,6 +416,7 @@ class DiskTier:
                 assert header is not None
                 self._used[slot] = True
                 self._keys[slot] = np.frombuffer(header.key, dtype=np.uint8)
+                self._inodes[slot] = inode
                 entries.append(
                     DiskEntry(slot, header.key, header.parent_key, header.namespace, header.tokens)
                 )
@@ -405,25 +424,26 @@ class DiskTier:
         entries.sort(key=lambda e: e.slot)
         return entries
 
-    def _check_file(self, path: str) -> tuple[str, codec.PageHeader | None]:
-        """``(verdict, header)``: verdict "ok", "foreign", "header" or "truncated" (from the header
-        alone; the payload checksum is verified at load). OSError if it is not a regular file (it
-        was replaced since the directory was listed) or cannot be read."""
-        fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
+    def _check_file(self, path: str) -> tuple[str, codec.PageHeader | None, tuple[int, int]]:
+        """``(verdict, header, (st_dev, st_ino))``: verdict "ok", "foreign", "header" or "truncated"
+        (from the header alone; the payload checksum is verified at load). OSError if it is not a
+        regular file (it was replaced since the directory was listed) or cannot be read."""
+        fd = os.open(path, os.O_RDONLY | _SAFE_OPEN, dir_fd=self._dir_fd)
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
                 raise OSError(errno.EINVAL, "not a regular file", path)
+            inode = (st.st_dev, st.st_ino)
             size = st.st_size
             prefix = os.pread(fd, codec.FIXED_LEN, 0)
             if len(prefix) < codec.FIXED_LEN:
-                return "truncated", None
+                return "truncated", None, inode
             try:
                 hlen = codec.parse_header_prefix(prefix)
             except HeaderError:
-                return "header", None
+                return "header", None, inode
             if size < hlen:
-                return "truncated", None
+                return "truncated", None, inode
             buf = os.pread(fd, hlen, 0)
         finally:
             os.close(fd)
@@ -432,14 +452,14 @@ class DiskTier:
         except HeaderError as e:
             if e.reason == "checksum":
                 self._stats.add("checksum_mismatches")
-            return "header", None
+            return "header", None, inode
         if size != header.header_len + header.payload_len:
-            return "truncated", None
+            return "truncated", None, inode
         if header.geometry != self.geometry:
-            return "foreign", None
+            return "foreign", None, inode
         if header.header_len != self.header_len or header.payload_len != self.payload_len:
-            return "header", None  # our geometry but not our sizes: no writer of this format made it
-        return "ok", header
+            return "header", None, inode  # our geometry but not our sizes: no writer of this format made it
+        return "ok", header, inode
 
     def entries(self) -> list[DiskEntry]:
         """Every valid file of this geometry found at open, by slot: the restart index.
@@ -538,11 +558,13 @@ class DiskTier:
             return False
         final = self._file(slot)
         tmp = final + _TEMP_SUFFIX
+        dir_fd = self._dir_fd
         fd = -1
         was_used = bool(self._used[slot])
         self._used[slot] = False  # until the new file is in place
+        old = self._inodes.pop(slot, None)
         try:
-            fd, recycled = self._open_temp(final, tmp, was_used)
+            fd, inode, recycled = self._open_temp(final, tmp, old if was_used else None)
             _write_all(fd, [self._whdr_view, *payload])
             if recycled:
                 os.ftruncate(fd, self.file_bytes)  # a no-op for our own files, which all have this size
@@ -550,45 +572,62 @@ class DiskTier:
                 os.fsync(fd)
             os.close(fd)
             fd = -1
-            os.replace(tmp, final)
+            try:
+                os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except IsADirectoryError:  # a directory put at the slot's name: replaced only if empty
+                if not self._remove(final):
+                    raise
+                os.replace(tmp, final, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except OSError as e:
             if fd >= 0:
                 with contextlib.suppress(OSError):
                     os.close(fd)
             with contextlib.suppress(OSError):
-                os.unlink(tmp)
+                os.unlink(tmp, dir_fd=dir_fd)
             if was_used:
                 self._remove(final)  # the old page must not outlive a failed overwrite
             self._stats.add(_reason(e))
             return False
         self._used[slot] = True
         self._keys[slot] = a.keys[i]
+        self._inodes[slot] = inode
         self._stats.add("bytes_written", self.file_bytes)
         return True
 
-    def _open_temp(self, final: str, tmp: str, was_used: bool) -> tuple[int, bool]:
-        """A descriptor open for writing on ``tmp``, where the slot's new file is written, and whether
-        it is the slot's old file (recycled: written over in place, then truncated to size).
+    def _open_temp(
+        self, final: str, tmp: str, old: tuple[int, int] | None
+    ) -> tuple[int, tuple[int, int], bool]:
+        """``(fd, (st_dev, st_ino), recycled)``: a descriptor open for writing on ``tmp``, where the
+        slot's new file is written, the inode it is open on, and whether that is the slot's old
+        file, ``old`` (recycled: written over in place, then truncated to size).
 
         Recycling: renaming the old file away empties the slot atomically, and overwriting its blocks
         in place frees and allocates nothing (replacing files made ext4 free and discard 0.5 MiB per
         store: half the write throughput). But whatever is at ``final`` or ``tmp`` may have been put
         there by someone else, and a write through a symlink or a second hard link would land
-        outside the directory: the old file is recycled only if, opened without following links or
-        blocking, it is a regular file with one link. Anything else is removed (the entry itself)
-        and a new file made with ``O_EXCL``, which never follows a link either.
+        outside the directory. So the file opened (without following links or blocking) is recycled
+        only if it is the inode this tier made or validated for the slot (``old``: a name can be
+        swapped between the open and the check, a descriptor cannot) and still has one link: one
+        ``fstat`` on this, the hot path. Anything else is removed (the entry itself) and a new file
+        made with ``O_EXCL``, which never follows a link either.
 
         Raises:
             OSError: the error of the open (or of the removal, as EEXIST) that failed.
         """
-        if was_used:
+        dir_fd = self._dir_fd
+        if old is not None:
             try:
-                os.rename(final, tmp)  # renames the entry itself, whatever it is
+                try:
+                    os.rename(final, tmp, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # the entry itself
+                except IsADirectoryError:  # a directory at the temp name: removed only if empty
+                    if not self._remove(tmp):
+                        raise
+                    os.rename(final, tmp, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
             except FileNotFoundError:
                 pass
             else:
                 try:
-                    fd = os.open(tmp, os.O_WRONLY | _SAFE_OPEN)
+                    fd = os.open(tmp, os.O_WRONLY | _SAFE_OPEN, dir_fd=dir_fd)
                 except OSError as e:
                     if e.errno not in _NOT_A_FILE:
                         raise
@@ -599,24 +638,26 @@ class DiskTier:
                     except OSError:
                         os.close(fd)
                         raise
-                    if stat.S_ISREG(st.st_mode) and st.st_nlink == 1:
-                        return fd, True
+                    same = st.st_ino == old[1] and st.st_dev == old[0]
+                    if same and st.st_nlink == 1 and stat.S_ISREG(st.st_mode):
+                        return fd, old, True
                     os.close(fd)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN
         try:
-            return os.open(tmp, flags, 0o644), False
-        except FileExistsError:
-            pass  # what was not recycled above, a crash's leftover, or an entry someone put there
-        self._remove(tmp)
-        return os.open(tmp, flags, 0o644), False  # EEXIST again if it could not be removed
+            fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)
+        except FileExistsError:  # what was not recycled above, a crash's leftover, someone's entry
+            self._remove(tmp)
+            fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)  # EEXIST again if it could not be removed
+        try:
+            st = os.fstat(fd)
+        except OSError:
+            os.close(fd)
+            raise
+        return fd, (st.st_dev, st.st_ino), False
 
     def _fsync_dir(self) -> None:
         try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+            os.fsync(self._dir_fd)
         except OSError:
             self._stats.add("fsync_failed")
 
@@ -656,7 +697,7 @@ class DiskTier:
             todo_keys = [bytes(key) for key in k[todo]]
             paths = [self._file(slot) for slot in todo_slots]
             planes = self._codec.host_planes(pool)
-            prefetch = _Prefetch(paths, self.file_bytes) if len(paths) > 1 else None
+            prefetch = _Prefetch(paths, self._dir_fd, self.file_bytes) if len(paths) > 1 else None
             try:
                 if planes is not None:  # straight into the pool's pieces of each page
                     todo_pages = p[todo].tolist()
@@ -760,10 +801,11 @@ class DiskTier:
         ``(verdict, bytes read)``, the verdict a key of ``_LOAD_VERDICTS``: "ok" where the file holds
         page ``key`` of this geometry under ``digest``, its checksum verified.
 
-        Reads no mutable state of the tier and changes none: it runs on several threads at once.
+        Reads no mutable state of the tier and changes none: it runs on several threads at once (the
+        directory descriptor is shared: :meth:`close` waits for the load under the tier's lock).
         """
         try:
-            fd = os.open(path, os.O_RDONLY | _SAFE_OPEN)
+            fd = os.open(path, os.O_RDONLY | _SAFE_OPEN, dir_fd=self._dir_fd)
             try:
                 if not stat.S_ISREG(os.fstat(fd).st_mode):
                     return "special", 0
@@ -773,7 +815,7 @@ class DiskTier:
         except OSError as e:
             if e.errno == errno.ENOENT:
                 return "missing", 0
-            return ("special" if e.errno == errno.ELOOP else "io"), 0
+            return ("special" if e.errno in _NOT_A_FILE else "io"), 0
         if got == self.file_bytes:  # the common case: byte compares instead of a parse
             want = self._header_check.payload_checksum(hdr, key, digest)
             if want is not None:
@@ -834,11 +876,19 @@ class DiskTier:
         return out
 
     def close(self) -> None:
-        """Release the directory lock (the files stay). The tier must not be used afterwards."""
-        fd, self._lock_fd = getattr(self, "_lock_fd", -1), -1
-        if fd >= 0:
-            with contextlib.suppress(OSError):
-                os.close(fd)  # closing the descriptor releases the flock
+        """Release the directory lock and the directory (the files stay), after any call in flight.
+        The tier must not be used afterwards (its calls then fail, counted: EBADF)."""
+        lock = getattr(self, "_lock", None)
+        with lock if lock is not None else contextlib.nullcontext():
+            self._close_fds()
+
+    def _close_fds(self) -> None:
+        for attr in ("_lock_fd", "_dir_fd"):
+            fd = getattr(self, attr, -1)
+            setattr(self, attr, -1)  # -1: a later call fails (EBADF), never resolves by name
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # closing the lock's descriptor releases the flock
 
     def __enter__(self) -> DiskTier:
         return self
@@ -847,7 +897,7 @@ class DiskTier:
         self.close()
 
     def __del__(self) -> None:
-        self.close()
+        self._close_fds()  # nothing can be in flight on an unreachable tier: no lock to take
 
     def __repr__(self) -> str:
         q = f", quantize={self.quantize!r}" if self.quantize else ""

@@ -33,8 +33,16 @@ module does instead (see ``research/tiers.md`` sections 2, 3 and 8):
   range, host or port, an oversized value) fails the refresh like a lost connection. A ``MOVED``
   reply to a node of the table points the slot there and the row is retried once; one to any other
   address fails the row (nothing is connected to an address the table does not list); either way
-  the full map is re-read on the next call. A plain ``redis://`` server is not a cluster: a
-  ``MOVED`` from it fails the row and is never followed.
+  the full map is re-read on the next call. A table that leaves slots without a master (a
+  failover in progress, unassigned slots) is used for the slots it covers; a row of an uncovered
+  slot fails at once (``*_failed_other``, as the ``-CLUSTERDOWN`` a node would answer: no connection
+  is involved) and the map is re-read at the next call, backing off like a failed read (for
+  ``backoff_s`` after ``down_after`` incomplete or failed reads in a row; rows then count as
+  ``*_failed_down``). A plain ``redis://`` server is not a cluster: a ``MOVED`` from it fails the
+  row and is never followed.
+- **Memory.** A connection's read buffer (1 MiB for store/load, 64 KiB for lookups) is allocated
+  when it connects and freed when it is closed or lost: a cluster node that refuses connections
+  holds none, however long it stays in the map.
 
 Why a small RESP client on plain sockets rather than redis-py (measured on loopback,
 ``benches/tiers_remote.py``): redis-py pipelines are *slower* than one command at a time for big
@@ -100,6 +108,10 @@ _MAX_HOST_LEN: Final[int] = 255
 _PENDING, _OK, _EXISTS, _MISSING, _VALUE, _BADLEN, _OOM, _MOVED, _ERROR, _TIMEOUT, _CONN, _DOWN = range(12)
 _NAMESPACE = 12  # store: a namespace too long for a header (never sent)
 _SCALES = 13  # store: NX found a value of other fp8/int8 pool scales (or not a page) under the key
+# A cluster slot the last CLUSTER SLOTS table gives no master (counted as *_failed_other, like the
+# -CLUSTERDOWN a node answers for such a slot: no connection was tried or lost). Rows of a cluster
+# whose table was never read fail as connections instead (the failed read counts connection_errors).
+_UNMAPPED = 14
 _TRANSPORT: Final = frozenset({_TIMEOUT, _CONN})
 
 _STAT_NAMES = (
@@ -115,7 +127,9 @@ _STAT_NAMES = (
     "store_failed_down",  # the server was in back-off: nothing sent
     "store_failed_namespace",  # a namespace longer than a header holds (codec.namespace_room)
     "store_failed_scales",  # fp8/int8: NX left a value of other pool scales there (this pool cannot load it)
-    "store_failed_other",  # any other error reply (CLUSTERDOWN, READONLY, MOVED twice or off the map, ...)
+    # any other error reply (CLUSTERDOWN, READONLY, MOVED twice or off the map, ...), or a cluster slot
+    # the last CLUSTER SLOTS table gives no master (nothing sent; the map is re-read)
+    "store_failed_other",
     "loads",  # rows loaded into the pool
     "load_failed",  # rows not loaded, every reason below
     "load_failed_missing",  # no such key (never stored, expired, evicted, deleted)
@@ -126,7 +140,7 @@ _STAT_NAMES = (
     "load_failed_timeout",
     "load_failed_connection",
     "load_failed_down",
-    "load_failed_other",
+    "load_failed_other",  # as store_failed_other
     "checksum_mismatches",  # header or payload checksums that failed
     "deleted",  # corrupt values deleted
     "lookups",  # exists() calls
@@ -198,6 +212,10 @@ class _Conn:
     """One RESP2 connection to one server, with a read-ahead buffer. Not thread-safe: each channel
     (bulk store/load, lookups) has its own, used under its channel's lock.
 
+    The buffer (``buf_bytes``) exists only while connected: allocated when a connection is made,
+    freed when it is closed or lost, so a node that cannot be reached (refused, down, unroutable)
+    holds no buffer however long it stays in the slot map (:meth:`RedisTier._buffer_bytes`).
+
     The socket is blocking with kernel timeouts (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, re-armed only
     when a deadline gets closer than ``timeout_s``): one syscall per send or receive (Python's own
     socket timeouts cost a ``poll`` before every call).
@@ -208,7 +226,8 @@ class _Conn:
         self.sock: socket.socket | None = None
         self.opened = 0  # connections made so far
         self._armed = -1.0  # the kernel timeouts set on the socket, seconds
-        self._buf = bytearray(buf_bytes)
+        self._buf_bytes = buf_bytes
+        self._buf = bytearray()  # buf_bytes while connected, else empty (see the class doc)
         self._view = memoryview(self._buf)
         self._lo = 0  # unread bytes are _buf[_lo:_hi]
         self._hi = 0
@@ -217,8 +236,7 @@ class _Conn:
         """Connect and hand-shake if not connected; True if a connection was made again."""
         if self.sock is not None:
             return False
-        sock = socket.create_connection((self.host, self.port), timeout=dl.wait())
-        self.sock, self._lo, self._hi, self._armed = sock, 0, 0, -1.0
+        sock = self.attach(socket.create_connection((self.host, self.port), timeout=dl.wait()))
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             sock.settimeout(None)  # blocking: the kernel timeouts bound every call (_arm)
@@ -240,9 +258,18 @@ class _Conn:
         self.opened += 1
         return self.opened > 1
 
+    def attach(self, sock: socket.socket) -> socket.socket:
+        """Make ``sock`` (connected) this connection's socket, with a new, empty read buffer."""
+        self.sock, self._lo, self._hi, self._armed = sock, 0, 0, -1.0
+        self._buf = bytearray(self._buf_bytes)
+        self._view = memoryview(self._buf)
+        return sock
+
     def close(self) -> None:
         sock, self.sock = self.sock, None
         self._lo = self._hi = 0
+        self._buf = bytearray()  # the old one is freed with its last view
+        self._view = memoryview(self._buf)
         if sock is not None:
             with contextlib.suppress(OSError):
                 sock.close()
@@ -408,8 +435,9 @@ class _Conn:
 
 
 class _Node:
-    """One server: a connection per channel, each made at first use (a node of the slot map that no
-    call reaches costs no buffers), and its health."""
+    """One server: a connection per channel, each made at first use, and its health. A connection's
+    read buffer lives only while it is connected (see :class:`_Conn`): a node of the slot map that
+    no call reaches, or that refuses every connection, holds none."""
 
     __slots__ = ("_bulk", "_lookup", "auth", "down_until", "failures", "host", "port", "retired")
 
@@ -440,6 +468,10 @@ class _Node:
     def conn(self, bulk: bool) -> _Conn | None:
         """The channel's connection if it was ever made."""
         return self._bulk if bulk else self._lookup
+
+    def buffer_bytes(self) -> int:
+        """Bytes of read buffers this node holds now (its connected channels')."""
+        return sum(len(c._buf) for c in (self._bulk, self._lookup) if c is not None)
 
     def close(self) -> None:
         for c in (self._bulk, self._lookup):
@@ -677,6 +709,12 @@ class RedisTier:
         self._state_lock = threading.Lock()  # counters, node health, the slot map (short sections)
         self.last_error = ""  # the last server problem seen, for logs ("" if none yet)
 
+    def _buffer_bytes(self) -> int:
+        """Bytes of read buffers the tier's connections hold now (tests: they stay bounded)."""
+        with self._state_lock:
+            nodes = [*self._nodes, *self._to_close[True], *self._to_close[False]]
+        return sum(nd.buffer_bytes() for nd in nodes)
+
     # ------------------------------------------------------------------------------------ keys
 
     def _tag(self) -> str:
@@ -805,7 +843,16 @@ class RedisTier:
                 nd.retired = True
             self._nodes, self._node_index, self._slots = nodes, index, slots
             self._topology_stale = False
-            self._topology_failures = 0
+            if (slots >= 0).all():
+                self._topology_failures = 0
+            else:
+                # slots no master serves (a cluster mid-failover or with slots unassigned): the map
+                # is used, and re-read as a failed read would be (a call that reaches such a slot
+                # marks it stale, _finish), backing off after down_after incomplete reads in a row
+                self._topology_failures += 1
+                if self._topology_failures >= self.down_after:
+                    self._topology_retry_at = time.monotonic() + self.backoff_s
+                    self._stats.add("down_events")
         if not dropped:
             return
         _close_conns(dropped, bulk)
@@ -972,9 +1019,12 @@ class RedisTier:
         """``_OK`` if the node may be tried in this call; else the code its rows fail with."""
         if node in call.failed:
             return call.failed[node]
-        if node < 0:  # a cluster whose slot map could not be read
-            code = _DOWN if time.monotonic() < self._topology_retry_at else _CONN
-            call.add("skipped_down", int(code == _DOWN))
+        if node < 0:  # a slot no node serves: a map never read (connection), or one it leaves out (other)
+            if time.monotonic() < self._topology_retry_at:
+                code = _DOWN
+                call.add("skipped_down")
+            else:
+                code = _UNMAPPED if call.nodes else _CONN
             call.failed[node] = code
             return code
         nd = call.nodes[node]
@@ -996,7 +1046,10 @@ class RedisTier:
             for name, v in call.counts.items():
                 self._stats.add(name, v)
             for i, code in call.failed.items():
-                if code not in _TRANSPORT or i < 0:
+                if i < 0:  # rows of slots the map has no node for: re-read it (see _refresh_topology)
+                    self._topology_stale = True
+                    continue
+                if code not in _TRANSPORT:
                     continue
                 nd = call.nodes[i]
                 nd.failures += 1
@@ -1201,7 +1254,7 @@ class RedisTier:
             (_SCALES, "scales"),
         ):
             call.add(f"store_failed_{reason}", int((status == code).sum()))
-        call.add("store_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING)).sum()))
+        call.add("store_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING, _UNMAPPED)).sum()))
         self._finish(call)
         return ok
 
@@ -1328,7 +1381,7 @@ class RedisTier:
         call.add("checksum_mismatches", verdicts["checksum"])
         for code, reason in ((_TIMEOUT, "timeout"), (_CONN, "connection"), (_DOWN, "down")):
             call.add(f"load_failed_{reason}", int((status == code).sum()))
-        call.add("load_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING)).sum()))
+        call.add("load_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING, _UNMAPPED)).sum()))
         self._finish(call)
         return ok
 
@@ -1415,7 +1468,7 @@ class RedisTier:
             route = self._route(names, call, bulk=False)
             asked: list[tuple[int, list[int], list[bytes], bool, _Deadline]] = []
             for node in np.unique(route).tolist():
-                if node < 0 or self._usable(node, call) != _OK:
+                if self._usable(node, call) != _OK:  # node -1 too: its slots mark the map stale
                     continue
                 mine = np.flatnonzero(route == node).tolist()
                 cmds = [b"".join(self._exists_head + names[i] + b"\r\n" for i in mine)]
