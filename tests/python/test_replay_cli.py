@@ -155,3 +155,60 @@ def test_gpu_and_capacity_bytes_flags_give_the_same_cache(
     for cap in caps:
         assert (cap["pages"], cap["page_bytes"]) == (pool_bytes // page - 1, page)
         assert cap["bytes"] <= pool_bytes
+
+
+CONFIG = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "configs" / "llama-3.1-8b.json"
+
+
+@pytest.mark.skipif(not CONFIG.is_file(), reason=f"no {CONFIG}")
+def test_a_config_json_on_a_gpu_takes_its_weights_from_the_flags(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A config.json declares no weight size: --weight-bytes (or --params) gives it, as for kvcore plan.
+    from kvcore.replay.capacity import resolve_capacity
+
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    base = [str(trace), "--trace-block-size", "16", "--mode", "sequential", "--policy", "lru", "--no-plot"]
+    assert run([*base, "--model", str(CONFIG), "--gpu", "H100-80G"]) == 2
+    assert "--weight-bytes or --params" in capsys.readouterr().err
+    out = tmp_path / "out"
+    argv = [*base, "--model", str(CONFIG), "--gpu", "H100-80G", "--weight-bytes", "16GB", "--json"]
+    assert run([*argv, "--out", str(out)]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    want = resolve_capacity(model="llama-3.1-8b", gpu="H100-80G", weight_bytes=16 * 10**9)
+    assert doc["capacity"]["pages"] == want.pages  # the same architecture as the preset
+    assert run([*base, "--capacity-pages", "50", "--params", "8B"]) == 2
+    assert "need --gpu" in capsys.readouterr().err
+
+
+def test_save_trace_writes_the_workload_under_pressure_too(tmp_path: Path) -> None:
+    from kvcore.replay.trace import read_trace
+
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    saved = tmp_path / "saved.jsonl"
+    argv = [str(trace), "--trace-block-size", "16", "--page-size", "4", "--capacity-pages", "100"]
+    code = run([*argv, "--pressure", "none", "--save-trace", str(saved), "--out", str(tmp_path / "o")])
+    assert code == 0
+    back = read_trace(saved, block_size=16)
+    assert back.input_lens.tolist() == [40, 40, 20]
+
+
+def test_with_refusals_the_report_adds_hits_over_all_prompts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The third request never fits: the served hit rate is over 80 tokens, the best case over 480.
+    rows = [
+        *ROWS[:2],
+        {"timestamp": 300, "input_length": 400, "output_length": 4, "hash_ids": list(range(9, 34))},
+    ]
+    trace = write_trace(tmp_path / "t.jsonl", rows)
+    argv = [str(trace), "--trace-block-size", "16", "--page-size", "4", "--capacity-pages", "40"]
+    assert (
+        run([*argv, "--mode", "sequential", "--policy", "lru", "--no-plot", "--out", str(tmp_path / "o")])
+        == 0
+    )
+    text = capsys.readouterr().out
+    served = next(line for line in text.splitlines() if line.strip().startswith("hit rate (tokens), served"))
+    every = next(line for line in text.splitlines() if line.strip().startswith("of all prompt tokens"))
+    assert served.split()[-2:] == ["40.0", "%"]  # 32 of the 80 served tokens
+    assert every.split()[-2:] == ["6.7", "%"]  # 32 of all 480

@@ -63,11 +63,14 @@ def resolve_capacity(
     gpu: str | None = None,
     kv_dtype: str = "bf16",
     tp: int = 1,
+    weight_bytes: int | None = None,
+    num_params: int | None = None,
 ) -> Capacity:
     """Usable pages from exactly one of: ``capacity_pages``; ``capacity_tokens`` (rounded down to
     whole pages); ``capacity_bytes`` of pool memory (needs ``model`` for the bytes of a page; the pool's
     null page is paid out of it, as in :func:`kvcore.sizing.plan`); or ``model`` on ``gpu`` through
-    :func:`kvcore.sizing.plan`. With none of them: :data:`DEFAULT_MODEL` on :data:`DEFAULT_GPU`.
+    :func:`kvcore.sizing.plan` (``weight_bytes`` / ``num_params`` for a model that declares no weights,
+    e.g. a config.json). With none of them: :data:`DEFAULT_MODEL` on :data:`DEFAULT_GPU`.
 
     A page is always what the replay's manager pages: ``page_size`` tokens of *every* layer (one page
     table per sequence), ``ModelSpec.page_bytes``. The plan's pool, cut for a grouped manager into pages of
@@ -83,6 +86,8 @@ def resolve_capacity(
     given = [x for x in (capacity_pages, capacity_tokens, capacity_bytes) if x is not None]
     if len(given) > 1:
         raise ConfigError("give one of --capacity-pages, --capacity-tokens, --capacity-bytes")
+    if (weight_bytes is not None or num_params is not None) and gpu is None:
+        raise ConfigError("--weight-bytes / --params size the weights on a GPU: they need --gpu")
     if (capacity_pages is not None or capacity_tokens is not None) and gpu is not None:
         raise ConfigError(
             "--gpu sizes the cache: it cannot be combined with --capacity-pages/--capacity-tokens"
@@ -113,7 +118,15 @@ def resolve_capacity(
         return Capacity(pages, page_size, f"{capacity_bytes:,} B of {model} pages ({kv_dtype})", page_bytes)
     model = model or DEFAULT_MODEL
     gpu = gpu or DEFAULT_GPU
-    p = plan(model, gpu=gpu, tp=tp, kv_dtype=kv_dtype, page_size=page_size)
+    p = plan(
+        model,
+        gpu=gpu,
+        tp=tp,
+        kv_dtype=kv_dtype,
+        page_size=page_size,
+        weight_bytes=weight_bytes,
+        num_params=num_params,
+    )
     # The replay's manager has one page table per sequence (no KV-cache groups), so its page holds
     # page_size tokens of every layer. The plan counts pages of one group (group_size layer slots), as a
     # grouped manager would: for a hybrid model, several of those make one replay page. The pool's bytes

@@ -74,6 +74,16 @@ def register(subparsers: Any) -> None:
     )
     cap.add_argument("--gpu", help="GPU preset (H100-80G, H200-141G, A100-80G, L40S, L4, ...)")
     cap.add_argument(
+        "--weight-bytes",
+        metavar="B",
+        help="with --gpu: measured checkpoint size (e.g. 16GB), for a config.json that declares none",
+    )
+    cap.add_argument(
+        "--params",
+        metavar="N",
+        help="with --gpu: parameter count for an estimate (e.g. 8B; default: the preset's)",
+    )
+    cap.add_argument(
         "--kv-dtype", default="bf16", metavar="DTYPE", help="cache precision for --model (default bf16)"
     )
     cap.add_argument(
@@ -341,7 +351,7 @@ def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
     from kvcore.replay.capacity import resolve_capacity
     from kvcore.replay.generator import WorkloadConfig, generate_workload
     from kvcore.replay.trace import read_trace
-    from kvcore.sizing import parse_bytes
+    from kvcore.sizing import parse_bytes, parse_count
 
     if args.trace is not None:
         if args.requests is not None:
@@ -360,6 +370,8 @@ def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
         gpu=args.gpu,
         kv_dtype=args.kv_dtype,
         tp=args.tp,
+        weight_bytes=parse_bytes(args.weight_bytes, "--weight-bytes") if args.weight_bytes else None,
+        num_params=parse_count(args.params, "--params") if args.params else None,
     )
     return trace, capacity
 
@@ -488,6 +500,7 @@ def _run_pressure(args: argparse.Namespace) -> int:
         replay_pressure,
     )
     from kvcore.replay.tokens import TokenSource
+    from kvcore.replay.trace import write_trace
 
     modes = [m.strip().lower() for m in args.pressure.split(",") if m.strip()]
     if not modes or any(m not in PRESSURE_MODES for m in modes):
@@ -537,6 +550,8 @@ def _run_pressure(args: argparse.Namespace) -> int:
         max_queue_wait_s=args.max_queue_wait,
         ttft_target_s=args.ttft_target,
     )
+    if args.save_trace:
+        write_trace(trace, args.save_trace)
     src = TokenSource(trace)
     results = [
         replay_pressure(trace, config, pressure=mode, load=load, tokens=src)

@@ -5,7 +5,9 @@ place so the CLI, the tests and the benchmark all read the same definitions:
 
 - ``hit_rate_tokens``: prompt tokens found cached at lookup / prompt tokens looked up, counted in whole
   pages and *not* capped (a fully cached prompt counts fully). This is the cache's hit rate, the way
-  Mooncake counts hit blocks, so the figures compare with the paper.
+  Mooncake counts hit blocks, so the figures compare with the paper. A refused request looks nothing
+  up: with refusals, the text report adds the hits over *all* prompt tokens, the figure the workload's
+  best case (an infinite cache) bounds.
 - ``prefill_tokens_saved``: what the engine does not compute. ``add_sequence`` caps a hit at
   ``prompt_len - 1`` tokens (the last token must run to give logits), so this is at most the hits; the
   difference only arises for a fully cached, page-aligned prompt.
@@ -395,7 +397,11 @@ def format_report(report: ReplayReport) -> str:
     def row(label: str, values: list[str]) -> None:
         rows.append([label, *values])
 
-    row("hit rate (tokens)", [_pct(r.hit_rate_tokens) for r in res])
+    refused = any(r.num_refused for r in res)
+    row("hit rate (tokens)" + (", served" if refused else ""), [_pct(r.hit_rate_tokens) for r in res])
+    if refused:  # comparable with the best case above: refused prompts count as misses
+        total = report.workload.prompt_tokens
+        row("  of all prompt tokens", [_pct(r.hit_tokens / total if total else 0.0) for r in res])
     row("hit rate (pages)", [_pct(r.hit_rate_pages) for r in res])
     for prio in sorted({p for r in res for p in r.priority_hit_rates}, key=int):
         row(f"  priority {prio} (tokens)", [_pct(r.priority_hit_rates.get(prio, 0.0)) for r in res])

@@ -347,8 +347,8 @@ def _weights(
     params = num_params if num_params is not None else spec.num_params
     if params is None:
         raise ConfigError(
-            f"weight_bytes: unknown for {spec.name}; "
-            "give a measured weight_bytes, or num_params (and weight_dtype)"
+            f"weight_bytes: unknown for {spec.name}; give a measured weight_bytes, or num_params (and "
+            "weight_dtype): --weight-bytes or --params on the command line"
         )
     check_int(params, "num_params", minimum=1)
     dtype = weight_dtype or spec.weight_dtype
