@@ -402,3 +402,27 @@ def metric_value(text: str, name: str, **labels: str) -> float:
             if sample.name == name and sample.labels == labels:
                 return float(sample.value)
     raise AssertionError(f"no sample {name}{labels} in the metrics text")
+
+
+def ref_page_key(parent: bytes, namespace: str | None, page: list[int], version: int = 1) -> bytes:
+    """One page key as docs/api.md defines it, written from the docs alone (``"*"``: the public
+    namespace; ``None``: the default one)."""
+    import hashlib
+    import struct
+
+    if namespace is None:
+        kind, name = 0, b""
+    elif namespace == "*":
+        kind, name = 2, b""
+    else:
+        kind, name = 1, namespace.encode()
+    data = (
+        bytes([version])
+        + parent
+        + bytes([kind])
+        + struct.pack("<Q", len(name))
+        + name
+        + struct.pack("<Q", len(page))
+        + struct.pack(f"<{len(page)}I", *page)
+    )
+    return hashlib.sha256(data).digest()[:16]

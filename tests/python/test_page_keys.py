@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from kv_helpers import ref_page_key
 
 import kvcore
 from kvcore import InvalidArgumentError, InvalidDTypeError, KVCacheManager
@@ -26,25 +27,9 @@ def ref_keys(
     tokens: list[int], page_size: int, fingerprint: bytes = b"", namespace: str | None = None
 ) -> list[bytes]:
     """The format of docs/api.md, written from the docs alone."""
-    if namespace is None:
-        kind, name = 0, b""
-    elif namespace == "*":
-        kind, name = 2, b""
-    else:
-        kind, name = 1, namespace.encode()
     parent, keys = ref_root(fingerprint), []
     for i in range(len(tokens) // page_size):
-        page = tokens[i * page_size : (i + 1) * page_size]
-        data = (
-            bytes([VERSION])
-            + parent
-            + bytes([kind])
-            + struct.pack("<Q", len(name))
-            + name
-            + struct.pack("<Q", len(page))
-            + struct.pack(f"<{len(page)}I", *page)
-        )
-        parent = hashlib.sha256(data).digest()[:16]
+        parent = ref_page_key(parent, namespace, tokens[i * page_size : (i + 1) * page_size], VERSION)
         keys.append(parent)
     return keys
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kv_helpers import ref_page_key
 
 import kvcore
 from kvcore import InvalidArgumentError, InvalidDTypeError, KVCacheManager
@@ -511,24 +512,6 @@ def test_an_impossible_tier_size_is_an_out_of_memory_error_not_an_abort() -> Non
     assert r.stdout.startswith('refused: cannot allocate lower tier "host"')
 
 
-def _chain_key(parent: bytes, namespace: str | None, page: list[int]) -> bytes:
-    """A page key as docs/api.md defines it (version 1)."""
-    import hashlib
-    import struct
-
-    kind, name = (0, b"") if namespace is None else (2, b"") if namespace == "*" else (1, namespace.encode())
-    data = (
-        bytes([1])
-        + parent
-        + bytes([kind])
-        + struct.pack("<Q", len(name))
-        + name
-        + struct.pack("<Q", len(page))
-        + struct.pack(f"<{len(page)}I", *page)
-    )
-    return hashlib.sha256(data).digest()[:16]
-
-
 @pytest.mark.parametrize(
     ("first", "second", "ok"),
     [("a", "b", False), (None, "*", False), ("a", None, False), ("*", "a", True), ("a", "a", True)],
@@ -540,8 +523,8 @@ def test_a_restored_chain_continues_only_its_own_namespace_or_a_public_one(
     # child is refused, a bool like any bad entry, and the tier stays consistent.
     m = KVCacheManager(16, 2, lower_tiers=[("disk", 8)])
     root = bytes(m.root_key())
-    k1 = _chain_key(root, first, [1, 2])
-    k2 = _chain_key(k1, second, [3, 4])
+    k1 = ref_page_key(root, first, [1, 2])
+    k2 = ref_page_key(k1, second, [3, 4])
     got = m.restore_tier("disk", [(0, k1, root, first, [1, 2]), (1, k2, k1, second, [3, 4])])
     assert got.tolist() == [True, ok]
     m._check_invariants()
