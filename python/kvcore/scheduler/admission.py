@@ -15,9 +15,8 @@ import bisect
 import math
 from collections import deque
 
-import numpy as np
-
 from kvcore.exceptions import ConfigError, InvalidArgumentError
+from kvcore.scheduler.request import is_int
 
 __all__ = ["OutputLengthEstimator"]
 
@@ -54,7 +53,7 @@ class OutputLengthEstimator:
         if not isinstance(request_class, str):
             raise InvalidArgumentError(f"request_class must be a str, got {type(request_class).__name__}")
         n = output_len
-        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+        if not is_int(n) or n < 0:
             raise InvalidArgumentError(f"output_len must be an integer >= 0, got {n!r}")
         output_len = int(n)
         order = self._order.setdefault(request_class, deque())

@@ -314,7 +314,7 @@ def _quota(name: str, quota: object) -> dict[str | None, int]:
             raise ConfigError(str(e)) from None
         if ns == PUBLIC_NAMESPACE:
             raise ConfigError(f"{name}: the public namespace {PUBLIC_NAMESPACE!r} is no tenant's")
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= _MAX_PAGES:
+        if not is_int(v) or not 0 <= v <= _MAX_PAGES:
             raise ConfigError(f"{name}[{ns!r}] must be an integer in [0, 2**63), got {v!r}")
         out[ns] = int(v)
     return out
@@ -1334,7 +1334,6 @@ class Scheduler:
             r.known = len(r.tokens)
             r.computed = int(hit)
             r.committed_pages = int(hit) // ps
-            r.reserved = r.computed  # read from the manager just below (and after a raise: see step)
             r.order = next(self._admissions)
             r.resumed = resumed
             # Loading until the manager says it is ready: a lookup that raises leaves it waiting for
