@@ -212,3 +212,103 @@ def test_with_refusals_the_report_adds_hits_over_all_prompts(
     every = next(line for line in text.splitlines() if line.strip().startswith("of all prompt tokens"))
     assert served.split()[-2:] == ["40.0", "%"]  # 32 of the 80 served tokens
     assert every.split()[-2:] == ["6.7", "%"]  # 32 of all 480
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        # options of --pressure without it
+        (["--load", "2"], "--load needs --pressure"),
+        (["--ttft-target", "5"], "--ttft-target needs --pressure"),
+        (["--max-num-seqs", "8"], "--max-num-seqs needs --pressure"),
+        (["--max-num-batched-tokens", "64"], "--max-num-batched-tokens needs --pressure"),
+        # the pace of a timed replay in a sequential one (also when the value is the default)
+        (["--mode", "sequential", "--prefill-rate", "10000"], "--prefill-rate paces the timed replay"),
+        (["--mode", "sequential", "--decode-rate", "7"], "--decode-rate paces the timed replay"),
+        (["--mode", "sequential", "--max-queue-wait", "1"], "--max-queue-wait paces the timed replay"),
+        # the built-in workload's seed with a TRACE
+        (["--seed", "3"], "--seed seeds the built-in workload"),
+        # the precision and TP of a model's pages with no model to size
+        (["--kv-dtype", "fp8"], "--kv-dtype sizes pages of --model"),
+        (["--tp", "2"], "--tp sizes pages of --model"),
+        # lower-tier options under --pressure (which replays one HBM cache)
+        (["--pressure", "none", "--store-policy", "all"], "--store-policy is not supported with it"),
+        (["--pressure", "none", "--page-bytes", "1MiB"], "--page-bytes is not supported with it"),
+        (["--pressure", "none", "--host-bandwidth-gbps", "9"], "--host-bandwidth-gbps is not supported"),
+    ],
+)
+def test_an_option_the_replay_does_not_use_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], argv: list[str], flag: str
+) -> None:
+    """A flag given where it has no effect would read as a measured setting: it is an error naming it,
+    before anything runs, and the same command without it runs."""
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    base = [str(trace), "--trace-block-size", "16", "--page-size", "4", "--capacity-pages", "100"]
+    base += ["--policy", "lru"] if "--pressure" not in argv else []
+    base += ["--no-plot", "--out", str(tmp_path / "o"), "--json"]
+    assert run([*base, *argv]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and flag in captured.err and "Traceback" not in captured.err
+    assert not (tmp_path / "o").exists()
+    value_flags = {"--mode", "--pressure"}
+    rest = [a for i, a in enumerate(argv) if a in value_flags or (i > 0 and argv[i - 1] in value_flags)]
+    assert run([*base, *rest]) == 0, capsys.readouterr().err
+    capsys.readouterr()
+
+
+def test_trace_block_size_without_a_trace_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(["--requests", "10", "--trace-block-size", "16", "--no-plot", "--out", str(tmp_path)]) == 2
+    assert "--trace-block-size reads a TRACE" in capsys.readouterr().err
+
+
+def test_the_options_defaults_are_the_configs_defaults() -> None:
+    """The CLI fills in the defaults of options it leaves unset in argparse: they must be the ones the
+    configs document (and the help strings say)."""
+    from kvcore.replay import cli
+    from kvcore.replay.engine import ReplayConfig
+    from kvcore.replay.generator import WorkloadConfig
+    from kvcore.replay.pressure import PressureReplayConfig
+
+    d = cli._DEFAULTS
+    assert d["prefill_rate"] == ReplayConfig.prefill_rate == PressureReplayConfig.prefill_rate
+    assert d["decode_rate"] == ReplayConfig.decode_rate == PressureReplayConfig.decode_rate
+    assert d["max_queue_wait"] == ReplayConfig.max_queue_wait_s == PressureReplayConfig.max_queue_wait_s
+    assert d["ttft_target"] == PressureReplayConfig.ttft_target_s
+    assert d["max_num_batched_tokens"] == PressureReplayConfig.max_num_batched_tokens
+    assert d["max_num_seqs"] == PressureReplayConfig.max_num_seqs
+    assert d["seed"] == WorkloadConfig.seed
+    help_text = " ".join(_replay_help().split())
+    for flag, shown in [
+        ("--prefill-rate", "(default 10000)"),
+        ("--decode-rate", "(default 50)"),
+        ("--max-queue-wait", "(default 60)"),
+        ("--ttft-target", "(default 10)"),
+        ("--max-num-batched-tokens", "(default 2048)"),
+        ("--max-num-seqs", "(default 256)"),
+        ("--seed", "(default 0)"),
+        ("--trace-block-size", "(default 512)"),
+    ]:
+        entry = help_text.split(f" {flag} ")[1].split(" --")[0]
+        assert shown in entry, (flag, entry)
+
+
+def _replay_help() -> str:
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+        kvcore.cli.main(["replay", "--help"])
+    return out.getvalue()
+
+
+def test_decode_chunk_under_pressure_says_it_is_ignored(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = write_trace(tmp_path / "t.jsonl", ROWS)
+    argv = [str(trace), "--trace-block-size", "16", "--page-size", "4", "--capacity-pages", "100"]
+    argv += ["--pressure", "none", "--no-plot", "--out", str(tmp_path / "o"), "--json"]
+    assert run([*argv, "--decode-chunk", "8"]) == 0
+    assert "--decode-chunk is ignored" in capsys.readouterr().err

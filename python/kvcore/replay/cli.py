@@ -28,6 +28,22 @@ __all__ = ["register"]
 
 _DEFAULT_OUT = "kvcore-replay"
 _REMOTE_INDEX_PAGES = 1 << 22  # the remote index of each instance: 64 M tokens of 16-token pages
+# Options that only some replays use have no argparse default, so that one given where it has no
+# effect is an error naming it (a flag silently ignored reads as a measured setting); these fill in
+# the rest. They are ReplayConfig's, PressureReplayConfig's, WorkloadConfig's and sizing's defaults.
+_DEFAULTS: dict[str, Any] = {
+    "trace_block_size": 512,
+    "seed": 0,
+    "kv_dtype": "bf16",
+    "tp": 1,
+    "prefill_rate": 10_000.0,
+    "decode_rate": 50.0,
+    "max_queue_wait": 60.0,
+    "load": "1",
+    "ttft_target": 10.0,
+    "max_num_batched_tokens": 2048,
+    "max_num_seqs": 256,
+}
 
 
 def register(subparsers: Any) -> None:
@@ -48,9 +64,8 @@ def register(subparsers: Any) -> None:
     src.add_argument(
         "--trace-block-size",
         type=int_arg(1),
-        default=512,
         metavar="N",
-        help="tokens per hash id in TRACE (default 512)",
+        help=f"tokens per hash id in TRACE (default {_DEFAULTS['trace_block_size']})",
     )
     src.add_argument("--limit", type=int_arg(1), metavar="N", help="replay only the first N requests")
     src.add_argument(
@@ -60,7 +75,7 @@ def register(subparsers: Any) -> None:
         help="built-in workload: number of requests (default 4000)",
     )
     src.add_argument(
-        "--seed", type=int_arg(0), default=0, metavar="N", help="built-in workload: random seed (default 0)"
+        "--seed", type=int_arg(0), metavar="N", help="built-in workload: random seed (default 0)"
     )
     src.add_argument("--save-trace", metavar="PATH", help="also write the workload as Mooncake JSONL")
     cap = p.add_argument_group("capacity (default: what kvcore plan gives llama-3.1-8b on H100-80G)")
@@ -84,12 +99,11 @@ def register(subparsers: Any) -> None:
         help="with --gpu: parameter count for an estimate (e.g. 8B; default: the preset's)",
     )
     cap.add_argument(
-        "--kv-dtype", default="bf16", metavar="DTYPE", help="cache precision for --model (default bf16)"
+        "--kv-dtype", metavar="DTYPE", help="cache precision for --model or --gpu (default bf16)"
     )
     cap.add_argument(
         "--tp",
         type=int_arg(1),
-        default=1,
         metavar="N",
         help="tensor-parallel degree for --model/--gpu (default 1)",
     )
@@ -191,16 +205,15 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--prefill-rate",
         type=float_arg(0, strict=True),
-        default=10_000.0,
         metavar="TOK_S",
-        help="timed: prefill tokens/s per request (each step: prefill-rate / decode-rate prompt tokens)",
+        help="timed: prefill tokens/s per request (each step: prefill-rate / decode-rate prompt tokens) "
+        "(default 10000)",
     )
     run.add_argument(
         "--decode-rate",
         type=float_arg(0, strict=True),
-        default=50.0,
         metavar="TOK_S",
-        help="timed: decode tokens/s per request (one kvcore.scheduler step per decode token)",
+        help="timed: decode tokens/s per request (one kvcore.scheduler step per decode token) (default 50)",
     )
     run.add_argument(
         "--decode-chunk",
@@ -211,9 +224,8 @@ def register(subparsers: Any) -> None:
     run.add_argument(
         "--max-queue-wait",
         type=float_arg(0),
-        default=60.0,
         metavar="S",
-        help="timed: seconds a request may wait before it is refused",
+        help="timed: seconds a request may wait before it is refused (default 60)",
     )
     pr = p.add_argument_group(
         "memory pressure (--pressure): the timed replay's engine (kvcore.scheduler, step by step) at each "
@@ -227,20 +239,17 @@ def register(subparsers: Any) -> None:
         help="compare pressure modes, comma-separated: none (the scheduler alone), graduated "
         "(with the PressureController)",
     )
-    pr.add_argument(
-        "--load", metavar="X,X,...", default="1", help="arrival-rate multipliers (default 1; e.g. 1,2,3)"
-    )
+    pr.add_argument("--load", metavar="X,X,...", help="arrival-rate multipliers (default 1; e.g. 1,2,3)")
     pr.add_argument(
         "--ttft-target",
         type=float_arg(0, strict=True),
-        default=10.0,
         metavar="S",
         help="a request is good when served with its first token within S seconds (default 10)",
     )
     pr.add_argument(
-        "--max-num-batched-tokens", type=int_arg(1), default=2048, metavar="N", help="tokens per step"
+        "--max-num-batched-tokens", type=int_arg(1), metavar="N", help="tokens per step (default 2048)"
     )
-    pr.add_argument("--max-num-seqs", type=int_arg(1), default=256, metavar="N", help="running requests")
+    pr.add_argument("--max-num-seqs", type=int_arg(1), metavar="N", help="running requests (default 256)")
     out = p.add_argument_group("output")
     out.add_argument(
         "--out",
@@ -341,6 +350,26 @@ def _shared(args: argparse.Namespace) -> bool:
     return False
 
 
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def _fill_defaults(args: argparse.Namespace) -> None:
+    """Record which of :data:`_DEFAULTS` the command line gave (``args.given``), fill in the others."""
+    args.given = {dest for dest in _DEFAULTS if getattr(args, dest) is not None}
+    for dest in _DEFAULTS.keys() - args.given:
+        setattr(args, dest, _DEFAULTS[dest])
+
+
+def _refuse_unused(args: argparse.Namespace, unused: tuple[str, ...], why: str) -> None:
+    """Raise ``ConfigError`` naming the first of ``unused`` (dests) the command line gave."""
+    from kvcore.exceptions import ConfigError
+
+    for dest in unused:
+        if dest in args.given:
+            raise ConfigError(f"{_flag(dest)} {why}")
+
+
 def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
     """The workload (TRACE, or the built-in one) and the capacity the flags give.
 
@@ -356,6 +385,14 @@ def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
     if args.trace is not None:
         if args.requests is not None:
             raise ConfigError("--requests sizes the built-in workload; with a TRACE use --limit")
+        _refuse_unused(args, ("seed",), "seeds the built-in workload: a TRACE has no use for it")
+    else:
+        _refuse_unused(args, ("trace_block_size",), "reads a TRACE: the built-in workload has none")
+    if args.model is None and (args.capacity_pages is not None or args.capacity_tokens is not None):
+        _refuse_unused(
+            args, ("kv_dtype", "tp"), "sizes pages of --model: with --capacity-pages/-tokens it needs --model"
+        )
+    if args.trace is not None:
         trace = read_trace(args.trace, block_size=args.trace_block_size, limit=args.limit)
     else:
         trace = generate_workload(WorkloadConfig(seed=args.seed, num_requests=args.requests or 4000))
@@ -383,9 +420,13 @@ def _run(args: argparse.Namespace) -> int:
     from kvcore.replay.report import format_report
     from kvcore.replay.trace import write_trace
 
+    _fill_defaults(args)
     shared = _shared(args)
     if args.pressure is not None:
         return _run_pressure(args)
+    _refuse_unused(
+        args, ("load", "ttft_target", "max_num_batched_tokens", "max_num_seqs"), "needs --pressure MODES"
+    )
     text = args.policy if args.policy is not None else ("lru" if shared else ",".join(POLICIES))
     policies = [p.strip().lower() for p in text.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
@@ -403,6 +444,13 @@ def _run(args: argparse.Namespace) -> int:
     mode = args.mode or ("timed" if trace.timestamps_ms is not None else "sequential")
     if mode == "timed" and trace.timestamps_ms is None:
         raise ConfigError("--mode timed needs a trace with timestamps")
+    if mode == "sequential":
+        _refuse_unused(
+            args,
+            ("prefill_rate", "decode_rate", "max_queue_wait"),
+            "paces the timed replay: this one is sequential (--mode sequential, or a trace without "
+            "timestamps), prompts one after the other",
+        )
     config = ReplayConfig(
         capacity_pages=capacity.pages,
         page_size=capacity.page_size,
@@ -525,6 +573,10 @@ def _run_pressure(args: argparse.Namespace) -> int:
             ("--instances", args.instances),
             ("--remote", args.remote),
             ("--mode", args.mode if args.mode == "sequential" else None),
+            ("--store-policy", args.store_policy),
+            ("--host-bandwidth-gbps", args.host_bandwidth_gbps),
+            ("--disk-bandwidth-gbps", args.disk_bandwidth_gbps),
+            ("--page-bytes", args.page_bytes),
         )
         if value is not None
     ]
@@ -577,6 +629,8 @@ def _run_pressure(args: argparse.Namespace) -> int:
         "plots": [],
     }
     notes: list[str] = []
+    if args.decode_chunk is not None:
+        notes.append("--decode-chunk is ignored: the scheduler reserves one slot per decode step")
     if not args.no_plot:
         if matplotlib_available():
             report["plots"] = [str(plot_pressure(results, out_dir / "pressure.png"))]
