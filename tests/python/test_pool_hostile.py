@@ -192,3 +192,65 @@ def test_from_memory_budget_takes_integers_as_the_constructor_does(as_int: Any) 
     assert type(pool.num_pages) is int and type(pool.num_layers) is int
     with pytest.raises(InvalidArgumentError, match="num_layers"):
         KVPool.from_memory_budget(10**6, **{**BUDGET_SHAPE, "num_layers": True})  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------ checked copies
+
+
+def test_index_checks_return_a_private_copy_of_what_they_checked() -> None:
+    """Page ids and slots reach raw kernels after their checks: the checked array must be the pool's
+    own copy (taken before the checks), never the caller's buffer, which another thread may write
+    between the check and the launch. Each array is already of the target dtype and contiguous, the
+    case a no-copy fast path would hand back as is."""
+    from kvcore.kernels.checks import check_page_ids, check_pairs, check_slots
+    from kvcore.pool.checks import index_array
+
+    pool = random_pool()
+    ids = np.array([1, 2, 3], dtype=np.int64)
+    slots = np.array([pool.page_size, -1, pool.page_size + 1], dtype=np.int64)
+    pairs = np.array([[1, 2], [3, 4]], dtype=np.int64)
+    i32 = np.array([0, 1, 2], dtype=np.int32)
+    for got, given in [
+        (index_array(i32, "x", dtype=np.int32), i32),
+        (check_page_ids(pool, ids), ids),
+        (check_slots(pool, slots), slots),
+        (check_pairs(pool, pairs), pairs),
+    ]:
+        np.testing.assert_array_equal(got, given)
+        assert not np.shares_memory(got, given)
+
+
+def test_a_writer_racing_the_checks_never_gets_an_unchecked_page_id_through() -> None:
+    """A thread flips one entry of the caller's array between a valid and an out-of-range page id while
+    the main thread checks it: every call either refuses or returns only valid ids."""
+    import sys
+    import threading
+
+    from kvcore.exceptions import InvalidPageError
+    from kvcore.kernels.checks import check_page_ids
+
+    pool = random_pool()
+    ids = np.arange(1, 257, dtype=np.int64) % (pool.num_pages - 1) + 1
+    ids = np.unique(ids)
+    stop = threading.Event()
+
+    def writer() -> None:
+        while not stop.is_set():
+            ids[-1] = 10**9
+            ids[-1] = pool.num_pages - 1
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    t = threading.Thread(target=writer)
+    t.start()
+    try:
+        for _ in range(3000):
+            try:
+                got = check_page_ids(pool, ids)
+            except InvalidPageError:
+                continue
+            assert int(got.max()) < pool.num_pages and int(got.min()) >= 1
+    finally:
+        stop.set()
+        t.join()
+        sys.setswitchinterval(old)

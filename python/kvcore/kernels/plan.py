@@ -83,10 +83,10 @@ class PageTableArrays(NamedTuple):
 
 
 def _offsets(a: Any, name: str) -> np.ndarray:
-    """int32 ``[n]`` CSR offsets or lengths: integers in ``[0, 2**31)``, checked before the cast."""
-    return index_array(
-        a, name, dtype=np.int32, low=0, what="offsets" if name.endswith("indptr") else "lengths"
-    )
+    """int32 ``[n]`` CSR offsets or lengths: integers in ``[0, 2**31)``, checked before the cast (on a
+    private copy taken first, see :func:`index_array`)."""
+    what = "offsets" if name.endswith("indptr") else "lengths"
+    return index_array(a, name, dtype=np.int32, low=0, what=what)
 
 
 def unpack_page_table(
@@ -96,7 +96,9 @@ def unpack_page_table(
 
     Host arrays only: device copies are made by the plan, once per step. Lists and any integer dtype are
     taken; values are ranged before the cast to int32, so none wraps. ``allow_null`` (sliding-window
-    attention) admits the null page 0 for pages that left the window; attention masks them.
+    attention) admits the null page 0 for pages that left the window; attention masks them. The three
+    are private copies, taken before the checks (a caller's buffer written by another thread meanwhile
+    cannot put an unchecked page id in them).
 
     Raises:
         InvalidDTypeError: ``page_table`` is neither, an array is not 1-D integer, or the lengths disagree.
@@ -191,11 +193,10 @@ class AttentionPlan:
         return int(self.q_indptr[-1])
 
 
-def _own(a: np.ndarray) -> np.ndarray:
-    """A private, read-only copy of a checked host array (what a plan keeps of its caller's arrays)."""
-    out = np.array(a, copy=True)
-    out.flags.writeable = False
-    return out
+def _frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` (a private copy, checked after it was taken) made read-only: what a plan keeps."""
+    a.flags.writeable = False
+    return a
 
 
 def _ceil_div(a: Any, b: Any) -> Any:
@@ -244,9 +245,7 @@ def check_positions(positions: Any, kv_len: np.ndarray) -> np.ndarray | None:
     """
     if positions is None:
         return None
-    pos = np.array(
-        index_array(positions, "positions", dtype=np.int32, low=0, what="positions"), dtype=np.int32
-    )
+    pos = index_array(positions, "positions", dtype=np.int32, low=0, what="positions")
     total = int(kv_len.astype(np.int64).sum())
     if pos.shape[0] != total:
         raise InvalidArgumentError(
@@ -386,11 +385,12 @@ def plan_attention(
     """
     window = check_window(window)
     variant = check_variant(variant)
-    # The plan keeps copies of what it validates: the caller may refill its buffers for the next step
-    # (``page_table(ids, out=buf)``) while this plan is still in use, and a call with ``plan=`` reads only
-    # the plan's table (read-only, so nothing writes it behind the checks either).
-    pt = PageTableArrays(*(_own(a) for a in unpack_page_table(page_table, allow_null=window is not None)))
-    qi = _own(_offsets(q_indptr, "q_indptr"))
+    # The plan keeps private copies, taken before they are checked: the caller may refill its buffers for
+    # the next step (``page_table(ids, out=buf)``) while this plan is in use, or another thread may write
+    # them during this call, and neither reaches the plan. A call with ``plan=`` reads only the plan's
+    # table (read-only, so nothing writes it behind the checks either).
+    pt = PageTableArrays(*(_frozen(a) for a in unpack_page_table(page_table, allow_null=window is not None)))
+    qi = _frozen(_offsets(q_indptr, "q_indptr"))
     batch = pt.kv_last_page_len.shape[0]
     if qi.shape[0] != batch + 1 or qi[0] != 0 or (np.diff(qi) < 0).any():
         raise InvalidArgumentError(f"q_indptr: expected [{batch + 1}] offsets from 0, non-decreasing")

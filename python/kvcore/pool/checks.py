@@ -6,8 +6,8 @@ every index-like argument goes through :func:`index_array`, which ranges the val
 before converting, and refuses what is not an integer array at all. The NumPy reference, the CUDA path (on
 the host, before any launch) and the pool all call these, so a refused call has written nothing.
 
-Cost: one ``min`` and one ``max`` reduction per array, no copy when the input already has the target dtype
-and is contiguous.
+Cost: one copy (taken first, so that what is checked is what is used, whatever another thread writes to
+the caller's array meanwhile), and one ``min`` and one ``max`` reduction per array.
 """
 
 from __future__ import annotations
@@ -55,8 +55,9 @@ def index_array(
 
     Takes NumPy integer arrays of any width, signed or unsigned, and lists or tuples of ints (an empty one
     is ``[0, *trailing]``). The range is checked on the input's own values (exact integer ``min``/``max``)
-    and narrowed to what ``dtype`` holds, *before* the cast, so nothing wraps. No copy when ``x`` already
-    is a contiguous ``dtype`` array.
+    and narrowed to what ``dtype`` holds, *before* the cast, so nothing wraps. The result is always a
+    private array, copied *before* the checks: what was checked is what the caller uses (page ids and
+    slots reach raw kernels and files), even if another thread writes ``x`` meanwhile.
 
     Args:
         x: the argument.
@@ -80,7 +81,7 @@ def index_array(
     if isinstance(x, list | tuple) and len(x) == 0:
         return np.empty((0, *trailing), dtype=dtype)
     try:
-        a = np.asarray(x)
+        a = np.array(x, copy=True)  # never x itself, nor a view of it (see above)
     except (TypeError, ValueError, OverflowError):
         a = None
     t_lo, t_hi = _bounds(np.dtype(dtype))
