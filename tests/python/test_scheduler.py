@@ -538,26 +538,36 @@ class _SlowScheduler(Scheduler):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@example(seed=5, num_pages=19, budget=5, aborts=[])  # a stop and a length ending in one step
+@example(seed=5, num_pages=19, budget=5, aborts=[], stops="some")  # a stop and a length in one step
+@example(seed=5, num_pages=40, budget=40, aborts=[], stops="all")
+@example(seed=7, num_pages=40, budget=40, aborts=[2], stops="late")
 @given(
     seed=st.integers(0, 10**6),
     num_pages=st.integers(6, 40),
     budget=st.integers(1, 40),
     aborts=st.lists(st.integers(0, 11), max_size=3),
+    stops=st.sampled_from(["some", "all", "two", "late"]),
 )
 def test_the_fast_decode_path_plans_exactly_what_the_reference_does(
-    seed: int, num_pages: int, budget: int, aborts: list[int]
+    seed: int, num_pages: int, budget: int, aborts: list[int], stops: str
 ) -> None:
     """Plans (rows, starts, slots, tables), events and answers of the scheduler equal those of the same
     scheduler without its steady-state shortcut, step by step, through preemptions, stop tokens and
-    aborts between a step and its update."""
+    aborts between a step and its update. Stop sets: on some requests, one set on all (the shortcut
+    checks it on every row at once), two sets, or one set until requests with another join."""
     rng = np.random.default_rng(seed)
+    stop_of = {
+        "some": lambda i: frozenset({29}) if i % 3 == 0 else frozenset(),
+        "all": lambda i: frozenset({29}),
+        "two": lambda i: frozenset({29}) if i % 2 else frozenset({27, 29}),
+        "late": lambda i: frozenset({29}) if i < 7 else frozenset({28}),
+    }[stops]
     reqs = [
         Request(
             i,
             rng.integers(0, 30, int(rng.integers(1, 25))).tolist(),
             max_new_tokens=int(rng.integers(1, 30)),
-            stop_token_ids=frozenset({29}) if i % 3 == 0 else frozenset(),
+            stop_token_ids=stop_of(i),
             priority=int(rng.integers(0, 2)),
             request_class="default" if i % 4 else "new",  # a class without a quantile yet
         )

@@ -242,6 +242,19 @@ def _stop_groups(stops: list[frozenset[int]], base: int) -> dict[frozenset[int],
     return {stop: np.array(rows, np.int64) for stop, rows in groups.items()}
 
 
+_NO_STOP: frozenset[int] = frozenset()
+
+
+def _stops_of(
+    stops: list[frozenset[int]],
+) -> tuple[frozenset[int], dict[frozenset[int], npt.NDArray[np.int64]]]:
+    """``(stop_all, stop_groups)`` of rows with these stop sets: the one set every row has (and no
+    groups), or no common set and the rows grouped by :func:`_stop_groups`."""
+    if stops and stops[0] and all(stop == stops[0] for stop in stops):
+        return stops[0], {}
+    return _NO_STOP, _stop_groups(stops, 0)
+
+
 def _in_stop(values: npt.NDArray[Any], stop: frozenset[int]) -> npt.NDArray[np.bool_]:
     """``values`` in ``stop``, elementwise: one comparison per stop id for the usual few (EOS ids);
     ``np.isin`` sets up a sort or a table per call, about 40 µs, on every decode step."""
@@ -274,17 +287,20 @@ class _DecodeRows:
     built by patching the last step's (no Python pass per request). ``num`` is one int64 array of
     five rows (``_ID``: request id, ``_START``: the position computed, ``_TOKEN``: the token there,
     ``_LEFT``: tokens still to generate, ``_MAX_NEW``), so dropping the rows that end and adding those
-    that join is one NumPy call each; ``appends`` are the requests' token lists' ``append``,
-    ``stop_groups`` maps a stop set to its rows, ``classes`` are the rows' request classes and
+    that join is one NumPy call; ``appends`` are the requests' token lists' ``append``,
+    ``stop_all`` the stop set every row has when they all share one (the usual: the model's EOS ids;
+    then ``stop_groups`` is empty and nothing is re-indexed as rows come and go), else
+    ``stop_groups`` maps a stop set to its rows; ``classes`` are the rows' request classes and
     ``names`` their set."""
 
-    __slots__ = ("appends", "classes", "names", "num", "stop_groups", "version")
+    __slots__ = ("appends", "classes", "names", "num", "stop_all", "stop_groups", "version")
 
     def __init__(
         self,
         version: int,
         num: npt.NDArray[np.int64],
         appends: list[Callable[[int], None]],
+        stop_all: frozenset[int],
         stop_groups: dict[frozenset[int], npt.NDArray[np.int64]],
         classes: list[str],
         names: set[str],
@@ -292,6 +308,7 @@ class _DecodeRows:
         self.version = version
         self.num = num
         self.appends = appends
+        self.stop_all = stop_all
         self.stop_groups = stop_groups
         self.classes = classes
         self.names = names
@@ -796,13 +813,18 @@ class Scheduler:
         if used is not None:
             # Steady state: the rows are the cached decoding requests, all live. Only their tokens
             # grow here; their counts lag (self._lazy) and the countdown is one array.
-            appends, stop_groups = used.appends, used.stop_groups
+            appends, stop_all, stop_groups = used.appends, used.stop_all, used.stop_groups
             d_toks = toks[:nd]
             for app, tok in zip(appends, d_toks, strict=True):
                 app(tok)
             rem = used.num[_LEFT] - 1
             done_rows = [(i, "length") for i in np.flatnonzero(rem <= 0).tolist()]
-            if stop_groups:
+            if stop_all:  # every row has this stop set
+                hit = np.flatnonzero(_in_stop(arr[:nd], stop_all) & (rem > 0))
+                if hit.size:
+                    done_rows += [(i, "stop") for i in hit.tolist()]
+                    done_rows.sort()  # row order, as the checked loop ends them
+            elif stop_groups:
                 tok_arr = arr[:nd]
                 for stop, group in stop_groups.items():  # rows sharing one stop set (EOS ids, usually one)
                     hit = group[_in_stop(tok_arr[group], stop) & (rem[group] > 0)]
@@ -868,7 +890,8 @@ class Scheduler:
             return None
         if used is not None:
             num = used.num + _ONE_STEP  # a fresh array: the plan's views of ``used.num`` stay as given
-            appends, stop_groups, classes, names = used.appends, used.stop_groups, used.classes, used.names
+            appends, classes, names = used.appends, used.classes, used.names
+            stop_all, stop_groups = used.stop_all, used.stop_groups
         else:  # counts are current after the checked loop
             rows = self._decode_rows
             num = np.empty((5, nd), np.int64)
@@ -877,35 +900,57 @@ class Scheduler:
             num[_LEFT] = np.fromiter([r.max_new - r.generated for r in rows], np.int64, nd)
             num[_MAX_NEW] = np.fromiter([r.max_new for r in rows], np.int64, nd)
             appends = [r.tokens.append for r in rows]
-            stop_groups = _stop_groups([r.stop for r in rows], 0)
+            stop_all, stop_groups = _stops_of([r.stop for r in rows])
             classes = [r.cls for r in rows]
             names = set(classes)
         num[_TOKEN] = arr[:nd]
+        if not ended_rows and not joined:
+            return _DecodeRows(self._dec_version, num, appends, stop_all, stop_groups, classes, names)
+        # One concatenation: the kept runs of columns between the rows that end, then the joiners.
+        pieces: list[npt.NDArray[np.int64]] = []
         if ended_rows:
-            keep = np.ones(nd, bool)
-            keep[ended_rows] = False
-            num = num.compress(keep, axis=1)
+            gone = sorted(ended_rows)  # few rows end per step
+            prev = 0
+            for i in gone:
+                pieces.append(num[:, prev:i])
+                prev = i + 1
+            pieces.append(num[:, prev:])
             appends, classes = list(appends), list(classes)
-            for i in sorted(ended_rows, reverse=True):  # few rows end per step
+            for i in reversed(gone):
                 del appends[i], classes[i]
             if stop_groups:
+                keep = np.ones(nd, bool)
+                keep[gone] = False
                 new_index = np.cumsum(keep) - 1
                 stop_groups = {stop: new_index[g[keep[g]]] for stop, g in stop_groups.items()}
                 stop_groups = {stop: g for stop, g in stop_groups.items() if len(g)}
             if len(names) > 1:  # a class may have left (one class stays exact)
                 names = set(classes)
+        else:
+            pieces.append(num)
         if joined:
-            base = num.shape[1]
+            base = nd - len(ended_rows)
             rows_in = [(r.rid, r.computed, r.tokens[-1], r.max_new - r.generated, r.max_new) for r in joined]
-            num = np.concatenate([num, np.array(rows_in, np.int64).T], axis=1)
+            pieces.append(np.array(rows_in, np.int64).T)
             appends = [*appends, *(r.tokens.append for r in joined)]
             classes = [*classes, *(r.cls for r in joined)]
             names = names | {r.cls for r in joined}
-            if any(r.stop for r in joined):
-                stop_groups = _merge_stop_groups(stop_groups, _stop_groups([r.stop for r in joined], base))
+            if not (stop_all and all(r.stop == stop_all for r in joined)):
+                if stop_all:  # the rows no longer share one stop set: group them
+                    stop_groups = {stop_all: np.arange(base, dtype=np.int64)} if base else {}
+                    stop_all = _NO_STOP
+                if any(r.stop for r in joined):
+                    stop_groups = _merge_stop_groups(
+                        stop_groups, _stop_groups([r.stop for r in joined], base)
+                    )
+        num = np.concatenate(pieces, axis=1)
         if num.shape[1] != len(self._decoding):  # anything else changed the set: rebuild next step
             return None
-        return _DecodeRows(self._dec_version, num, appends, stop_groups, classes, names)
+        if len(stop_groups) == 1:  # one group of every row (distinct rows): they share one stop set
+            ((stop, group),) = stop_groups.items()
+            if len(group) == num.shape[1]:
+                stop_all, stop_groups = stop, {}
+        return _DecodeRows(self._dec_version, num, appends, stop_all, stop_groups, classes, names)
 
     def _sync_decoding(self) -> None:
         """Catch up the counts of decoding requests after fast updates (their tokens are right)."""
