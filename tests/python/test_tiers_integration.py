@@ -182,3 +182,39 @@ def test_a_full_or_unwritable_disk_skips_stores_and_nothing_crashes(
     monkeypatch.undo()
     engine.run(list(range(1, 22)), None)  # room again: stored this time (a hit now stores)
     cache._check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["host", "disk"])
+def test_a_public_prefix_and_a_tenant_storing_it_in_one_batch_both_land(kind: str, tmp_path: Path) -> None:
+    """A public system prompt and a tenant's prompt over it queue stores of the same HBM pages in one
+    batch (under the public key and under the tenant's): the tier takes the page twice (one read, two
+    slots), no store fails, and after HBM is emptied the tenant's next prompt loads exactly the K/V
+    that was computed."""
+    pool = make_pool(32)
+    disk = (tmp_path / "d", 16 * (pool.page_bytes + 8192), pool)
+    tier = HostTier(pool, 16) if kind == "host" else DiskTier(*disk)
+    cache = KVCacheManager(32, PS, lower_tiers=[tier], store_policy="all")
+    mover = Mover(cache, pool, [tier])
+    system = list(range(100, 108))  # two full pages
+    assert cache.add_sequence(1, [*system, 1], "*") == 0
+    computed = {}
+    for p in cache.seq_pages(1)[:2].tolist():
+        pool.data[:, :, p] = np.random.default_rng(p).standard_normal(pool.data[:, :, p].shape)
+        computed[p] = pool.data[:, :, p].copy()
+    assert cache.add_sequence(2, [*system, 2], "a") == 8  # hits the public pages
+    batch = cache.take_transfers(loads=False)
+    assert sorted(batch.store_pages.tolist()) == sorted([*computed, *computed])  # each page twice
+    result = mover.execute(batch)
+    assert result.store_failed == 0 and result.stored == 4
+    stats = cache.tier_stats()[tier.name]
+    assert stats["num_store_failed_pages"] == 0 and stats["num_slots_cached"] >= 2
+    cache.free_sequence(1)
+    cache.free_sequence(2)
+    cache.evict(1000)
+    pool.data[...] = 0
+    assert cache.add_sequence(3, [*system, 3], "a") is not None
+    mover.run(stores=False)
+    assert cache.is_ready(3) and cache.hit_tokens(3)[tier.name] == 8
+    for page, want in zip(cache.seq_pages(3)[:2].tolist(), computed.values(), strict=True):
+        np.testing.assert_array_equal(pool.data[:, :, page], want)
+    cache._check_invariants()

@@ -355,11 +355,22 @@ def test_a_namespace_that_is_not_unicode_is_refused_before_anything_is_sent(tier
     assert tier.exists(m["keys"]) == 0  # no row went out
 
 
+def test_one_page_may_be_stored_under_two_keys(tier_factory: Any) -> None:
+    """A public page and a tenant's copy of it in one batch: the page is read twice, both keys load it."""
+    pool = make_pool()
+    tier = tier_factory(pool)
+    m = meta(2)
+    assert tier.store(pool, i32(3, 3), i32(0, 1), **m).all()
+    assert tier.load(pool, i32(0, 1), i32(5, 6), m["keys"]).all()
+    for page in (5, 6):
+        np.testing.assert_array_equal(pool.data[:, :, page], pool.data[:, :, 3])
+
+
 def test_caller_mistakes_raise_before_anything_is_sent(tier_factory: Any) -> None:
     pool = make_pool()
     tier = tier_factory(pool)
     with pytest.raises(InvalidArgumentError):
-        tier.store(pool, i32(1, 1), i32(0, 1), **meta(2))
+        tier.store(pool, i32(1, 2), i32(0, 0), **meta(2))  # one slot twice
     with pytest.raises(InvalidArgumentError):
         tier.store(make_pool("fp16"), i32(1), i32(0), **meta(1))
     assert nonzero(tier.stats()) == {}

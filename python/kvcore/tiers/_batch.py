@@ -83,7 +83,7 @@ def _rows(a: np.ndarray, n: int, name: str) -> None:
 class StoreArgs:
     """Checked arguments of a ``store`` call (n rows)."""
 
-    pages: np.ndarray  # int64 [n], distinct pool page ids in [1, num_pages)
+    pages: np.ndarray  # int64 [n], pool page ids in [1, num_pages) (one page may go to two slots)
     slots: np.ndarray  # int64 [n], distinct slots in [0, num_slots)
     keys: np.ndarray  # uint8 [n, 16]
     parent_keys: np.ndarray  # uint8 [n, 16]
@@ -91,7 +91,7 @@ class StoreArgs:
     namespaces: list[str | None]  # [n]
 
 
-def _page_ids(pool: KVPool, pages: Any) -> np.ndarray:
+def _page_ids(pool: KVPool, pages: Any, *, distinct: bool) -> np.ndarray:
     ids = index_array(
         pages,
         "pages",
@@ -102,7 +102,8 @@ def _page_ids(pool: KVPool, pages: Any) -> np.ndarray:
         hint=" (page 0 is the null page)",
         error=InvalidPageError,
     )
-    _distinct(ids, "pages")
+    if distinct:
+        _distinct(ids, "pages")
     return ids
 
 
@@ -133,13 +134,16 @@ def check_store(
     Raises:
         InvalidDTypeError: wrong types, shapes or row counts.
         InvalidPageError: a page id out of ``[1, num_pages)``.
-        InvalidArgumentError: a pool of another geometry, a slot out of range, a page or slot
-            repeated, a namespace that is not a str or None, or not encodable as UTF-8 (a lone
-            surrogate: every tier stores the namespace as UTF-8, so this is checked before any row
-            is written, not found midway).
+        InvalidArgumentError: a pool of another geometry, a slot out of range, a slot repeated, a
+            namespace that is not a str or None, or not encodable as UTF-8 (a lone surrogate: every
+            tier stores the namespace as UTF-8, so this is checked before any row is written, not
+            found midway).
+
+    A page may repeat (read twice, into two slots): one batch can store a public page under the
+    public namespace's key and, for a tenant whose prompt runs through it, under the tenant's.
     """
     check_pool(geometry, pool, who)
-    p = _page_ids(pool, pages)
+    p = _page_ids(pool, pages, distinct=False)
     n = p.shape[0]
     s = _slot_ids(slots, num_slots)
     _rows(s, n, "slots")
@@ -178,7 +182,7 @@ def check_load(
     check_pool(geometry, pool, who)
     s = _slot_ids(slots, num_slots)
     n = s.shape[0]
-    p = _page_ids(pool, pages)
+    p = _page_ids(pool, pages, distinct=True)
     _rows(p, n, "pages")
     return s, p, _keys(keys, n, "keys")
 
