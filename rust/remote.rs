@@ -445,7 +445,12 @@ impl RespClient {
             return Vec::new();
         }
         let row = out.len() / keys.len();
-        let into = out.chunks_exact_mut(row).map(Reply::Into).collect();
+        let into = if row == 0 {
+            // Zero-width rows (chunks_exact_mut(0) panics): only empty values fit.
+            (0..keys.len()).map(|_| Reply::Into(&mut [])).collect()
+        } else {
+            out.chunks_exact_mut(row).map(Reply::Into).collect()
+        };
         self.run(keys, window_for(row), |i| vec![b"GET", keys[i]], into)
     }
 

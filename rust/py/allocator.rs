@@ -17,7 +17,7 @@ fn with_page_ids(
     let ids = page_ids(pages)?;
     let ids: &[PageId] = ids.as_slice();
     if ids.len() >= DETACH_MIN_PAGES {
-        py.detach(|| op(ids))?;
+        super::detach(py, || op(ids))?;
     } else {
         op(ids)?;
     }
@@ -62,7 +62,7 @@ impl PyPageAllocator {
         // error) the array is dropped without being exposed.
         let (array, out) = unsafe { new_page_array(py, n) };
         let ok = if n >= DETACH_MIN_PAGES {
-            py.detach(|| self.inner.allocate_into(out))?
+            super::detach(py, || self.inner.allocate_into(out))?
         } else {
             self.inner.allocate_into(out)?
         };

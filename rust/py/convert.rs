@@ -162,7 +162,8 @@ pub(crate) fn iter_arg<'py>(
 }
 
 /// The items of a list, tuple or range (a snapshot: later changes to a list are not seen), or
-/// `None` for any other object.
+/// `None` for any other object. A range is lazy: its length is checked before anything is
+/// allocated, so `range(10**12)` is an `OutOfMemoryError`, not an aborted process.
 fn int_sequence<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
     if let Ok(list) = obj.cast::<PyList>() {
         return Ok(Some(list.iter().collect()));
@@ -171,9 +172,64 @@ fn int_sequence<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Vec<Bound<'py, 
         return Ok(Some(tuple.iter().collect()));
     }
     if obj.is_instance_of::<PyRange>() {
-        return Ok(Some(obj.try_iter()?.collect::<PyResult<_>>()?));
+        // len() of a range past sys.maxsize raises OverflowError: too long either way.
+        let len = obj.len().unwrap_or(usize::MAX);
+        let mut items = copy_buffer::<Bound<'py, PyAny>>(len)?;
+        for item in obj.try_iter()? {
+            items.push(item?);
+        }
+        return Ok(Some(items));
     }
     Ok(None)
+}
+
+/// The elements of a 1-D array as a list of Python scalars, through `numpy.ndarray.tolist` itself
+/// (never the object's own `tolist`, which a subclass may override to return anything, itself
+/// included).
+fn array_as_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
+    let tolist = obj
+        .py()
+        .import("numpy")?
+        .getattr("ndarray")?
+        .getattr("tolist")?;
+    let list = tolist.call1((obj,))?;
+    list.cast_into_exact::<PyList>().map_err(|e| {
+        KvError::InvalidDType(format!(
+            "numpy.ndarray.tolist gave {}, not a list",
+            type_name(e.into_inner().as_any())
+        ))
+        .into()
+    })
+}
+
+/// Real numbers (`compact`'s scores): a 1-D array or any iterable of ints and floats, as `f32`.
+/// The vector grows with what is iterated (a lying `__len__` reserves nothing), and running out of
+/// memory is an `OutOfMemoryError`.
+pub(crate) fn floats_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f32>> {
+    let list;
+    let items = if let Ok(array) = obj.cast::<PyUntypedArray>() {
+        let kind = array.dtype().kind();
+        if array.ndim() != 1 || !matches!(kind, b'f' | b'i' | b'u') {
+            return Err(KvError::InvalidDType(format!(
+                "{name} must be a 1-D sequence or array of floats, got a {}-D {} array",
+                array.ndim(),
+                dtype_name(array)
+            ))
+            .into());
+        }
+        list = array_as_list(obj)?;
+        list.try_iter()?
+    } else {
+        iter_arg(obj, name)?
+    };
+    let mut out: Vec<f32> = Vec::new();
+    for (i, item) in items.enumerate() {
+        let v = float_arg(&item?, &format!("{name}[{i}]"))?;
+        out.try_reserve(1)
+            .map_err(|_| PyErr::from(KvError::OutOfMemory(format!("cannot hold {i} {name}"))))?;
+        out.push(v as f32);
+    }
+    Ok(out)
 }
 
 /// The elements of a list, tuple or range as `u32`s, each converted from a Python int by `convert`;
@@ -453,8 +509,12 @@ pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i6
             .into());
         }
         // A fresh list: no view of the array survives this line.
-        let list = obj.call_method0("tolist")?;
-        return seq_ids_arg(&list, name);
+        let list = array_as_list(obj)?;
+        return list
+            .iter()
+            .enumerate()
+            .map(|(i, item)| int_value_named(&item, || format!("{name}[{i}]")))
+            .collect();
     }
     let Some(items) = int_sequence(obj)? else {
         return Err(KvError::InvalidDType(format!(

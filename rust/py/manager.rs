@@ -12,8 +12,8 @@ use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PySlice, PyTuple};
 
 use super::convert::{
-    bool_arg, bytes_arg, count_arg, counts_arg, float_arg, int_arg, int_value, iter_arg,
-    namespace_arg, opt_arg, page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
+    bool_arg, bytes_arg, count_arg, counts_arg, float_arg, floats_arg, int_arg, int_value,
+    iter_arg, namespace_arg, opt_arg, page_arg, page_ids, seq_ids_arg, str_arg, tokens, Arg,
 };
 use crate::error::KvError;
 use crate::eviction::EvictionPolicy;
@@ -78,6 +78,20 @@ fn python_attr<'py>(
         .clone())
 }
 
+/// Call `module.name(*args)`, a kvcore class or function written in Python, as a counted call
+/// (Python code runs under our frames: see `super::active`).
+fn call_attr<'py>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Py<PyAny>>,
+    module: &str,
+    name: &str,
+    args: impl pyo3::call::PyCallArgs<'py>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let callee = python_attr(py, cell, module, name)?;
+    let _active = super::active(py);
+    callee.call1(args)
+}
+
 /// Calls whose work grows past these (tokens, pages, sequences in a batch) run detached from the
 /// interpreter: other Python threads keep running meanwhile (a transfer-completion thread is not
 /// stalled by the scheduler's large evictions, resets or tables).
@@ -128,7 +142,7 @@ impl PyKVCacheManager {
                 return f(&self.inner);
             }
         }
-        py.detach(|| {
+        super::detach(py, || {
             let _gate = self.gate.lock();
             f(&self.inner)
         })
@@ -148,7 +162,7 @@ impl PyKVCacheManager {
                 return f(&self.inner);
             }
         }
-        py.detach(|| {
+        super::detach(py, || {
             let _gate = self.gate.lock();
             f(&self.inner)
         })
@@ -175,7 +189,10 @@ impl PyKVCacheManager {
         match &self.clock {
             None => Ok(self.epoch.elapsed().as_micros() as u64),
             Some(clock) => {
-                let value = clock.bind(py).call0()?;
+                let value = {
+                    let _active = super::active(py);
+                    clock.bind(py).call0()?
+                };
                 let seconds = float_arg(&value, "the clock's return value")?;
                 seconds_to_micros(seconds, "the clock's return value")
             }
@@ -262,7 +279,7 @@ impl PyKVCacheManager {
             }
         }
         // Large pools are built detached: other Python threads keep running meanwhile.
-        let inner = py.detach(|| KVCacheManager::new(config))?;
+        let inner = super::detach(py, || KVCacheManager::new(config))?;
         Ok(Self {
             tier_names: inner.tier_names(),
             inner,
@@ -370,24 +387,32 @@ impl PyKVCacheManager {
                     namespace,
                     pages,
                     medium,
-                } => python_attr(py, &PAGE_STORED, "kvcore.events", "PageStored")?.call1((
-                    key_list(&keys),
-                    parent.map(|k| PyBytes::new(py, &k)),
-                    namespace,
-                    medium,
-                    page_array(&pages),
-                )),
+                } => call_attr(
+                    py,
+                    &PAGE_STORED,
+                    "kvcore.events",
+                    "PageStored",
+                    (
+                        key_list(&keys),
+                        parent.map(|k| PyBytes::new(py, &k)),
+                        namespace,
+                        medium,
+                        page_array(&pages),
+                    ),
+                ),
                 KvEvent::Removed {
                     keys,
                     pages,
                     medium,
-                } => python_attr(py, &PAGE_REMOVED, "kvcore.events", "PageRemoved")?.call1((
-                    key_list(&keys),
-                    medium,
-                    page_array(&pages),
-                )),
+                } => call_attr(
+                    py,
+                    &PAGE_REMOVED,
+                    "kvcore.events",
+                    "PageRemoved",
+                    (key_list(&keys), medium, page_array(&pages)),
+                ),
                 KvEvent::AllCleared => {
-                    python_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared")?.call0()
+                    call_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared", ())
                 }
             })
             .collect()
@@ -606,6 +631,7 @@ impl PyKVCacheManager {
             let indptr = PyArray1::from_vec(py, table.kv_indptr);
             let indices = PyArray1::from_vec(py, table.kv_indices);
             let last = PyArray1::from_vec(py, table.kv_last_page_len);
+            let _active = super::active(py); // a NamedTuple: its __new__ is Python code
             return page_table.call1((indptr, indices, last));
         };
         const NAMES: [&str; 3] = ["kv_indptr", "kv_indices", "kv_last_page_len"];
@@ -630,6 +656,23 @@ impl PyKVCacheManager {
                 })
         };
         let (indptr, indices, last) = (buffer(0)?, buffer(1)?, buffer(2)?);
+        // Three distinct arrays may still share memory (three `np.frombuffer` of one buffer have
+        // three bases, which rust-numpy's borrow tracking keys on): their byte ranges must not meet.
+        let span = |a: &Bound<'py, PyArray1<i32>>| {
+            let start = a.data() as usize;
+            start..start + a.len() * std::mem::size_of::<i32>()
+        };
+        let spans = [span(&indptr), span(&indices), span(&last)];
+        for (i, j) in [(0, 1), (0, 2), (1, 2)] {
+            let (x, y) = (&spans[i], &spans[j]);
+            if !x.is_empty() && !y.is_empty() && x.start < y.end && y.start < x.end {
+                return Err(KvError::InvalidDType(format!(
+                    "out.{} and out.{} share memory: the out buffers must be distinct arrays",
+                    NAMES[i], NAMES[j]
+                ))
+                .into());
+            }
+        }
         let total = {
             let not_writable = |_| {
                 PyErr::from(KvError::InvalidDType(
@@ -660,11 +703,13 @@ impl PyKVCacheManager {
         let view = |a: &Bound<'py, PyArray1<i32>>, n: usize| {
             a.get_item(PySlice::new(py, 0, n as isize, 1))
         };
-        page_table.call1((
+        let (indptr, indices, last) = (
             view(&indptr, batch + 1)?,
             view(&indices, total)?,
             view(&last, batch)?,
-        ))
+        );
+        let _active = super::active(py);
+        page_table.call1((indptr, indices, last))
     }
 
     /// The int64 slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` from
@@ -808,8 +853,14 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let found = self.run_lookup(py, tokens, namespace, |m, ids, ns| m.match_prefix(ids, ns))?;
         let pages: Vec<i32> = found.pages.iter().map(|&p| p as i32).collect();
-        python_attr(py, &PREFIX_MATCH, "kvcore.manager", "PrefixMatch")?
-            .call1((found.num_tokens, PyArray1::from_vec(py, pages)))
+        let pages = PyArray1::from_vec(py, pages);
+        call_attr(
+            py,
+            &PREFIX_MATCH,
+            "kvcore.manager",
+            "PrefixMatch",
+            (found.num_tokens, pages),
+        )
     }
 
     /// `n` fresh pages held by the caller (int32), to load K/V computed elsewhere into and
@@ -901,6 +952,7 @@ impl PyKVCacheManager {
         let batch = self.run(py, false, |m| m.take_transfers(stores, loads));
         let names = self.tier_names.clone();
         let class = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")?;
+        let _active = super::active(py); // the dataclass's __init__ is Python code
         super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
     }
 
@@ -1116,9 +1168,14 @@ impl PyKVCacheManager {
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
         let stats = Bound::new(py, self.stats(py)?)?;
         let tiers = self.tier_stats(py)?;
-        python_attr(py, &METRICS_TEXT, "kvcore.metrics", "metrics_text")?
-            .call1((stats, "kvcore", tiers))?
-            .extract()
+        call_attr(
+            py,
+            &METRICS_TEXT,
+            "kvcore.metrics",
+            "metrics_text",
+            (stats, "kvcore", tiers),
+        )?
+        .extract()
     }
 
     /// Tokens of `seq_id`.
@@ -1173,11 +1230,13 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let hit = self.run(py, false, |m| m.prefix_hit(id))?;
-        python_attr(py, &PREFIX_HIT, "kvcore.manager", "PrefixHit")?.call1((
-            hit.num_tokens,
-            hit.group_tokens,
-            hit.reason.name(),
-        ))
+        call_attr(
+            py,
+            &PREFIX_HIT,
+            "kvcore.manager",
+            "PrefixHit",
+            (hit.num_tokens, hit.group_tokens, hit.reason.name()),
+        )
     }
 
     /// Release the lowest-scoring full-attention pages of `seq_id` until it holds at most
@@ -1196,14 +1255,7 @@ impl PyKVCacheManager {
         let max_pages = count_arg(max_pages, "max_pages")?;
         let sink = opt_count(sink_tokens, "sink_tokens")?.unwrap_or(0);
         let recent = opt_count(recent_tokens, "recent_tokens")?.unwrap_or(0);
-        if scores.is_instance_of::<pyo3::types::PyString>() {
-            return Err(KvError::InvalidDType("scores must be floats, not a str".into()).into());
-        }
-        let scores: Vec<f32> = scores.extract().map_err(|_| {
-            PyErr::from(KvError::InvalidDType(
-                "scores must be a 1-D sequence or array of floats".into(),
-            ))
-        })?;
+        let scores = floats_arg(scores, "scores")?;
         Ok(self.run(py, false, |m| {
             m.compact(id, &scores, max_pages, sink, recent)
         })?)
@@ -1228,8 +1280,13 @@ impl PyKVCacheManager {
         kwargs: Option<&Bound<'py, PyDict>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let py = cls.py();
-        let windows =
-            python_attr(py, &GROUP_WINDOWS, "kvcore.manager", "_group_windows")?.call1((model,))?;
+        let windows = call_attr(
+            py,
+            &GROUP_WINDOWS,
+            "kvcore.manager",
+            "_group_windows",
+            (model,),
+        )?;
         let kw = match kwargs {
             Some(k) => k.copy()?,
             None => PyDict::new(py),

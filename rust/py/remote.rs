@@ -88,7 +88,7 @@ impl PyRespClient {
             .into());
         }
         let timeout = Duration::from_secs_f64(timeout);
-        let inner = py.detach(|| RespClient::connect(&addrs, cluster, timeout))?;
+        let inner = super::detach(py, || RespClient::connect(&addrs, cluster, timeout))?;
         Ok(Self {
             inner: Mutex::new(inner),
         })
@@ -137,7 +137,7 @@ impl PyRespClient {
         let data = view
             .as_slice()
             .map_err(|_| KvError::InvalidArgument("values must be contiguous".into()))?;
-        let res = py.detach(|| {
+        let res = super::detach(py, || {
             let vals: Vec<&[u8]> = if row == 0 {
                 vec![&[][..]; keys.len()]
             } else {
@@ -176,7 +176,7 @@ impl PyRespClient {
         let dst = view
             .as_slice_mut()
             .map_err(|_| KvError::InvalidArgument("out must be contiguous".into()))?;
-        let res = py.detach(|| self.inner.lock().get_into(&refs(&keys), dst));
+        let res = super::detach(py, || self.inner.lock().get_into(&refs(&keys), dst));
         results(py, res)
     }
 
@@ -187,7 +187,7 @@ impl PyRespClient {
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray1<i8>>, Bound<'py, PyList>)> {
         let keys = keys_arg(keys)?;
-        let res = py.detach(|| self.inner.lock().exists_many(&refs(&keys)));
+        let res = super::detach(py, || self.inner.lock().exists_many(&refs(&keys)));
         results(py, res)
     }
 
@@ -198,7 +198,7 @@ impl PyRespClient {
         keys: &Bound<'py, PyAny>,
     ) -> PyResult<(Bound<'py, PyArray1<i8>>, Bound<'py, PyList>)> {
         let keys = keys_arg(keys)?;
-        let res = py.detach(|| self.inner.lock().del_many(&refs(&keys)));
+        let res = super::detach(py, || self.inner.lock().del_many(&refs(&keys)));
         results(py, res)
     }
 }

@@ -43,6 +43,18 @@ def test_round_trip_nx_px_missing_and_wrong_length(redis_url: str, redis_prefix:
     assert 0 < redis.Redis.from_url(redis_url).pttl(keys[1]) <= 60_000
 
 
+def test_zero_width_values_round_trip(redis_url: str, redis_prefix: str) -> None:
+    """``[n, 0]`` rows (empty values): stored, read back as found, a longer value reported as of
+    another length; it used to panic (``chunks_exact_mut(0)``) out of ``get_into``."""
+    c = RespClient([address(redis_url)], timeout_s=2.0)
+    empty, long, missing = (f"{redis_prefix}{k}".encode() for k in ("empty", "long", "missing"))
+    assert c.set_many([empty], np.zeros((1, 0), np.uint8), nx=False)[0].tolist() == [1]
+    assert c.set_many([long], values(1, 5), nx=False)[0].tolist() == [1]
+    status, errors = c.get_into([empty, long, missing], np.zeros((3, 0), np.uint8))
+    assert status.tolist() == [1, 2, 0] and errors[0] is None and "5" in errors[1]
+    assert c.exists_many([empty])[0].tolist() == [1]  # the client is still usable
+
+
 def test_a_cluster_routes_every_key_to_its_node(redis_cluster_nodes: list[str], redis_prefix: str) -> None:
     import redis.cluster
 
