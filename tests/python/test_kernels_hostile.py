@@ -259,11 +259,16 @@ def test_attention_launcher_refuses_what_its_vector_loads_cannot_take() -> None:
     assert_refused(
         pool, InvalidDTypeError, "16-byte", lambda: gpu.attention_launcher(shifted, pool, 0, plan, 0.5, out)
     )
-    plan.items[0, 2] = 5  # a hand-edited plan: its work would not start on a step
+    # A hand-edited plan (its work would not start on a step): its arrays are read-only, and one made
+    # writable again unseals the plan, which both paths then refuse.
+    with pytest.raises(ValueError, match="read-only"):
+        plan.items[0, 2] = 5
+    plan.items.flags.writeable = True
+    plan.items[0, 2] = 5
     assert_refused(
         pool,
         InvalidArgumentError,
-        "multiples of 16",
+        "plan_attention",
         lambda: gpu.attention_launcher(q, pool, 0, plan, 0.5, out),
     )
 

@@ -67,12 +67,23 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
         layer: the layer written.
         slot_mapping: int64 ``[num_tokens]``, ``slot = page_id * page_size + offset``, -1 = skip; distinct.
             A list or any integer dtype whose values fit is taken too; on the GPU path a device array
-            is checked for shape and dtype only (reading its values would synchronize).
+            is checked for shape and dtype only (reading its values would synchronize). Device slot
+            mappings are therefore not range-checked on the host: the kernel skips only slots outside
+            the pool (``[0, num_pages * page_size)``), so a device slot in ``[0, page_size)`` writes the
+            null page 0 (a host mapping with one is refused) and repeated device slots race; keep them
+            to ``-1`` or slots of pages the manager handed out.
         k: ``[num_tokens, num_kv_heads, head_dim]`` keys: float16, uint16 (bf16 bits) or float32/64.
         v: same shape, values.
 
     Side effects: writes layer ``layer`` of the pool at the given slots, and nothing else (nothing at all
-    when an argument is refused).
+    when an argument is refused). An fp8/int8 pool stores the same bytes on both paths: float32 ``x /
+    scale``, then rounded (on the GPU path, K/V that are not both of one 16-bit type are encoded on the
+    device and scattered by indexing rather than by the kernel, see :mod:`kvcore.kernels.gpu`).
+
+    Raises:
+        InvalidDTypeError: a slot mapping, ``k`` or ``v`` of the wrong type, shape or dtype (a device
+            array on a NumPy pool).
+        InvalidArgumentError: a bad layer, a host slot out of range, on the null page, or repeated.
     """
     _impl(pool).append_kv(pool, layer, slot_mapping, k, v)
 

@@ -30,9 +30,31 @@ from kvcore.pool import KVPool
 from kvcore.pool.checks import check_array, index_array, positive_scalar
 
 
-def check_rows(x: Any, name: str, num_rows: int | None, num_heads: int, head_dim: int) -> None:
-    """``x`` must be an array ``[num_rows, num_heads, head_dim]`` float (or uint16 bf16 bits)."""
+def check_host(x: Any, name: str, device: bool) -> None:
+    """A device array (anything with ``__cuda_array_interface__``) is refused unless ``device`` (a CuPy
+    pool): a NumPy pool's kernels cannot read one (CuPy refuses the implicit host copy).
+
+    Raises:
+        InvalidDTypeError: ``x`` is a device array and ``device`` is false.
+    """
+    if not device and hasattr(x, "__cuda_array_interface__"):
+        raise InvalidDTypeError(
+            f"{name}: a NumPy pool takes host (NumPy) arrays, got a device array "
+            f"{getattr(x, 'dtype', '?')}{list(getattr(x, 'shape', ()))} (copy it to the host first)"
+        )
+
+
+def check_rows(
+    x: Any, name: str, num_rows: int | None, num_heads: int, head_dim: int, *, device: bool = False
+) -> None:
+    """``x`` must be an array ``[num_rows, num_heads, head_dim]`` float (or uint16 bf16 bits); a host
+    array unless ``device`` (a CuPy pool, which takes both).
+
+    Raises:
+        InvalidDTypeError: not an array, a device array without ``device``, another shape or dtype.
+    """
     check_array(x, name)
+    check_host(x, name, device)
     shape = tuple(x.shape)
     if (
         len(shape) != 3
@@ -49,8 +71,10 @@ def check_slots(pool: KVPool, slot_mapping: Any, *, device_ok: bool = False) -> 
     """A slot mapping as int64 ``[num_tokens]``: checked values on the host, or a device array as it is.
 
     Host inputs (arrays or lists, any integer dtype) are ranged to ``[-1, num_pages * page_size)`` before
-    the cast and checked for repeats. Device arrays (only with ``device_ok``, the CUDA path) are checked
-    for shape and for a dtype that int64 holds exactly (reading their values would synchronize).
+    the cast and checked for repeats and for the null page's slots ``[0, page_size)``. Device arrays
+    (only with ``device_ok``, the CUDA path) are checked for shape and for a dtype that int64 holds
+    exactly, *not* for their values (reading them would synchronize): the kernel skips only slots outside
+    the pool, so a device slot in ``[0, page_size)`` writes the null page and a repeated one races.
     """
     if device_ok and hasattr(slot_mapping, "__cuda_array_interface__"):
         if (
@@ -119,8 +143,13 @@ def check_pairs(pool: KVPool, pairs: Any) -> np.ndarray:
 
 def check_host_buffer(pool: KVPool, buf: Any, num_pages: int, name: str) -> None:
     """``buf`` must be ``[num_pages, num_layers, 2, *page_shape]``, the pool's storage dtype, C-contiguous
-    (and writable when it is a NumPy ``out``)."""
+    (and writable when it is a NumPy ``out``); a host array for a NumPy pool (a CuPy pool takes both).
+
+    Raises:
+        InvalidDTypeError: not an array, a device array for a NumPy pool, or another shape, dtype or layout.
+    """
     check_array(buf, name)
+    check_host(buf, name, pool.backend.is_device)
     want = (num_pages, pool.num_layers, 2, *pool.page_shape)
     if tuple(buf.shape) != want or buf.dtype != pool.storage_dtype:
         raise InvalidDTypeError(
@@ -132,11 +161,13 @@ def check_host_buffer(pool: KVPool, buf: Any, num_pages: int, name: str) -> None
         raise InvalidDTypeError(f"{name}: must be writable")
 
 
-def check_out(q: Any, out: Any) -> None:
-    """An ``out`` buffer (unless None) must be an array shaped and typed like ``q`` (and writable)."""
+def check_out(q: Any, out: Any, *, device: bool = False) -> None:
+    """An ``out`` buffer (unless None) must be an array shaped and typed like ``q`` (and writable); a host
+    array unless ``device`` (a CuPy pool)."""
     if out is None:
         return
     check_array(out, "out")
+    check_host(out, "out", device)
     if tuple(out.shape) != tuple(q.shape) or out.dtype != q.dtype:
         raise InvalidDTypeError(f"out: expected {q.dtype}{list(q.shape)}, got {out.dtype}{list(out.shape)}")
     if isinstance(out, np.ndarray) and not out.flags.writeable:
@@ -147,7 +178,7 @@ def output_like(q: Any, xp: Any, out: Any) -> Any:
     """The output array: ``out`` checked against ``q``, or a new array shaped and typed like ``q``."""
     if out is None:
         return xp.empty(q.shape, dtype=q.dtype)
-    check_out(q, out)
+    check_out(q, out, device=xp is not np)
     return out
 
 
@@ -159,15 +190,25 @@ def check_sm_scale(sm_scale: Any, head_dim: int) -> float:
 def check_plan(plan: Any, pool: KVPool, q: Any) -> None:
     """``plan`` must be an :class:`AttentionPlan` for ``q``'s shape and this pool (heads, page size, pages).
 
+    Both backends call it before the first read: the CUDA kernels index device memory with the plan's
+    arrays unchecked, so only a sealed plan (:attr:`AttentionPlan.sealed`: made by :func:`plan_attention`,
+    its arrays still read-only) is run.
+
     Raises:
         InvalidDTypeError: not a plan, or ``q`` is not ``[plan.num_q_tokens, num_qo_heads, head_dim]``.
-        InvalidArgumentError: the plan was made for other head counts or another page size, or its
+        InvalidArgumentError: the plan is not sealed (built directly, by ``dataclasses.replace``, or its
+            arrays made writable), was made for other head counts or another page size, or its
             ``variant`` names no kernel variant.
         InvalidPageError: the plan's page table reads a page this pool does not have.
     """
     if not isinstance(plan, AttentionPlan):
         raise InvalidDTypeError(
             f"plan: expected an AttentionPlan from plan_attention, got {type(plan).__name__}"
+        )
+    if not plan.sealed:
+        raise InvalidArgumentError(
+            "plan: not sealed (built directly, by dataclasses.replace, or its arrays made writable): "
+            "make plans with plan_attention"
         )
     if len(q.shape) != 3 or q.shape[2] != pool.head_dim:
         raise InvalidDTypeError(
@@ -181,7 +222,7 @@ def check_plan(plan: Any, pool: KVPool, q: Any) -> None:
         raise InvalidArgumentError("plan: made for other head counts or another page size")
     if q.shape[0] != plan.num_q_tokens:
         raise InvalidDTypeError(f"q: the plan has {plan.num_q_tokens} query tokens, q has {q.shape[0]}")
-    check_variant(plan.variant)  # a plan's fields can be reassigned after plan_attention
+    check_variant(plan.variant)  # sealed plans hold a checked one; kept as a cheap guard
     idx = plan.page_table.kv_indices
     low = 0 if plan.window is not None else 1  # a windowed plan may hold the null page (always masked)
     if idx.size and (int(idx.min()) < low or int(idx.max()) >= pool.num_pages):
@@ -270,8 +311,8 @@ def prepare_attention(
             f"q: expected [num_tokens, num_qo_heads, {pool.head_dim}] with num_qo_heads a multiple of "
             f"{pool.num_kv_heads}, got {list(q.shape)}"
         )
-    check_rows(q, "q", None, int(q.shape[1]), pool.head_dim)
-    check_out(q, out)
+    check_rows(q, "q", None, int(q.shape[1]), pool.head_dim, device=device)
+    check_out(q, out, device=device)
     if plan is None:
         pt = unpack_page_table(page_table, allow_null=check_window(window) is not None)
         if decode:

@@ -10,6 +10,14 @@ for a dtype int64 holds exactly, not for its values (reading them would synchron
 Activations: the kernels take fp16 (``float16``) or bf16 (``uint16`` bit patterns). A 16-bit pool takes its
 own type (a bf16 pool bf16, an fp16 pool fp16); an fp8/int8 pool takes either. Other inputs (float32, the
 other 16-bit type) are converted on the device first, and attention returns the dtype of ``q``.
+
+8-bit pools store the same bytes as the NumPy reference (``kvcore.pool.dtypes``: ``x / scale`` in
+float32, then rounded): K/V of one 16-bit type go through the ``append_kv`` kernel, which divides their
+exact float value; any other K/V (float32/64, or K and V of two types) are not rounded to 16 bits first
+(that would change the stored byte, and overflow past 65504) but encoded on the device by
+:func:`kvcore.pool.dtypes.encode` and scattered into the pool by array indexing. For float32/64 ``q`` on an
+8-bit pool, attention runs in fp16 unless a value exceeds fp16's range (65504), then in bf16 (one device
+read of ``max |q|``, which synchronizes).
 """
 
 from __future__ import annotations
@@ -105,16 +113,30 @@ def _act_name(dtype: Any) -> str | None:
     return "fp16" if dtype == np.float16 else "bf16" if dtype == np.uint16 else None
 
 
+_FP16_MAX = 65504.0  # the largest finite float16
+
+
 def _as_activation(x: Any, pool: KVPool, want: str | None = None) -> tuple[Any, str]:
-    """``x`` on the device in a kernel activation type (see the module docstring) and that type's name."""
+    """``x`` on the device in a kernel activation type (see the module docstring) and that type's name.
+
+    Without ``want``: the pool's type (16-bit pools), the input's own (a 16-bit input), else fp16, or
+    bf16 when a value is past fp16's range (one device read; fp16 would make it infinite)."""
     cp = pool.xp
     a = cp.asarray(x)
     have = _act_name(a.dtype)
+    f = None
     if want is None:
-        want = pool.kv_dtype if pool.kv_dtype in ("fp16", "bf16") else (have or "fp16")
+        if pool.kv_dtype in ("fp16", "bf16"):
+            want = pool.kv_dtype
+        elif have is not None:
+            want = have
+        else:
+            f = dtypes.to_float32(a, cp)
+            want = "bf16" if bool((cp.abs(f) > _FP16_MAX).any()) else "fp16"
     if have == want:
         return a, want
-    f = dtypes.to_float32(a, cp)
+    if f is None:
+        f = dtypes.to_float32(a, cp)
     return (f.astype(cp.float16) if want == "fp16" else dtypes.float_to_bf16_bits(f, cp)), want
 
 
@@ -157,17 +179,62 @@ def _elem_strides(a: Any) -> tuple[np.int64, np.int64]:
 # ------------------------------------------------------------------------------------ append_kv
 
 
+def _append_encoded(pool: KVPool, layer: int, slots: Any, k: Any, v: Any, *, device_slots: bool) -> None:
+    """``append_kv`` into an 8-bit pool without the kernel: K and V (checked) encoded on the device by
+    :func:`kvcore.pool.dtypes.encode`, the formula of the NumPy reference, so the bytes are the same
+    (float32 ``x / scale``, never rounded to 16 bits first), then scattered by array indexing.
+
+    ``slots``: host int64 ``[T]`` (checked: in the pool, or -1), or with ``device_slots`` a device array
+    whose values are not checked: as in the kernel, only slots inside the pool are written (finding them
+    reads the mapping's length back, which synchronizes); with device checks on
+    (:func:`kvcore.kernels.loader.device_checks`) a slot outside the pool other than -1 raises
+    InvalidPageError, here before anything is written. Both K and V are encoded before either is written.
+    """
+    xp = pool.xp
+    if device_slots:
+        sd = xp.asarray(slots).astype(xp.int64)
+        inside = (sd >= 0) & (sd < pool.num_pages * pool.page_size)
+        if loader.device_checks():
+            bad = xp.flatnonzero(~inside & (sd != -1))
+            if int(bad.shape[0]):
+                token = int(bad[0])
+                raise InvalidPageError(
+                    f"device check: device slot (at token {token}) is {int(sd[token])}, outside the pool's "
+                    f"{pool.num_pages} pages of {pool.page_size} slots; nothing was written"
+                )
+        rows = xp.flatnonzero(inside)
+        used = sd[rows]
+    else:
+        host_rows = np.flatnonzero(slots >= 0)
+        rows, used = xp.asarray(host_rows), xp.asarray(slots[host_rows])
+    page, off = used // pool.page_size, used % pool.page_size
+    encoded = [
+        dtypes.encode(xp.asarray(x)[rows], pool.kv_dtype, scale[layer][None, :, None], xp)
+        for x, scale in ((k, pool.k_scale), (v, pool.v_scale))
+    ]
+    for kv, enc in enumerate(encoded):
+        plane = pool.data[layer, kv]
+        if pool.layout == "HND":
+            plane[page, :, off] = enc
+        else:
+            plane[page, off] = enc
+
+
 def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:
     """CUDA ``append_kv``; the contract is :func:`kvcore.kernels.append_kv`."""
     cp = pool.xp
     layer = pool.check_layer(layer)
     slots = checks.check_slots(pool, slot_mapping, device_ok=True)  # host: ranged; device: dtype only
     T = int(slots.shape[0])
-    checks.check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim)
-    checks.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
+    checks.check_rows(k, "k", T, pool.num_kv_heads, pool.head_dim, device=True)
+    checks.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim, device=True)
     if pool.head_dim % 8:
         raise InvalidArgumentError(f"the CUDA append_kv needs head_dim % 8 == 0, got {pool.head_dim}")
     if T == 0:
+        return
+    if dtypes.is_quantized(pool.kv_dtype) and (_act_name(k.dtype) is None or k.dtype != v.dtype):
+        # The kernel quantizes a 16-bit input; anything else would be rounded to 16 bits first.
+        _append_encoded(pool, layer, slots, k, v, device_slots=hasattr(slots, "__cuda_array_interface__"))
         return
     kd, act = _as_activation(k, pool)
     vd, _ = _as_activation(v, pool, act)

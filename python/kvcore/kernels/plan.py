@@ -36,6 +36,7 @@ from kvcore.pool.checks import index_array
 
 __all__ = [
     "DECODE_VARIANTS",
+    "MAX_CHUNK_LEN",
     "ROWS_PER_TILE",
     "AttentionPlan",
     "PageTableArrays",
@@ -53,6 +54,9 @@ __all__ = [
 ROWS_PER_TILE = 16
 # Key chunks are multiples of this (4 warps x 16 keys per step in the CUDA kernel).
 CHUNK_ALIGN = 64
+# The longest chunk: the largest multiple of CHUNK_ALIGN that int32 holds (chunk_lens and the items'
+# kv_begin/kv_end are int32; a chunk of 2**31 would wrap to -2**31).
+MAX_CHUNK_LEN = (2**31 - 1) // CHUNK_ALIGN * CHUNK_ALIGN
 # Below this many keys per chunk the merge costs more than the extra parallelism brings.
 MIN_CHUNK_LEN = 256
 # Work items start at multiples of this (a warp's step of 16 keys: with pages of 16 keys or more the CUDA
@@ -156,13 +160,25 @@ def kv_lengths(pt: PageTableArrays, page_size: int) -> np.ndarray:
     return kv_len.astype(np.int32)
 
 
-@dataclass
+# What :func:`plan_attention` stores in a plan it made (``AttentionPlan._seal``): the kernels trust a plan's
+# arrays (the CUDA ones index device memory with them), so only plans carrying it are run.
+_SEAL = object()
+
+
+@dataclass(frozen=True, eq=False)
 class AttentionPlan:
     """The work partition of one batch for paged attention; reuse it for every layer of a step.
 
     ``items`` and ``merges`` are what the CUDA kernels read; the NumPy reference only needs
     ``chunk_lens`` (and the mask, ``window`` and ``positions``, which the CUDA kernels read as
     ``kv_first``). Device copies of the arrays are cached in :attr:`device` by the GPU path.
+
+    Only :func:`plan_attention` makes plans the kernels run: it checks the arrays against each other
+    (the CUDA kernels index device memory with ``items``, ``kv_len``, ``kv_indptr``, ``q_indptr`` and the
+    partial indices, unchecked) and seals the plan. A plan is frozen and its arrays are read-only; one
+    built directly or by ``dataclasses.replace`` is not sealed, and the kernels refuse it
+    (:class:`~kvcore.exceptions.InvalidArgumentError`). ``copy.copy`` of a sealed plan is sealed (the
+    same read-only arrays, the same device cache); ``copy.deepcopy`` returns the plan itself.
     """
 
     batch_size: int  # number of sequences
@@ -180,7 +196,9 @@ class AttentionPlan:
     positions: np.ndarray | None = None  # [sum(kv_len)] int32 key positions (compacted tables), or None
     kv_first: np.ndarray | None = None  # [num_q_tokens] int32 first key index each token sees (window only)
     variant: str = "default"  # a key of DECODE_VARIANTS: the CUDA kernel variant (the NumPy path ignores it)
-    device: dict[int, dict[Any, Any]] = field(default_factory=dict, repr=False)  # GPU copies per device id
+    # GPU copies of the arrays per device id (filled by the GPU path); never an __init__ argument, so
+    # dataclasses.replace starts an empty one.
+    device: dict[int, dict[Any, Any]] = field(default_factory=dict, init=False, repr=False)
 
     @property
     def group_size(self) -> int:
@@ -192,11 +210,43 @@ class AttentionPlan:
         """Query tokens over the batch (rows of ``q``)."""
         return int(self.q_indptr[-1])
 
+    @property
+    def sealed(self) -> bool:
+        """True for a plan :func:`plan_attention` made whose arrays are still read-only (what the kernels
+        run); False for one built directly, by ``dataclasses.replace``, or whose arrays were made writable."""
+        if getattr(self, "_seal", None) is not _SEAL:
+            return False
+        arrays = [*self.page_table, self.kv_len, self.q_indptr, self.chunk_lens, self.items, self.merges]
+        arrays += [a for a in (self.positions, self.kv_first) if a is not None]
+        return all(isinstance(a, np.ndarray) and not a.flags.writeable for a in arrays)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> AttentionPlan:
+        return self  # immutable: a deep copy would only make its arrays writable (and unsealed)
+
 
 def _frozen(a: np.ndarray) -> np.ndarray:
-    """``a`` (a private copy, checked after it was taken) made read-only: what a plan keeps."""
+    """``a`` (a private copy, checked after it was taken) made read-only: what a plan keeps.
+
+    An array that views another is copied first, so that no writable base stays reachable
+    (``plan.items.base``) behind the read-only view."""
+    if a.base is not None:
+        a = a.copy()
     a.flags.writeable = False
     return a
+
+
+def _int_arg(x: Any, name: str, low: int, high: int) -> int:
+    """An integer scalar argument (Python or NumPy, never a bool) in ``[low, high]``, as an int.
+
+    Raises:
+        InvalidDTypeError: a bool, a float, a string, None.
+        InvalidArgumentError: an integer outside ``[low, high]``.
+    """
+    if isinstance(x, bool | np.bool_) or not isinstance(x, numbers.Integral):
+        raise InvalidDTypeError(f"{name}: expected an integer, got {x!r}")
+    if not low <= int(x) <= high:
+        raise InvalidArgumentError(f"{name}: expected an integer in [{low}, {high}], got {x}")
+    return int(x)
 
 
 def _ceil_div(a: Any, b: Any) -> Any:
@@ -358,7 +408,9 @@ def plan_attention(
             ``num_sms * blocks_per_sm``: the smallest estimated time (whole waves of the mean block,
             each block paying a fixed cost, never less than the longest block) over a few candidate
             split counts.
-        chunk_len: force the keys per split for every sequence (a multiple of 64).
+        chunk_len: force the keys per split for every sequence: a multiple of 64 in
+            ``[64, MAX_CHUNK_LEN]`` (``2**31 - 64``, so that no chunk length or bound wraps in int32). The
+            planner's own chunk lengths never exceed it either.
         window, positions: the attention mask, as :func:`kvcore.kernels.paged_decode_attention` takes it;
             calls with this plan must pass the same. With a window the page table may hold the null
             page 0, and the work starts at the first key each tile's first query token sees.
@@ -375,14 +427,32 @@ def plan_attention(
             computes the same attention (to rounding); the NumPy reference ignores it. For measuring on
             a device which should be the default.
 
+    Integer arguments (``page_size``, the head counts, ``num_sms``, ``blocks_per_sm``, ``chunk_len``) are
+    Python or NumPy integers, never bools; each is at most ``2**31 - 1`` (the kernels take them as int32).
+
+    Returns:
+        A sealed, frozen plan with read-only arrays: the only kind the kernels run (see
+        :class:`AttentionPlan`).
+
     Raises:
         InvalidDTypeError: an array is not 1-D integer (see :func:`unpack_page_table`), ``window`` is
-            not an integer, or ``variant`` not a string.
+            not an integer, ``variant`` not a string, or an integer argument is a bool, a float, a string
+            or None (the message names it).
         InvalidArgumentError: inconsistent shapes, an offset or length outside int32, a sequence with more
-            query tokens than keys, a bad head count / chunk length / window, bad positions, or an
-            unknown ``variant``.
+            query tokens than keys, a bad page size / head count / SM count / chunk length / window, bad
+            positions, or an unknown ``variant``.
         InvalidPageError: a page id that is negative, past int32, or 0 without a window.
     """
+    i32_max = 2**31 - 1
+    page_size = _int_arg(page_size, "page_size", 1, i32_max)
+    num_qo_heads = _int_arg(num_qo_heads, "num_qo_heads", 1, i32_max)
+    num_kv_heads = _int_arg(num_kv_heads, "num_kv_heads", 1, i32_max)
+    num_sms = _int_arg(num_sms, "num_sms", 1, i32_max)
+    blocks_per_sm = _int_arg(blocks_per_sm, "blocks_per_sm", 1, i32_max)
+    if chunk_len is not None:
+        chunk_len = _int_arg(chunk_len, "chunk_len", CHUNK_ALIGN, MAX_CHUNK_LEN)
+        if chunk_len % CHUNK_ALIGN:
+            raise InvalidArgumentError(f"chunk_len: expected a multiple of {CHUNK_ALIGN}, got {chunk_len}")
     window = check_window(window)
     variant = check_variant(variant)
     # The plan keeps private copies, taken before they are checked: the caller may refill its buffers for
@@ -394,7 +464,7 @@ def plan_attention(
     batch = pt.kv_last_page_len.shape[0]
     if qi.shape[0] != batch + 1 or qi[0] != 0 or (np.diff(qi) < 0).any():
         raise InvalidArgumentError(f"q_indptr: expected [{batch + 1}] offsets from 0, non-decreasing")
-    if num_kv_heads < 1 or num_qo_heads < 1 or num_qo_heads % num_kv_heads:
+    if num_qo_heads % num_kv_heads:
         raise InvalidArgumentError(
             f"num_qo_heads ({num_qo_heads}) must be a positive multiple of num_kv_heads ({num_kv_heads})"
         )
@@ -425,11 +495,9 @@ def plan_attention(
         span[has_q] -= kv_first[qi[:-1][has_q]]
 
     if chunk_len is None:
-        chunk_lens = _wave_chunks(span, seq, keys, lo, num_kv_heads, max(1, num_sms * max(1, blocks_per_sm)))
-    elif chunk_len < CHUNK_ALIGN or chunk_len % CHUNK_ALIGN:
-        raise InvalidArgumentError(
-            f"chunk_len: expected a positive multiple of {CHUNK_ALIGN}, got {chunk_len}"
-        )
+        slots = min(num_sms * blocks_per_sm, 2**40)  # past any device; keeps the cost model in int64
+        # Clamped: a sequence of 2**31 - 1 keys left whole would need a chunk of 2**31 (-2**31 in int32).
+        chunk_lens = np.minimum(_wave_chunks(span, seq, keys, lo, num_kv_heads, slots), MAX_CHUNK_LEN)
     else:
         chunk_lens = np.full(batch, chunk_len, dtype=np.int64)
 
@@ -452,20 +520,22 @@ def plan_attention(
     multi = n_splits > 1
     first = np.cumsum(np.where(multi, n_splits, 0)) - np.where(multi, n_splits, 0)
     merges = np.stack([seq[multi], tile[multi], first[multi], n_splits[multi]], axis=1).astype(np.int32)
-    return AttentionPlan(
+    plan = AttentionPlan(
         batch_size=batch,
         num_qo_heads=num_qo_heads,
         num_kv_heads=num_kv_heads,
         page_size=page_size,
         page_table=pt,
-        kv_len=kv_len,
+        kv_len=_frozen(kv_len),
         q_indptr=qi,
-        chunk_lens=chunk_lens.astype(np.int32),
-        items=items.reshape(-1, 5),
-        merges=merges.reshape(-1, 4),
+        chunk_lens=_frozen(chunk_lens.astype(np.int32)),
+        items=_frozen(items.reshape(-1, 5)),
+        merges=_frozen(merges.reshape(-1, 4)),
         num_partials=int(split_tile.sum()),
         window=window,
-        positions=pos,
-        kv_first=kv_first,
+        positions=None if pos is None else _frozen(pos),
+        kv_first=None if kv_first is None else _frozen(kv_first),
         variant=variant,
     )
+    object.__setattr__(plan, "_seal", _SEAL)  # the arrays above are consistent: the kernels may run it
+    return plan

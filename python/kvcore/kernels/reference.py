@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from kvcore.exceptions import InvalidDTypeError
 from kvcore.kernels import checks
 from kvcore.kernels.plan import (
     AttentionPlan,
@@ -48,8 +49,20 @@ def _from_float32(x: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
 # ------------------------------------------------------------------------------------ append_kv
 
 
+def _host_rows(x: Any, name: str) -> np.ndarray:
+    """``x`` (checked by :func:`checks.check_rows`) as a NumPy array, or InvalidDTypeError for an object
+    that only looks like one (its ``__array__`` refuses, as a device array's does)."""
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise InvalidDTypeError(f"{name}: expected a NumPy array, got {type(x).__name__} ({e})") from None
+
+
 def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:
-    """NumPy ``append_kv``; the contract is :func:`kvcore.kernels.append_kv`."""
+    """NumPy ``append_kv``; the contract is :func:`kvcore.kernels.append_kv`.
+
+    Both K and V are encoded before either is written, so a refused call leaves the pool as it was.
+    """
     layer = pool.check_layer(layer)
     s = checks.check_slots(pool, slot_mapping)
     T = int(s.shape[0])
@@ -57,8 +70,11 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
     checks.check_rows(v, "v", T, pool.num_kv_heads, pool.head_dim)
     keep = s >= 0
     page, off = s[keep] // pool.page_size, s[keep] % pool.page_size
-    for kv, x, scale in ((0, k, pool.k_scale), (1, v, pool.v_scale)):
-        enc = dtypes.encode(np.asarray(x)[keep], pool.kv_dtype, scale[layer][None, :, None])
+    encoded = [
+        dtypes.encode(_host_rows(x, name)[keep], pool.kv_dtype, scale[layer][None, :, None])
+        for name, x, scale in (("k", k, pool.k_scale), ("v", v, pool.v_scale))
+    ]
+    for kv, enc in enumerate(encoded):
         plane = pool.data[layer, kv]
         if pool.layout == "HND":
             plane[page, :, off] = enc
@@ -119,6 +135,73 @@ def _masked_scores(
     return s if visible is None else np.where(visible, s, -np.inf)
 
 
+# Scores of one query tile and one key chunk, at most (float32 elements: 16 MiB), and a few temporaries
+# of that size each: the memory of the reference attention apart from K/V and q, whatever the prefill.
+_SCORE_ELEMENTS = 2**22
+
+
+def _attend_tile(
+    q_tile: Any,
+    K: np.ndarray,
+    V: np.ndarray,
+    kp: np.ndarray,
+    qp: np.ndarray,
+    bounds: list[tuple[int, int]],
+    Hkv: int,
+    G: int,
+    D: int,
+    sm_scale: float,
+    W: int | None,
+    null: np.ndarray | None,
+    k0: int,
+    mass: np.ndarray | None,
+    page_size: int,
+) -> np.ndarray:
+    """float32 ``[n, Hkv * G, D]``: attention of ``n`` consecutive query tokens of one sequence.
+
+    ``q_tile`` ``[n, Hq, D]`` the tokens, ``qp`` ``[n]`` their positions; ``bounds`` the sequence's key
+    chunks (the plan's split). Each chunk gives a normalized partial output and its log-sum-exp, merged
+    with ``w_i = exp(lse_i - max lse)``. A chunk past every token of the tile (causally masked for all its
+    rows) is skipped: it would add exact zeros. ``mass`` (or None) ``[entries]`` float64 gets each
+    page-table entry's probability mass from these rows added.
+    """
+    n = q_tile.shape[0]
+    # [Hkv, G * n, D]: rows of one kv head are (query head g, query token i), g-major.
+    Q = dtypes.to_float32(q_tile).reshape(n, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * n, D)
+    Q = Q * np.float32(sm_scale)
+    limit = np.tile(qp, G)[:, None]  # [G * n, 1]: last key (position) each row sees
+    live = [(c0, c1) for c0, c1 in bounds if kp[c0] <= qp[-1]]  # never empty: each token sees itself
+    parts_o, parts_lse = [], []
+    for c0, c1 in live:
+        s = _masked_scores(Q, K, c0, c1, kp, qp, limit, W, null, k0)  # [Hkv, G * n, chunk]
+        m = s.max(axis=-1, keepdims=True)
+        m_safe = np.where(np.isfinite(m), m, 0.0)
+        p = np.exp(s - m_safe)
+        del s
+        lsum = p.sum(axis=-1, keepdims=True)
+        o = np.matmul(p, V[:, c0 - k0 : c1 - k0])  # [Hkv, G * n, D]
+        del p
+        with np.errstate(divide="ignore", invalid="ignore"):
+            parts_o.append(np.where(lsum > 0, o / lsum, 0.0))
+            parts_lse.append(np.where(lsum > 0, m_safe + np.log(lsum), -np.inf))
+    lse = np.stack(parts_lse)  # [chunks, Hkv, G * n, 1]
+    top = lse.max(axis=0, keepdims=True)
+    w = np.exp(lse - np.where(np.isfinite(top), top, 0.0))  # a row that sees no key: all weights 0
+    wsum = w.sum(axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        merged = np.where(wsum > 0, (w * np.stack(parts_o)).sum(axis=0) / wsum, 0.0)  # [Hkv, G * n, D]
+    if mass is not None:
+        # exp(s - lse) <= 1 with the merged log-sum-exp; a row that sees no key (lse -inf) adds 0.
+        with np.errstate(divide="ignore"):
+            row_lse = np.where(wsum > 0, top[0] + np.log(wsum), 0.0)  # [Hkv, G * n, 1]
+        for c0, c1 in live:
+            s = _masked_scores(Q, K, c0, c1, kp, qp, limit, W, null, k0)
+            per_key = np.exp(s - row_lse).sum(axis=(0, 1))  # [c1 - c0]
+            mass += np.bincount(np.arange(c0, c1) // page_size, per_key, minlength=mass.shape[0])
+    res: np.ndarray = merged.reshape(Hkv, G, n, D).transpose(2, 0, 1, 3).reshape(n, Hkv * G, D)
+    return res.astype(np.float32)
+
+
 def attention(
     q: Any,
     pool: KVPool,
@@ -134,7 +217,6 @@ def attention(
     added: ``exp(s - lse)`` of the merged log-sum-exp, summed over the rows and keys of the entry.
     """
     G, Hkv, D = plan.group_size, plan.num_kv_heads, pool.head_dim
-    qf = dtypes.to_float32(q)
     pt = plan.page_table
     W = None if plan.window is None else min(plan.window, 2**32)  # past every int32 position: unbounded
     key_start = np.cumsum(plan.kv_len, dtype=np.int64) - plan.kv_len
@@ -162,42 +244,34 @@ def attention(
             null = np.repeat(pages == 0, pool.page_size)[: L - k0]
             K = np.where(null[None, :, None], np.float32(0), K)
             V = np.where(null[None, :, None], np.float32(0), V)
-        # [Hkv, G * ql, D]: rows of one kv head are (query head g, query token i), g-major.
-        Q = qf[q0:q1].reshape(ql, Hkv, G, D).transpose(1, 2, 0, 3).reshape(Hkv, G * ql, D) * np.float32(
-            sm_scale
-        )
-        limit = np.tile(qp, G)[:, None]  # [G * ql, 1]: last key (position) each row sees
-
         chunk = int(plan.chunk_lens[b])
         bounds = [(max(c, first), min(c + chunk, L)) for c in range(first - first % chunk, L, chunk)]
-        parts_o, parts_lse = [], []
-        for c0, c1 in bounds:
-            s = _masked_scores(Q, K, c0, c1, kp, qp, limit, W, null, k0)  # [Hkv, G * ql, chunk]
-            m = s.max(axis=-1, keepdims=True)
-            m_safe = np.where(np.isfinite(m), m, 0.0)
-            p = np.exp(s - m_safe)
-            lsum = p.sum(axis=-1, keepdims=True)
-            o = np.matmul(p, V[:, c0 - k0 : c1 - k0])  # [Hkv, G * ql, D]
-            with np.errstate(divide="ignore", invalid="ignore"):
-                parts_o.append(np.where(lsum > 0, o / lsum, 0.0))
-                parts_lse.append(np.where(lsum > 0, m_safe + np.log(lsum), -np.inf))
-        lse = np.stack(parts_lse)  # [chunks, Hkv, G * ql, 1]
-        top = lse.max(axis=0, keepdims=True)
-        w = np.exp(lse - np.where(np.isfinite(top), top, 0.0))  # a row that sees no key: all weights 0
-        wsum = w.sum(axis=0)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            merged = np.where(wsum > 0, (w * np.stack(parts_o)).sum(axis=0) / wsum, 0.0)  # [Hkv, G * ql, D]
-        res = merged.reshape(Hkv, G, ql, D).transpose(2, 0, 1, 3).reshape(ql, Hkv * G, D).astype(np.float32)
-        out[q0:q1] = _from_float32(res, out.dtype)
-        if page_scores is not None:
-            # exp(s - lse) <= 1 with the merged log-sum-exp; a row that sees no key (lse -inf) adds 0.
-            with np.errstate(divide="ignore"):
-                row_lse = np.where(wsum > 0, top[0] + np.log(wsum), 0.0)  # [Hkv, G * ql, 1]
-            mass = np.zeros(e1 - e0, dtype=np.float64)  # this sequence's entries
-            for c0, c1 in bounds:
-                s = _masked_scores(Q, K, c0, c1, kp, qp, limit, W, null, k0)
-                per_key = np.exp(s - row_lse).sum(axis=(0, 1))  # [c1 - c0]
-                mass += np.bincount(np.arange(c0, c1) // pool.page_size, per_key, minlength=e1 - e0)
+        # Query tokens in tiles of n, so that a tile's scores [Hkv, G * n, chunk] stay within
+        # _SCORE_ELEMENTS (a long prefill's [Hq, q_len, kv_len] would not fit in memory). Rows are
+        # independent, so tiling changes no result beyond float32 rounding.
+        n = max(1, min(ql, _SCORE_ELEMENTS // (Hkv * G * max(1, min(chunk, L - first)))))
+        mass = np.zeros(e1 - e0, dtype=np.float64) if page_scores is not None else None
+        for t0 in range(0, ql, n):
+            t1 = min(ql, t0 + n)
+            res = _attend_tile(
+                q[q0 + t0 : q0 + t1],
+                K,
+                V,
+                kp,
+                qp[t0:t1],
+                bounds,
+                Hkv,
+                G,
+                D,
+                sm_scale,
+                W,
+                null,
+                k0,
+                mass,
+                pool.page_size,
+            )
+            out[q0 + t0 : q0 + t1] = _from_float32(res, out.dtype)
+        if page_scores is not None and mass is not None:
             page_scores[e0:e1] += mass.astype(np.float32)
     return out
 

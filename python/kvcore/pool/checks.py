@@ -54,8 +54,10 @@ def index_array(
     """``x`` as a C-contiguous ``dtype`` array ``[n, *trailing]`` whose values all lie in ``[low, high)``.
 
     Takes NumPy integer arrays of any width, signed or unsigned, and lists or tuples of ints (an empty one
-    is ``[0, *trailing]``). The range is checked on the input's own values (exact integer ``min``/``max``)
-    and narrowed to what ``dtype`` holds, *before* the cast, so nothing wraps. The result is always a
+    is ``[0, *trailing]``; a list's elements are checked one by one as exact integers, so a bool in a
+    list is refused and a list mixing NumPy and Python integers is ranged on its true values). The range
+    is checked on the input's own values (exact integer ``min``/``max``) and narrowed to what ``dtype``
+    holds, *before* the cast, so nothing wraps. The result is always a
     private array, copied *before* the checks: what was checked is what the caller uses (page ids and
     slots reach raw kernels and files), even if another thread writes ``x`` meanwhile.
 
@@ -69,8 +71,8 @@ def index_array(
         error: the class raised for a value out of range (InvalidPageError for page ids).
 
     Raises:
-        InvalidDTypeError: ``x`` is a device array, None, a bool/float/complex/object/str array, or has
-            another shape.
+        InvalidDTypeError: ``x`` is a device array, None, a bool/float/complex/object/str array, a list
+            holding anything but integers (a bool, a float), or has another shape.
         error: a value outside ``[low, high)``.
     """
     shape_text = "[n" + "".join(f", {t}" for t in trailing) + "]" if trailing else "1-D"
@@ -78,27 +80,15 @@ def index_array(
         raise InvalidDTypeError(
             f"{name}: expected a host (NumPy) {shape_text} integer array, got {_describe(x)}"
         )
-    if isinstance(x, list | tuple) and len(x) == 0:
-        return np.empty((0, *trailing), dtype=dtype)
+    t_lo, t_hi = _bounds(np.dtype(dtype))
+    lo = t_lo if low is None else max(low, t_lo)
+    hi = t_hi if high is None else min(high, t_hi)
+    if isinstance(x, list | tuple):
+        return _index_list(x, name, np.dtype(dtype), lo, hi, trailing, shape_text, what, hint, error)
     try:
         a = np.array(x, copy=True)  # never x itself, nor a view of it (see above)
     except (TypeError, ValueError, OverflowError):
         a = None
-    t_lo, t_hi = _bounds(np.dtype(dtype))
-    lo = t_lo if low is None else max(low, t_lo)
-    hi = t_hi if high is None else min(high, t_hi)
-    if a is not None and a.dtype.kind in "fO" and isinstance(x, list | tuple):
-        # A list of Python ints beyond int64 (or mixing < 0 and >= 2**63) becomes float64 or object:
-        # still integers, so it is a range error, found on the exact values (this path only ever raises).
-        exact = np.asarray(x, dtype=object)
-        values = exact.reshape(-1).tolist()
-        if (
-            exact.ndim == 1 + len(trailing)
-            and exact.shape[1:] == trailing
-            and all(isinstance(e, int | np.integer) and not isinstance(e, bool | np.bool_) for e in values)
-        ):
-            mn, mx = int(min(values)), int(max(values))
-            raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mn if mn < lo else mx}")
     if a is None or a.dtype.kind not in "iu" or a.ndim != 1 + len(trailing) or a.shape[1:] != trailing:
         want = f"a {shape_text} integer array or list ({np.dtype(dtype)} {what})"
         raise InvalidDTypeError(f"{name}: expected {want}, got {_describe(x)}")
@@ -110,6 +100,50 @@ def index_array(
         if a_hi > hi and (mx := int(a.max())) >= hi:
             raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mx}")
     return np.ascontiguousarray(a, dtype=dtype)
+
+
+def _index_list(
+    x: list[Any] | tuple[Any, ...],
+    name: str,
+    dtype: np.dtype[Any],
+    lo: int,
+    hi: int,
+    trailing: tuple[int, ...],
+    shape_text: str,
+    what: str,
+    hint: str,
+    error: type[Exception],
+) -> np.ndarray:
+    """:func:`index_array` of a list or tuple, on its exact values: every element must be a Python or NumPy
+    integer (never a bool: ``[True, 2]`` is refused as ``[True]`` is), ranged as a Python int.
+
+    Why not ``np.array(x)``: NumPy turns a list that mixes types into float64 or object (``[np.uint64(5),
+    -1]`` is float64: exact only below 2**53) and a bool beside ints into 0/1.
+    """
+    want = f"a {shape_text} integer array or list ({dtype} {what})"
+    if len(x) == 0:
+        return np.empty((0, *trailing), dtype=dtype)
+    try:
+        exact = np.array(x, dtype=object)  # the elements themselves, nested lists unpacked
+    except (TypeError, ValueError, OverflowError):
+        exact = None
+    if exact is None or exact.ndim != 1 + len(trailing) or exact.shape[1:] != trailing:
+        raise InvalidDTypeError(f"{name}: expected {want}, got {_describe(x)}")
+    values = [
+        e.item() if isinstance(e, np.ndarray) and e.ndim == 0 else e  # a 0-d array inside a list
+        for e in exact.reshape(-1).tolist()
+    ]
+    for e in values:
+        if isinstance(e, bool | np.bool_) or not isinstance(e, int | np.integer):
+            raise InvalidDTypeError(
+                f"{name}: expected {want}, got a {type(e).__name__} element {e!r} (indices are integers)"
+            )
+    ints = [int(e) for e in values]
+    if ints:
+        mn, mx = min(ints), max(ints)
+        if mn < lo or mx >= hi:
+            raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mn if mn < lo else mx}")
+    return np.array(ints, dtype=dtype).reshape(exact.shape)
 
 
 @functools.cache

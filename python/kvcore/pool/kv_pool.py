@@ -63,6 +63,12 @@ class KVPool:
     Side effects: allocates ``num_pages * page_bytes`` bytes (zeroed) in host memory (``backend="numpy"``)
     or GPU memory through CuPy's allocator (``backend="cupy"``); ``"auto"`` picks CuPy when a device is
     usable.
+
+    Raises (the constructor):
+        InvalidArgumentError: a count that is not an integer >= 1 (``num_pages`` >= 2).
+        ConfigError: an unknown ``kv_dtype``, ``layout`` or ``backend``.
+        OutOfMemoryError: the pages cannot be allocated: more memory than the process can get, or a size
+            no array can have (``num_pages=2**62``, ``10**30``); nothing was built.
     """
 
     def __init__(
@@ -104,7 +110,10 @@ class KVPool:
         # [num_layers, 2, num_pages, *inner] storage_dtype: every K/V byte of the pool.
         try:
             self.data: Any = self.backend.zeros((L, 2, self.num_pages, *inner), self.storage_dtype)
-        except MemoryError as e:  # NumPy's and CuPy's out-of-memory errors are MemoryErrors
+        except (MemoryError, ValueError, OverflowError) as e:
+            # NumPy's and CuPy's out-of-memory errors are MemoryErrors; past NumPy's index range (2**62
+            # pages, 10**30) it raises ValueError ("array is too big", "Maximum allowed dimension
+            # exceeded"), and a size past a C integer OverflowError: no memory holds such a pool either.
             raise OutOfMemoryError(
                 f"KVPool: cannot allocate {self.num_pages * page_bytes:,} bytes "
                 f"({self.num_pages:,} pages of {page_bytes:,} bytes) on {self.backend.name}"
@@ -242,7 +251,11 @@ class KVPool:
         n = _positive_int(num_pages, "num_pages", minimum=0)
         try:
             return self.backend.empty_host((n, self.num_layers, 2, *self.page_shape), self.storage_dtype)
-        except (MemoryError, ValueError) as e:  # NumPy: ValueError "array is too big" past its index range
+        except (
+            MemoryError,
+            ValueError,
+            OverflowError,
+        ) as e:  # NumPy: ValueError "array is too big" past its index range
             raise OutOfMemoryError(
                 f"host_buffer: cannot allocate {n * self.page_bytes:,} bytes ({n:,} pages of "
                 f"{self.page_bytes:,} bytes) on {self.backend.name}"
@@ -255,8 +268,8 @@ class KVPool:
 
         Raises:
             InvalidArgumentError: a scale is not finite and positive (as float32), or the pool is fp16/bf16.
-            InvalidDTypeError: a scale is not real numbers (a bool, string, complex, None), or not a scalar
-                or ``[num_kv_heads]``.
+            InvalidDTypeError: a scale is not real numbers (a bool, string, complex, None), not a scalar
+                or ``[num_kv_heads]``, or a device array on a NumPy pool.
         """
         layer = self.check_layer(layer)
         if not dtypes.is_quantized(self.kv_dtype):
@@ -267,18 +280,28 @@ class KVPool:
         self.v_scale[layer] = self.xp.asarray(vs)
 
     def _check_scale(self, scale: Any, field: str) -> np.ndarray:
-        s = checks.positive_array(
-            self.backend.asnumpy(scale) if hasattr(scale, "__cuda_array_interface__") else scale, field
-        )
+        s = checks.positive_array(self._host(scale, field), field)
         s = np.broadcast_to(s, (self.num_kv_heads,)) if s.ndim == 0 else s
         if s.shape != (self.num_kv_heads,):
             raise InvalidDTypeError(f"{field}: expected a scalar or [{self.num_kv_heads}], got {s.shape}")
         return s
 
+    def _host(self, x: Any, name: str) -> Any:
+        """``x`` as the host checks read it: a device array copied to the host on a CuPy pool, refused on
+        a NumPy pool (InvalidDTypeError naming ``name``: there is no device to copy it from), anything
+        else as it is."""
+        if not hasattr(x, "__cuda_array_interface__"):
+            return x
+        if not self.backend.is_device:
+            raise InvalidDTypeError(
+                f"{name}: a NumPy pool takes host (NumPy) values, got a device array (copy it to the host)"
+            )
+        return self.backend.asnumpy(x)
+
     def _sample(self, x: Any, name: str) -> np.ndarray:
         """A calibration sample as host float32 ``[num_tokens >= 1, Hkv, D]``, every value finite."""
         try:
-            host = self.backend.asnumpy(x)
+            host = self.backend.asnumpy(self._host(x, name))
         except (TypeError, ValueError) as e:
             raise InvalidDTypeError(f"{name}: expected an array of sample activations ({e})") from None
         if not (host.dtype.kind == "f" or host.dtype == np.uint16):
@@ -312,7 +335,8 @@ class KVPool:
         Raises:
             InvalidArgumentError: a bad layer or headroom, an empty sample, a sample holding NaN or an
                 infinity (its scale would be NaN, infinite, or a silent 1.0), or a fp16/bf16 pool.
-            InvalidDTypeError: a sample that is not float activations of that shape.
+            InvalidDTypeError: a sample that is not float activations of that shape (or a device array
+                on a NumPy pool).
         """
         layer = self.check_layer(layer)
         room = checks.positive_scalar(headroom, "headroom")
@@ -348,12 +372,13 @@ class KVPool:
         or any integer dtype), ``slot = page_id * page_size + offset``.
 
         Raises:
-            InvalidDTypeError: ``slots`` is not a 1-D integer array or list (floats are not truncated).
+            InvalidDTypeError: ``slots`` is not a 1-D integer array or list (floats are not truncated), or
+                is a device array on a NumPy pool.
             InvalidArgumentError: a slot outside ``[0, num_pages * page_size)``, checked before any cast.
         """
         layer = self.check_layer(layer)
         s = checks.index_array(
-            self.backend.asnumpy(slots) if hasattr(slots, "__cuda_array_interface__") else slots,
+            self._host(slots, "slots"),
             "slots",
             dtype=np.int64,
             low=0,
