@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvcore._kvcore import KVCacheManager, PageAllocator, __version__, page_keys
+from kvcore._kvcore import MAX_EVENTS, KVCacheManager, PageAllocator, __version__, page_keys
 from kvcore.exceptions import (
     ConfigError,
     DoubleFreeError,
@@ -47,6 +47,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "MAX_EVENTS",
     "PUBLIC_NAMESPACE",
     "CacheStats",
     "ConfigError",

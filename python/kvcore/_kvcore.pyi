@@ -20,6 +20,7 @@ __all__ = [
 ]
 
 __version__: str
+MAX_EVENTS: int  # events the log holds between two take_events calls (past it: a snapshot)
 
 _PageIds: TypeAlias = npt.NDArray[np.int32] | Sequence[int]
 
@@ -222,7 +223,11 @@ class KVCacheManager:
     def page_keys(self, seq_id: int) -> npt.NDArray[np.uint8]:
         """``[num_full_pages, 16]`` page keys of the sequence's full pages (see docs/api.md)."""
     def take_events(self) -> list[KVEvent]:
-        """KV events since the last call, in order (empty unless built with ``events=True``)."""
+        """KV events since the last call, in order (empty unless built with ``events=True``); past
+        ``MAX_EVENTS`` of them, per medium ``AllCleared(medium)`` then its content as ``PageStored``."""
+    @property
+    def num_events_dropped(self) -> int:
+        """Events dropped because the log was full (replaced by a snapshot), since construction."""
     def root_key(self) -> bytes:
         """The cache's root page key (16 bytes), from its fingerprint."""
     def num_reserved(self, seq_id: int) -> int:

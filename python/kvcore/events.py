@@ -11,7 +11,7 @@ kvcore                                 vLLM (``vllm.distributed.kv_events``)
 namespace, medium, pages)``            block_size, lora_id, medium)``; the namespace plays the
                                        part of vLLM's cache salt (part of every key)
 ``PageRemoved(keys, medium, pages)``   ``BlockRemoved(block_hashes, medium)``
-``AllCleared()``                       ``AllBlocksCleared()``
+``AllCleared(medium)``                 ``AllBlocksCleared()``
 =====================================  =========================================================
 
 Keys are the 16-byte page keys of ``docs/api.md`` (chained SHA-256 over the cache fingerprint, the
@@ -48,7 +48,11 @@ class PageRemoved(NamedTuple):
 
 
 class AllCleared(NamedTuple):
-    """Nothing is cached any more (``reset_prefix_cache`` left no page)."""
+    """Nothing is cached in ``medium`` any more: ``"hbm"`` when ``reset_prefix_cache`` left no page;
+    every medium in turn at the start of a snapshot (after the event log overflowed, see
+    ``docs/api.md``), each followed by that medium's whole content as :class:`PageStored` events."""
+
+    medium: str = "hbm"
 
 
 KVEvent = PageStored | PageRemoved | AllCleared

@@ -39,26 +39,90 @@ pub enum KvEvent {
         pages: Vec<PageId>,
         medium: String,
     },
-    /// Nothing is cached any more (a reset that left no page).
-    AllCleared,
+    /// Nothing is cached in `medium` any more: HBM after a reset that left no page; every medium
+    /// in turn at the start of a snapshot (see [`KVCacheManager::take_events`]).
+    AllCleared { medium: String },
 }
+
+/// Events the log holds at most between two [`KVCacheManager::take_events`] calls (about 20 MB).
+/// Past it the log is dropped and the next call returns the cache's whole content instead.
+pub const MAX_EVENTS: usize = 1 << 17;
 
 /// The event log and the key of every cached page (only while events are on).
 #[derive(Debug, Default)]
 pub(super) struct Events {
-    pub(super) log: Vec<KvEvent>,
+    log: Vec<KvEvent>,
     key_of: HashMap<PageId, PageKey>,
+    /// The log overflowed since the last take: it holds nothing, and the next take is a snapshot.
+    overflowed: bool,
+    /// Events dropped by overflows, ever.
+    dropped: u64,
+}
+
+impl Events {
+    /// Append `event`, unless the log is full: then it is dropped with the log (a consumer that
+    /// stops taking events must not grow the manager's memory without bound), and the next
+    /// [`KVCacheManager::take_events`] returns a snapshot that replaces them.
+    pub(super) fn push(&mut self, event: KvEvent) {
+        if self.overflowed {
+            self.dropped += 1;
+        } else if self.log.len() >= MAX_EVENTS {
+            self.dropped += self.log.len() as u64 + 1;
+            self.log = Vec::new();
+            self.overflowed = true;
+        } else {
+            self.log.push(event);
+        }
+    }
 }
 
 impl KVCacheManager {
     /// The events since the last call, in order (empty when events are off).
+    ///
+    /// If more than [`MAX_EVENTS`] events were recorded since the last call, they were dropped,
+    /// and this call returns instead, for HBM then each lower tier, `AllCleared` of that medium
+    /// followed by `Stored` events of everything it holds now, parents before children: a consumer that
+    /// applies it as any other events ends with the cache's exact content. In such a snapshot a
+    /// page's parent is the key of the page before it on its medium's path.
     pub fn take_events(&self) -> Vec<KvEvent> {
         let mut guard = self.state.lock();
-        guard
-            .events
-            .as_mut()
-            .map(|e| std::mem::take(&mut e.log))
-            .unwrap_or_default()
+        let st = &mut *guard;
+        let Some(events) = st.events.as_mut() else {
+            return Vec::new();
+        };
+        if !events.overflowed {
+            return std::mem::take(&mut events.log);
+        }
+        events.overflowed = false;
+        let st = &*st;
+        let mut out = vec![KvEvent::AllCleared {
+            medium: MEDIUM_HBM.to_owned(),
+        }];
+        let key_of = st.events.as_ref().map(|e| &e.key_of);
+        let key = |p: &PageId| key_of.and_then(|k| k.get(p).copied());
+        for (_, parent, ns, pages) in st.tree.nodes_by_depth() {
+            let keys: Vec<PageKey> = pages.iter().filter_map(key).collect();
+            if keys.len() != pages.len() {
+                continue; // not possible while events are on (every cached page has its key)
+            }
+            let parent_key = st.tree.last_page(parent).and_then(|p| key(&p));
+            out.push(KvEvent::Stored {
+                keys,
+                parent: parent_key,
+                namespace: st.namespace_label(ns),
+                pages: pages.to_vec(),
+                medium: MEDIUM_HBM.to_owned(),
+            });
+        }
+        for tier in &st.tiers {
+            tier.snapshot_events(|ns| st.namespace_label(ns), &mut out);
+        }
+        out
+    }
+
+    /// Events dropped because the log was full (see [`MAX_EVENTS`]), since the manager was built.
+    pub fn num_events_dropped(&self) -> u64 {
+        self.state.lock().events.as_ref().map_or(0, |e| e.dropped)
     }
 
     /// Whether this manager records events.
@@ -115,7 +179,7 @@ impl KVCacheManager {
         for (&p, &k) in pages.iter().zip(&keys) {
             events.key_of.insert(p, k);
         }
-        events.log.push(KvEvent::Stored {
+        events.push(KvEvent::Stored {
             keys,
             parent,
             namespace: name,
@@ -137,7 +201,7 @@ impl KVCacheManager {
             .iter()
             .filter_map(|p| events.key_of.remove(p))
             .collect();
-        events.log.push(KvEvent::Removed {
+        events.push(KvEvent::Removed {
             keys,
             pages: pages.to_vec(),
             medium: MEDIUM_HBM.to_owned(),
@@ -186,12 +250,12 @@ impl KVCacheManager {
                 None => None,
             };
             events.key_of.insert(new, key);
-            events.log.push(KvEvent::Removed {
+            events.push(KvEvent::Removed {
                 keys: vec![key],
                 pages: vec![old],
                 medium: MEDIUM_HBM.to_owned(),
             });
-            events.log.push(KvEvent::Stored {
+            events.push(KvEvent::Stored {
                 keys: vec![key],
                 parent,
                 namespace: name,
@@ -207,7 +271,9 @@ impl KVCacheManager {
         if let Some(events) = st.events.as_mut() {
             if st.tree.num_cached_pages() == 0 {
                 events.key_of.clear();
-                events.log.push(KvEvent::AllCleared);
+                events.push(KvEvent::AllCleared {
+                    medium: MEDIUM_HBM.to_owned(),
+                });
             }
         }
     }

@@ -56,7 +56,7 @@ mod prefix;
 mod stats;
 mod tiers;
 
-pub use events::{KvEvent, MEDIUM_HBM};
+pub use events::{KvEvent, MAX_EVENTS, MEDIUM_HBM};
 pub use groups::{HitReason, PrefixHit, MAX_GROUPS};
 use namespace::UNSEEN_NAMESPACE;
 pub use page_table::PageTable;

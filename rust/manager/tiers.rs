@@ -208,6 +208,36 @@ pub(super) struct Tier {
 }
 
 impl Tier {
+    /// `Stored` events of every slot this tier holds (bad slots left out), parents before their
+    /// children: its part of an event snapshot (see `KVCacheManager::take_events`).
+    pub(super) fn snapshot_events(
+        &self,
+        label: impl Fn(Namespace) -> Option<String>,
+        out: &mut Vec<super::KvEvent>,
+    ) {
+        let key = |id: PageId| self.keys[(id - 1) as usize];
+        out.push(super::KvEvent::AllCleared {
+            medium: self.config.name.clone(),
+        });
+        for (_, parent, ns, ids) in self.tree.nodes_by_depth() {
+            let good: Vec<PageId> = ids
+                .iter()
+                .copied()
+                .take_while(|&id| !self.bad[(id - 1) as usize])
+                .collect();
+            if good.is_empty() {
+                continue;
+            }
+            out.push(super::KvEvent::Stored {
+                keys: good.iter().map(|&id| key(id)).collect(),
+                parent: self.tree.last_page(parent).map(key),
+                namespace: label(ns),
+                pages: good.iter().map(|&id| id - 1).collect(),
+                medium: self.config.name.clone(),
+            });
+        }
+    }
+
     pub(super) fn new(config: TierConfig, page_size: usize) -> KvResult<Self> {
         let n = config.num_slots;
         let stats = TierStats {
@@ -683,8 +713,10 @@ impl KVCacheManager {
         }
         let n = s.slots.len() as u64;
         let mut leftover = s.slots.clone();
-        // The op's pages from this index on were adopted (the tier kept its own copies before).
+        // The op's pages from this index on were adopted (the tier kept its own copies before),
+        // and the key of the page before them on the tier's path (None: they start at the root).
         let mut stored_from = None;
+        let mut parent = None;
         if good {
             // The parent copies are locked: the tier still holds the first `tier_first` pages, up
             // to `tier_node`; the earlier stores' pages after them (to `first`) if they succeeded.
@@ -714,6 +746,13 @@ impl KVCacheManager {
                 tier.stats.num_stored_pages += taken.len() as u64;
                 if !taken.is_empty() {
                     stored_from = Some(s.slots.len() - taken.len());
+                    // The tier's own key of the page before (a tenant's run over a public prefix
+                    // follows a page keyed in the public namespace, not the tenant's chain).
+                    let mut before = Vec::with_capacity(taken.len() + 1);
+                    tier.tree.path_pages(ins.node, taken.len() + 1, &mut before);
+                    if before.len() > taken.len() {
+                        parent = Some(tier.keys[(before[0].0 - 1) as usize]);
+                    }
                 }
             } else {
                 tier.stats.num_store_failed_pages += n;
@@ -727,11 +766,6 @@ impl KVCacheManager {
         tier.tree.unlock(s.tier_node).map_err(internal)?;
         st.tree.unlock(s.hbm_node).map_err(internal)?;
         if let Some(from) = stored_from {
-            let parent = match (s.first + from, from) {
-                (0, _) => None,
-                (_, 0) => Some(s.parent),
-                _ => Some(s.keys[from - 1]),
-            };
             record_tier_stored(st, s.tier, s.ns, &s.keys[from..], parent, &s.slots[from..]);
         }
         st.remove_live(s.ns);
@@ -1240,7 +1274,8 @@ impl KVCacheManager {
             tier.keys[slot as usize] = keys[visible + i];
         }
         tier.stats.num_marked_pages += slots.len() as u64;
-        let parent = (visible > 0).then(|| keys[visible - 1]);
+        // The tier's own key of the page before (public when a tenant's pages follow a public prefix).
+        let parent = (visible > 0).then(|| tier.keys[(ids[visible - 1] - 1) as usize]);
         record_tier_stored(st, t, ns, &keys[visible..end], parent, &slots);
         for ns in emptied {
             st.forget_if_unused(ns);
@@ -1346,7 +1381,8 @@ impl KVCacheManager {
                 tier.keys[p.slot as usize] = p.key;
                 tier.stats.num_restored_pages += 1;
                 accepted[i] = true;
-                let parent = (depth > 0).then_some(p.parent_key);
+                // The tier's own key of the page before (its slot is the path's previous one).
+                let parent = (depth > 0).then(|| tier.keys[(path_slots[depth - 1] - 1) as usize]);
                 record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot]);
             }
             if let Some(kids) = children.get(&p.key) {
@@ -1391,7 +1427,7 @@ fn record_tier_stored(
     let namespace = st.namespace_label(ns);
     let medium = st.tiers[t].config.name.clone();
     if let Some(events) = st.events.as_mut() {
-        events.log.push(super::KvEvent::Stored {
+        events.push(super::KvEvent::Stored {
             keys: keys.to_vec(),
             parent,
             namespace,
@@ -1408,7 +1444,7 @@ pub(super) fn record_tier_removed(st: &mut State, t: usize, evicted: &[(u32, Pag
     }
     let medium = st.tiers[t].config.name.clone();
     if let Some(events) = st.events.as_mut() {
-        events.log.push(super::KvEvent::Removed {
+        events.push(super::KvEvent::Removed {
             keys: evicted.iter().map(|&(_, k)| k).collect(),
             pages: evicted.iter().map(|&(s, _)| s).collect(),
             medium,

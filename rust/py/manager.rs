@@ -369,8 +369,17 @@ impl PyKVCacheManager {
         keys_array(py, &keys)
     }
 
+    /// Events dropped because the log was full (more than `MAX_EVENTS` between two
+    /// `take_events` calls, which then returned a snapshot instead), since the manager was built.
+    #[getter]
+    fn num_events_dropped(&self, py: Python<'_>) -> u64 {
+        self.run(py, false, |m| m.num_events_dropped())
+    }
+
     /// The KV events since the last call, in order (`PageStored`, `PageRemoved`, `AllCleared` of
-    /// `kvcore.events`); empty when the manager was built without `events=True`.
+    /// `kvcore.events`); empty when the manager was built without `events=True`. More than
+    /// `kvcore.MAX_EVENTS` events between two calls are dropped (the log is bounded): the next call
+    /// returns, per medium, `AllCleared(medium)` then its whole content as `PageStored` instead.
     fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
         let log = self.run(py, false, |m| m.take_events());
         let key_list = |keys: &[crate::keys::PageKey]| -> Vec<Bound<'py, PyBytes>> {
@@ -411,8 +420,8 @@ impl PyKVCacheManager {
                     "PageRemoved",
                     (key_list(&keys), medium, page_array(&pages)),
                 ),
-                KvEvent::AllCleared => {
-                    call_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared", ())
+                KvEvent::AllCleared { medium } => {
+                    call_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared", (medium,))
                 }
             })
             .collect()

@@ -92,6 +92,7 @@ fn wait_for_active_calls(py: Python<'_>) {
 fn _kvcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     error::init(m.py())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("MAX_EVENTS", crate::manager::MAX_EVENTS)?;
     m.add_class::<crate::manager::CacheStats>()?;
     m.add_class::<allocator::PyPageAllocator>()?;
     m.add_class::<manager::PyKVCacheManager>()?;

@@ -1197,6 +1197,43 @@ impl RadixTree {
             .flat_map(|n| n.pages.iter().copied())
     }
 
+    /// The last page of `node`'s edge; None for the root or a node not live.
+    pub fn last_page(&self, node: NodeId) -> Option<PageId> {
+        self.live_node(node)?.pages.last().copied()
+    }
+
+    /// Every live node but the root as `(node, parent, namespace, pages)`, parents before their
+    /// children (by depth): the tree's whole content, for a consumer that must rebuild it.
+    pub fn nodes_by_depth(&self) -> Vec<(NodeId, NodeId, Namespace, &[PageId])> {
+        let mut depth = vec![u32::MAX; self.nodes.len()];
+        depth[ROOT as usize] = 0;
+        let mut chain = Vec::new();
+        for (id, n) in self.nodes.iter().enumerate().skip(1) {
+            if !n.live || depth[id] != u32::MAX {
+                continue;
+            }
+            let mut at = id;
+            while depth[at] == u32::MAX {
+                chain.push(at);
+                at = self.nodes[at].parent as usize;
+            }
+            let mut d = depth[at];
+            while let Some(x) = chain.pop() {
+                d += 1;
+                depth[x] = d;
+            }
+        }
+        let mut out: Vec<_> = (1..self.nodes.len())
+            .filter(|&id| self.nodes[id].live)
+            .map(|id| {
+                let n = &self.nodes[id];
+                (id as NodeId, n.parent, n.ns, n.pages.as_slice())
+            })
+            .collect();
+        out.sort_by_key(|&(id, ..)| (depth[id as usize], id));
+        out
+    }
+
     /// Number of pages on the path from the root to `node` (its prefix length in pages), or
     /// None if `node` is not live. O(depth).
     pub fn node_prefix_pages(&self, node: NodeId) -> Option<usize> {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import kvcore
@@ -76,3 +77,70 @@ def test_inserted_pages_are_stored_events() -> None:
 def test_events_argument_must_be_a_bool() -> None:
     with pytest.raises(InvalidDTypeError, match="events"):
         KVCacheManager(8, PS, events="yes")  # type: ignore[arg-type]
+
+
+def _apply(index: dict[str, dict[bytes, int]], events: list[object]) -> None:
+    """A router's index, per medium: key -> page (or slot)."""
+    for ev in events:
+        if isinstance(ev, AllCleared):
+            index.setdefault(ev.medium, {}).clear()
+        elif isinstance(ev, PageStored):
+            idx = index.setdefault(ev.medium, {})
+            if ev.parent_key is not None:
+                assert ev.parent_key in idx, "a stored page's parent is not indexed"
+            for k, p in zip(as_bytes(ev.keys), ev.pages.tolist(), strict=True):
+                assert k not in idx, "a key stored twice in one medium"
+                idx[k] = p
+        else:
+            assert isinstance(ev, PageRemoved)
+            idx = index.setdefault(ev.medium, {})
+            for k, p in zip(as_bytes(ev.keys), ev.pages.tolist(), strict=True):
+                assert idx.pop(k) == p
+
+
+def test_an_overflowing_event_log_is_replaced_by_a_snapshot_of_every_medium() -> None:
+    """A consumer that stops taking events does not grow the manager without bound: past MAX_EVENTS
+    the log is dropped (counted), and the next take returns, per medium, AllCleared and its whole
+    content; a router that applies it holds what a router that kept up holds, and later events
+    follow on from it."""
+    from kvcore.pool import KVPool
+    from kvcore.tiers import HostTier, Mover
+
+    def build() -> tuple[KVCacheManager, Mover]:
+        pool = KVPool(num_layers=1, num_pages=65, num_kv_heads=1, head_dim=8, page_size=2, kv_dtype="fp16")
+        host = HostTier(pool, 40)
+        m = KVCacheManager(65, 2, events=True, lower_tiers=[host], store_policy="all")
+        return m, Mover(m, pool, [host])
+
+    (kept, kept_mover), (stalled, stalled_mover) = build(), build()
+    kept_index: dict[str, dict[bytes, int]] = {}
+    rng = np.random.default_rng(0)
+    steps = 0
+    while stalled.num_events_dropped == 0:
+        prompt = rng.integers(0, 50, int(rng.integers(2, 12))).tolist()
+        ns = [None, "a", kvcore.PUBLIC_NAMESPACE][steps % 3]
+        for m, mover in ((kept, kept_mover), (stalled, stalled_mover)):
+            assert m.add_sequence(steps, prompt, ns) is not None
+            m.free_sequence(steps)
+            mover.run()
+        if steps % 50 == 0:
+            _apply(kept_index, kept.take_events())
+        steps += 1
+        assert steps < 200_000
+    assert stalled.num_events_dropped > 0 and kept.num_events_dropped == 0
+    _apply(kept_index, kept.take_events())
+    snapshot = stalled.take_events()
+    assert len(snapshot) < kvcore.MAX_EVENTS
+    assert [e.medium for e in snapshot if isinstance(e, AllCleared)] == ["hbm", "host"]
+    stalled_index: dict[str, dict[bytes, int]] = {"hbm": {b"stale": 1}, "host": {b"stale": 2}}
+    _apply(stalled_index, snapshot)
+    assert stalled_index == kept_index and kept_index["hbm"] and kept_index["host"]
+    # Events go on from the snapshot as usual.
+    for m, mover in ((kept, kept_mover), (stalled, stalled_mover)):
+        m.add_sequence(10**6, [7, 8, 9, 10, 11], "a")
+        m.free_sequence(10**6)
+        mover.run()
+    _apply(kept_index, kept.take_events())
+    _apply(stalled_index, stalled.take_events())
+    assert stalled_index == kept_index
+    stalled._check_invariants()

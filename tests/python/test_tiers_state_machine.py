@@ -247,7 +247,7 @@ class TiersMachine(RuleBasedStateMachine):
     def events_index_every_tier(self) -> None:
         for ev in self.cache.take_events():
             if isinstance(ev, AllCleared):
-                self.index["hbm"].clear()
+                self.index[ev.medium].clear()
                 continue
             idx = self.index[ev.medium]
             if isinstance(ev, PageStored):

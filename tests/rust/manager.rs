@@ -178,7 +178,7 @@ fn route(
                     assert_eq!(index.remove(&k), Some(p), "a removed key was not indexed");
                 }
             }
-            KvEvent::AllCleared => index.clear(),
+            KvEvent::AllCleared { .. } => index.clear(),
         }
     }
     let mut indexed: Vec<PageId> = index.values().copied().collect();
