@@ -44,7 +44,8 @@ pub enum KvEvent {
     AllCleared { medium: String },
 }
 
-/// Events the log holds at most between two [`KVCacheManager::take_events`] calls (about 20 MB).
+/// Events the log holds at most between two [`KVCacheManager::take_events`] calls (some 60 MB at
+/// worst: about 500 bytes an event, measured).
 /// Past it the log is dropped and the next call returns the cache's whole content instead.
 pub const MAX_EVENTS: usize = 1 << 17;
 
