@@ -22,6 +22,13 @@ macro_rules! cache_stats {
             pub fn values(&self) -> Vec<u64> {
                 vec![$(self.$name as u64),+]
             }
+
+            /// The stats of these [`values`](Self::values) (None: another number of them).
+            pub fn from_values(values: &[u64]) -> Option<Self> {
+                let mut it = values.iter().copied();
+                let stats = Self { $($name: it.next()? as $ty,)+ };
+                it.next().is_none().then_some(stats)
+            }
         }
     };
 }

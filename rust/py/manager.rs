@@ -1404,6 +1404,21 @@ impl CacheStats {
         Ok(d)
     }
 
+    /// A snapshot is immutable: a copy is itself.
+    fn __copy__(slf: PyRef<'_, Self>) -> PyRef<'_, Self> {
+        slf
+    }
+
+    fn __deepcopy__<'py>(slf: PyRef<'py, Self>, _memo: &Bound<'py, PyAny>) -> PyRef<'py, Self> {
+        slf
+    }
+
+    /// Pickled as its values (`kvcore._kvcore._cache_stats` rebuilds it).
+    fn __reduce__<'py>(&self, py: Python<'py>) -> PyResult<(Bound<'py, PyAny>, (Vec<u64>,))> {
+        let rebuild = py.import("kvcore._kvcore")?.getattr("_cache_stats")?;
+        Ok((rebuild, (self.values(),)))
+    }
+
     fn __repr__(&self) -> String {
         let fields: Vec<String> = CacheStats::FIELDS
             .iter()
@@ -1412,6 +1427,20 @@ impl CacheStats {
             .collect();
         format!("CacheStats({})", fields.join(", "))
     }
+}
+
+/// A `CacheStats` from its values in field order (what pickling stores).
+#[pyfunction]
+#[pyo3(name = "_cache_stats")]
+pub(crate) fn py_cache_stats(values: Vec<u64>) -> PyResult<CacheStats> {
+    CacheStats::from_values(&values).ok_or_else(|| {
+        KvError::InvalidArgument(format!(
+            "CacheStats has {} fields, got {} values",
+            CacheStats::FIELDS.len(),
+            values.len()
+        ))
+        .into()
+    })
 }
 
 /// Page keys as a `[n, 16]` uint8 array.

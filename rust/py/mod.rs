@@ -99,6 +99,7 @@ fn _kvcore(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<remote::PyRespClient>()?;
     m.add_function(wrap_pyfunction!(manager::py_page_keys, m)?)?;
     m.add_function(wrap_pyfunction!(manager::py_payload_checksum, m)?)?;
+    m.add_function(wrap_pyfunction!(manager::py_cache_stats, m)?)?;
     let hook = wrap_pyfunction!(wait_for_active_calls, m)?;
     m.py().import("atexit")?.call_method1("register", (hook,))?;
     Ok(())

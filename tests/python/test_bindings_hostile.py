@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+import kvcore
 from kvcore import InvalidDTypeError, KVCacheManager, OutOfMemoryError
 
 
@@ -134,3 +135,18 @@ def test_daemon_threads_in_kvcore_calls_do_not_abort_the_exit(which: str) -> Non
             timeout=60,
         )
         assert (run.returncode, run.stdout.strip()) == (0, "done"), run.stderr[-2000:]
+
+
+def test_cache_stats_are_values_copied_and_pickled_as_such() -> None:
+    import copy
+    import pickle
+
+    m = manager()
+    s = m.stats()
+    assert copy.copy(s) is s and copy.deepcopy(s) is s  # immutable
+    back = pickle.loads(pickle.dumps(s))
+    assert back == s and back.as_dict() == s.as_dict() and back.hit_rate == s.hit_rate
+    from kvcore._kvcore import _cache_stats
+
+    with pytest.raises(kvcore.InvalidArgumentError):
+        _cache_stats([1, 2])
