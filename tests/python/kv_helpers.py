@@ -426,3 +426,20 @@ def ref_page_key(parent: bytes, namespace: str | None, page: list[int], version:
         + struct.pack(f"<{len(page)}I", *page)
     )
     return hashlib.sha256(data).digest()[:16]
+
+
+class FakeDeviceArray:
+    """What the checks see of a CuPy array: shape, dtype, ndim, flags, ``__cuda_array_interface__``; like
+    ``cupy.ndarray.__array__``, it refuses an implicit host copy."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.shape, self.dtype, self.ndim, self.flags = a.shape, a.dtype, a.ndim, a.flags
+        self.__cuda_array_interface__ = {
+            "shape": a.shape,
+            "typestr": a.dtype.str,
+            "data": (0, False),
+            "version": 3,
+        }
+
+    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
+        raise TypeError("Implicit conversion to a NumPy array is not allowed.")

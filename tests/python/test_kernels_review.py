@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kv_helpers import assert_refused, random_pool
+from kv_helpers import FakeDeviceArray, assert_refused, random_pool
 
 from kvcore import kernels as K
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, KVCoreError
@@ -26,23 +26,6 @@ from kvcore.pool import KVPool, dtypes
 from kvcore.pool._cupy import cupy_or_none, gpu_available
 
 MAX_CHUNK_LEN = 2**31 - 64  # the largest multiple of 64 that int32 holds (kvcore.kernels.plan.MAX_CHUNK_LEN)
-
-
-class FakeDeviceArray:
-    """What the checks see of a CuPy array: shape, dtype, ndim, flags, ``__cuda_array_interface__``; like
-    ``cupy.ndarray.__array__``, it refuses an implicit host copy."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.shape, self.dtype, self.ndim, self.flags = a.shape, a.dtype, a.ndim, a.flags
-        self.__cuda_array_interface__ = {
-            "shape": a.shape,
-            "typestr": a.dtype.str,
-            "data": (0, False),
-            "version": 3,
-        }
-
-    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        raise TypeError("Implicit conversion to a NumPy array is not allowed.")
 
 
 # ------------------------------------------------------------------------------------ 1: device arrays

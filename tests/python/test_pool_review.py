@@ -7,29 +7,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from kv_helpers import assert_refused, random_pool
+from kv_helpers import FakeDeviceArray, assert_refused, random_pool
 
 from kvcore import kernels as K
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError, OutOfMemoryError
 from kvcore.pool import KVPool
 from kvcore.pool.checks import index_array
-
-
-class FakeDeviceArray:
-    """What the checks see of a CuPy array; like ``cupy.ndarray.__array__``, it refuses a host copy."""
-
-    def __init__(self, a: np.ndarray) -> None:
-        self.shape, self.dtype, self.ndim, self.flags = a.shape, a.dtype, a.ndim, a.flags
-        self.__cuda_array_interface__ = {
-            "shape": a.shape,
-            "typestr": a.dtype.str,
-            "data": (0, False),
-            "version": 3,
-        }
-
-    def __array__(self, *args: Any, **kwargs: Any) -> np.ndarray:
-        raise TypeError("Implicit conversion to a NumPy array is not allowed.")
-
 
 # ------------------------------------------------------------------------------------ device arrays
 

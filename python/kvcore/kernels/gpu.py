@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
-from kvcore.kernels import checks, loader
+from kvcore.kernels import checks, loader, reference
 from kvcore.kernels._nvrtc import DECODE_VARIANTS, HEAD_DIMS, pipeline_smem_bytes
 from kvcore.kernels.plan import STEP_ALIGN, AttentionPlan, PageTableLike
 from kvcore.pool import KVPool, dtypes
@@ -212,12 +212,7 @@ def _append_encoded(pool: KVPool, layer: int, slots: Any, k: Any, v: Any, *, dev
         dtypes.encode(xp.asarray(x)[rows], pool.kv_dtype, scale[layer][None, :, None], xp)
         for x, scale in ((k, pool.k_scale), (v, pool.v_scale))
     ]
-    for kv, enc in enumerate(encoded):
-        plane = pool.data[layer, kv]
-        if pool.layout == "HND":
-            plane[page, :, off] = enc
-        else:
-            plane[page, off] = enc
+    reference.write_rows(pool, layer, page, off, encoded)
 
 
 def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> None:

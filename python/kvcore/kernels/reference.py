@@ -74,6 +74,12 @@ def append_kv(pool: KVPool, layer: int, slot_mapping: Any, k: Any, v: Any) -> No
         dtypes.encode(_host_rows(x, name)[keep], pool.kv_dtype, scale[layer][None, :, None])
         for name, x, scale in (("k", k, pool.k_scale), ("v", v, pool.v_scale))
     ]
+    write_rows(pool, layer, page, off, encoded)
+
+
+def write_rows(pool: KVPool, layer: int, page: Any, off: Any, encoded: list[Any]) -> None:
+    """Write encoded K and V rows (``[T, Hkv, D]`` storage dtype each) at ``(page, off)`` of ``layer``,
+    in the pool's layout (the host path here, and the GPU path's 8-bit encode with device arrays)."""
     for kv, enc in enumerate(encoded):
         plane = pool.data[layer, kv]
         if pool.layout == "HND":
