@@ -18,7 +18,8 @@ Series (prefix ``kvcore``; fields in ``docs/api.md``):
   ``kvcore_refused_total``;
 - per lower tier: ``kvcore_tier_slots{tier,state}``, ``kvcore_tier_*_total{tier}`` (stored, loaded,
   failed, hit tokens, evictions, restores), ``kvcore_tier_store_skipped_pages_total{tier,reason}``, and
-  with a mover the storage's own counters ``kvcore_tier_storage_*{tier}``;
+  with a mover the storage's own stats ``kvcore_tier_storage_*{tier}``: counters ending ``_total``
+  (``kvcore_tier_storage_stores_total``), levels as gauges (``kvcore_tier_storage_bytes``);
 - with a scheduler: ``kvcore_requests{state}`` (running / waiting / loading),
   ``kvcore_requests_rejected_total{reason}``, ``kvcore_requests_finished_total{reason}``,
   ``kvcore_preemptions_total{kind}`` (swap / recompute), ``kvcore_preemption_tax``,
@@ -32,6 +33,8 @@ Series (prefix ``kvcore``; fields in ``docs/api.md``):
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -108,18 +111,67 @@ def _tier_families(
         for reason in ("no_room", "in_flight"):
             skipped.add_metric([name, reason], t[f"num_store_skipped_{reason}"])
     yield skipped
-    by_key: dict[str, GaugeMetricFamily] = {}
-    for name, counters in (storage or {}).items():
-        for key, value in sorted(counters.items()):
+    yield from _storage_families(storage or {}, prefix)
+
+
+# Storage stats that are levels, not counts (HostTier, DiskTier, RedisTier): exported as gauges.
+_STORAGE_GAUGES = frozenset({"num_slots", "slots_used", "bytes", "capacity_bytes", "nodes", "nodes_down"})
+
+
+@functools.cache
+def _storage_counter_names() -> frozenset[str]:
+    """The stats the built-in storage tiers only ever count up: exported as counters (``_total``)."""
+    from kvcore.tiers import disk, host, remote
+
+    names = {*host._STAT_NAMES, *disk._STAT_NAMES, *remote._STAT_NAMES}
+    return frozenset(names - _STORAGE_GAUGES)
+
+
+def _storage_families(storage: Mapping[str, Mapping[str, int]], prefix: str) -> Iterator[Metric]:
+    """``{prefix}_tier_storage_<stat>{tier}``: each storage tier's own stats.
+
+    The built-in tiers' monotonic stats are counters (``..._stores_total``); their levels (``bytes``,
+    ``slots_used``, ...) and any stat kvcore does not know (a custom tier's) are gauges, since nothing
+    says they only grow. A stat name that is not a valid metric name is sanitised (every character but
+    ``[A-Za-z0-9_]`` becomes ``_``); when two stats would then give the same series (``a-b`` and ``a_b``
+    of one tier, or a counter's ``x_total`` and a gauge ``x_total``), the first one kept wins, in this
+    order: tiers in order, the built-in tiers' stats first, then the other valid names, then sanitised
+    ones, each in sorted order. The others
+    are left out, so one scrape never holds a series twice or a family of two types.
+    """
+    counters = _storage_counter_names()
+    known = counters | _STORAGE_GAUGES
+    families: dict[str, CounterMetricFamily | GaugeMetricFamily] = {}
+    taken: set[str] = set()  # every sample name of the families made so far
+    seen: set[tuple[str, str]] = set()  # (family name, tier) already exported
+    for tier, stats in storage.items():
+        items = [(k, v) for k, v in stats.items() if isinstance(k, str) and k]
+        items.sort(key=lambda kv: (kv[0] not in known, _METRIC_CHARS.sub("_", kv[0]) != kv[0], kv[0]))
+        for key, value in items:
             if isinstance(value, bool) or not isinstance(value, int):
                 continue
-            gauge = by_key.get(key)
-            if gauge is None:
-                gauge = by_key[key] = GaugeMetricFamily(
-                    f"{prefix}_tier_storage_{key}", f"The storage tier's own {key} counter.", labels=["tier"]
+            stat = _METRIC_CHARS.sub("_", key)
+            counter = key in counters
+            name = f"{prefix}_tier_storage_{stat}"
+            family = families.get(name)
+            if family is None:
+                samples = {name, f"{name}_total", f"{name}_created"} if counter else {name}
+                if samples & taken or (counter and name.endswith("_total")):
+                    continue
+                taken |= samples
+                make = CounterMetricFamily if counter else GaugeMetricFamily
+                kind = "counter" if counter else "gauge"
+                family = families[name] = make(
+                    name, f"The storage tier's own {stat} {kind}.", labels=["tier"]
                 )
-            gauge.add_metric([name], value)
-    yield from by_key.values()
+            elif (family.type == "counter") != counter or (name, tier) in seen:
+                continue
+            seen.add((name, tier))
+            family.add_metric([tier], value)
+    yield from families.values()
+
+
+_METRIC_CHARS = re.compile(r"[^A-Za-z0-9_]")
 
 
 def _scheduler_families(sched: Any, prefix: str, tenant_labels: bool) -> Iterator[Metric]:

@@ -54,7 +54,7 @@ def test_series_equal_the_live_counters() -> None:
     assert metric_value(text, "kvcore_prefix_hit_tokens_total") == st.prefix_hit_tokens
     assert metric_value(text, "kvcore_tier_loaded_pages_total", tier="host") == tier["num_loaded_pages"] > 0
     assert (
-        metric_value(text, "kvcore_tier_storage_stores", tier="host")
+        metric_value(text, "kvcore_tier_storage_stores_total", tier="host")
         == mover.storage_stats()["host"]["stores"]
     )
     assert metric_value(text, "kvcore_preemptions_total", kind="swap") == s.preemptions_by_kind["swap"] > 0

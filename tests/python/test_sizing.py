@@ -416,6 +416,8 @@ def test_layer_group_invariants() -> None:
     with pytest.raises(ConfigError, match="window"):
         LayerGroup("full_attention", 4, 8, 128, window=16)
     with pytest.raises(ConfigError, match="kind"):
+        LayerGroup("rwkv", 4, 8, 128)
+    with pytest.raises(ConfigError, match="mamba"):  # a known kind, but a state kind caches no K/V
         LayerGroup("mamba", 4, 8, 128)
     with pytest.raises(ConfigError, match="num_layers"):
         ModelSpec("x", (LayerGroup("full_attention", 4, 8, 128),), num_layers=5)

@@ -68,18 +68,21 @@ def shape(groups: tuple[KVCacheGroup, ...]) -> list[tuple[str, int | None, tuple
 def reference_groups(layers: list[tuple[int, int | None]]) -> tuple[int, list[tuple[int | None, list[int]]]]:
     """(layer slots per group, [(window, layer indices)]) from (elements per token, window) per layer.
 
-    A type is a (shape, window) pair; the group size is the smallest type's layer count; each type's
-    layers, in order, fill groups of that size; types come in order of first appearance.
+    vLLM's rule (``_get_kv_cache_groups_uniform_page_size``): a type is a (shape, window) pair; the group
+    size is the smallest type's layer count, or the largest when it is below 1.25 times the smallest; a
+    type of n layers makes g = ceil(n / size) groups, the i-th of them its layers[i::g]; types come in
+    order of first appearance.
     """
     types: dict[tuple[int, int | None], list[int]] = {}
     for i, layer in enumerate(layers):
         types.setdefault(layer, []).append(i)
-    size = min(len(v) for v in types.values())
-    groups = [
-        (window, members[start : start + size])
-        for (_, window), members in types.items()
-        for start in range(0, len(members), size)
-    ]
+    fewest = min(len(v) for v in types.values())
+    most = max(len(v) for v in types.values())
+    size = most if most < fewest * 1.25 else fewest
+    groups = []
+    for (_, window), members in types.items():
+        num_groups = -(-len(members) // size)
+        groups += [(window, members[i::num_groups]) for i in range(num_groups)]
     return size, groups
 
 
@@ -153,19 +156,20 @@ def test_gemma_2_alternates_one_sliding_and_one_full_group() -> None:
     ]
 
 
-def test_gemma_3_1b_has_five_sliding_groups_a_padded_one_and_a_full_one() -> None:
-    # 26 layers, every sixth full: full 5, 11, 17, 23; 22 sliding. Groups of 4 (the full count).
+def test_gemma_3_1b_has_six_sliding_groups_two_padded_and_a_full_one() -> None:
+    # 26 layers, every sixth full: full 5, 11, 17, 23; 22 sliding. Groups of 4 (the full count); the
+    # 22 sliding layers make ceil(22 / 4) = 6 groups, the i-th taking every sixth sliding layer from i.
     groups = kv_cache_groups(config("gemma-3-1b-it.json"))
     assert shape(groups) == [
-        ("sliding_attention", 512, (0, 1, 2, 3), 4),
-        ("sliding_attention", 512, (4, 6, 7, 8), 4),
-        ("sliding_attention", 512, (9, 10, 12, 13), 4),
-        ("sliding_attention", 512, (14, 15, 16, 18), 4),
-        ("sliding_attention", 512, (19, 20, 21, 22), 4),
-        ("sliding_attention", 512, (24, 25), 4),
+        ("sliding_attention", 512, (0, 7, 14, 21), 4),
+        ("sliding_attention", 512, (1, 8, 15, 22), 4),
+        ("sliding_attention", 512, (2, 9, 16, 24), 4),
+        ("sliding_attention", 512, (3, 10, 18, 25), 4),
+        ("sliding_attention", 512, (4, 12, 19), 4),
+        ("sliding_attention", 512, (6, 13, 20), 4),
         ("full_attention", None, (5, 11, 17, 23), 4),
     ]
-    assert [g.num_padding_layers for g in groups] == [0, 0, 0, 0, 0, 2, 0]
+    assert [g.num_padding_layers for g in groups] == [0, 0, 0, 0, 1, 1, 0]
     assert model_preset("gemma-3-1b").kv_cache_windows() == [512] * 6 + [None]
 
 
@@ -210,12 +214,12 @@ def test_hand_built_spec_takes_its_groups_in_order() -> None:
     )
     assert shape(spec.kv_cache_groups()) == [
         ("full_attention", None, (0, 1), 2),
-        ("sliding_attention", 64, (2, 3), 2),
-        ("sliding_attention", 64, (4, 5), 2),
-        ("sliding_attention", 64, (6,), 2),
+        ("sliding_attention", 64, (2, 5), 2),
+        ("sliding_attention", 64, (3, 6), 2),
+        ("sliding_attention", 64, (4,), 2),
     ]
     ordered = ModelSpec("hand", spec.groups, num_layers=7, layer_group_index=(1, 1, 0, 1, 1, 0, 1))
-    assert [g.layer_indices for g in ordered.kv_cache_groups()] == [(2, 5), (0, 1), (3, 4), (6,)]
+    assert [g.layer_indices for g in ordered.kv_cache_groups()] == [(2, 5), (0, 4), (1, 6), (3,)]
 
 
 @pytest.mark.parametrize(
@@ -271,8 +275,8 @@ def test_group_page_bytes_by_hand() -> None:
 
 def test_padding_slots_and_narrower_groups_leave_part_of_a_page_empty() -> None:
     gemma3 = model_from_config(config("gemma-3-1b-it.json"))
-    padded = gemma3.kv_cache_groups()[5]
-    assert padded.page_bytes(16) == 65_536 and padded.used_page_bytes(16) == 65_536 // 2
+    for padded in gemma3.kv_cache_groups()[4:6]:  # 3 layers in 4 slots
+        assert padded.page_bytes(16) == 65_536 and padded.used_page_bytes(16) == 65_536 * 3 // 4
     # Gemma 4: 25 sliding layers (8 heads × 256) and 5 full (2 heads × 512), groups of 5; a page is sized
     # for the wider sliding layers, so the full group fills half of each of its pages.
     gemma4 = model_from_config(config("gemma-4-26b-a4b.json"))
@@ -393,8 +397,9 @@ def test_gpt_oss_plan_bounds_its_sliding_group() -> None:
 def test_padding_waste_is_reported() -> None:
     p = plan("gemma-3-1b", gpu="L4", context_len=32768)
     assert p.padding_layers == 2
-    # The padded sliding group (2 layers in 4 slots) holds 33 pages of a 32K request, each half empty.
-    assert p.padding_bytes_per_request == 33 * 65_536 // 2
+    # The two padded sliding groups (3 layers in 4 slots) hold 33 pages each of a 32K request, each page
+    # a quarter empty.
+    assert p.padding_bytes_per_request == 2 * 33 * 65_536 // 4
 
 
 def test_cli_plan_prints_the_groups(capsys: pytest.CaptureFixture[str]) -> None:
@@ -403,9 +408,9 @@ def test_cli_plan_prints_the_groups(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 0
     assert "65,536 B (16 tokens of one KV-cache group of 4 layer slots)" in out
     assert "groups=[512, 512, 512, 512, 512, 512, None])" in out
-    assert "group 1          4 sliding_attention (window 512), layers 4,6-8; 33 pages @ 32,768" in out
+    assert "group 1          4 sliding_attention (window 512), layers 1,8,15,22; 33 pages @ 32,768" in out
     assert "group 6          4 full_attention, layers 5,11,17,23; 2,048 pages @ 32,768" in out
-    assert "2 sliding_attention (window 512), layers 24-25, 2 padding slots" in out
+    assert "3 sliding_attention (window 512), layers 6,13,20, 1 padding slot" in out
     assert "padding            2 empty layer slots; 1,081,344 B" in out
     assert "(2,246 pages each)" in out  # 6 × 33 + 2,048
 

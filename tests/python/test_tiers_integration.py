@@ -158,7 +158,7 @@ def test_a_flipped_byte_is_a_counted_miss_the_file_goes_and_nothing_wrong_is_rea
     assert not path.exists()
     assert cache.tier_stats()["disk"]["num_load_failed_pages"] == 1
     text = engine.mover.metrics_text()
-    assert metric_value(text, "kvcore_tier_storage_checksum_mismatches", tier="disk") == 1
+    assert metric_value(text, "kvcore_tier_storage_checksum_mismatches_total", tier="disk") == 1
     assert metric_value(text, "kvcore_tier_load_failed_pages_total", tier="disk") == 1
     assert metric_value(text, "kvcore_tier_slots", tier="disk", state="bad") == 1
     disk2.close()

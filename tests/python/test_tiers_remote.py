@@ -1066,7 +1066,7 @@ def test_tenants_values_carry_their_namespace(tier_factory: Any) -> None:
         assert sorted(seen[ns]) == sorted(k.tobytes() for k in keys)
     assert set(seen) == {"tenant-a", "tenant-b"}
     text = mover.metrics_text()  # the tier's counters reach the Prometheus text
-    assert metric_value(text, "kvcore_tier_storage_stores", tier="remote") == 6, text
+    assert metric_value(text, "kvcore_tier_storage_stores_total", tier="remote") == 6, text
 
 
 def test_two_instances_share_pages_through_lookup(tier_factory: Any) -> None:

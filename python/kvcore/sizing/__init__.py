@@ -50,6 +50,7 @@ from kvcore.sizing.model import (
 from kvcore.sizing.plan import (
     DEFAULT_PAGE_SIZE,
     DEFAULT_RESERVE_FRACTION,
+    MAX_KV_CACHE_GROUPS,
     GroupSize,
     Plan,
     SizeReport,
@@ -66,6 +67,7 @@ __all__ = [
     "KV_DTYPES",
     "LAYER_KINDS",
     "MAX_CONFIG_BYTES",
+    "MAX_KV_CACHE_GROUPS",
     "MAX_LAYERS",
     "MODEL_PRESETS",
     "SCALE_BYTES",

@@ -177,14 +177,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         gpu=gpu,
         tp=_int(args.tp, "tp"),
         kv_dtype=args.kv_dtype,
-        weight_bytes=parse_bytes(args.weight_bytes, "weight_bytes") if args.weight_bytes else None,
-        num_params=parse_count(args.params, "params") if args.params else None,
+        # `is not None`, not truthiness: an empty --params '' is a mistake to report, not "not given".
+        weight_bytes=parse_bytes(args.weight_bytes, "weight_bytes")
+        if args.weight_bytes is not None
+        else None,
+        num_params=parse_count(args.params, "params") if args.params is not None else None,
         weight_dtype=args.weight_dtype,
         reserve_bytes=reserve_bytes,
         reserve_fraction=reserve_fraction,
         page_size=_int(args.page_size, "page_size"),
-        context_len=parse_tokens(args.context, "context") if args.context else None,
-        concurrency=_int(args.concurrency, "concurrency") if args.concurrency else None,
+        context_len=parse_tokens(args.context, "context") if args.context is not None else None,
+        concurrency=_int(args.concurrency, "concurrency") if args.concurrency is not None else None,
         requests=requests,
     )
     if args.json:
@@ -310,7 +313,7 @@ def _parse_reserve(text: str) -> tuple[int | None, float]:
             raise ConfigError(f"reserve: {text!r:.60} is not a percentage in [0, 100) (example: 10%)")
         return None, share
     if not value:
-        return None, DEFAULT_RESERVE_FRACTION
+        raise ConfigError(f"reserve: {text!r:.60} is empty; give a size or a percentage (example: 10%)")
     return parse_bytes(value, "reserve"), DEFAULT_RESERVE_FRACTION
 
 

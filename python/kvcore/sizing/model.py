@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import stat
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,13 +73,20 @@ MAX_CONFIG_BYTES = 64 * 2**20
 #   chunked_attention  K and V of the current attention chunk (at most `window` = attention_chunk_size)
 #   mla                one latent vector (kv_lora_rank + qk_rope_head_dim) per token, not K and V
 #   linear_attention   no per-token cache: a constant-size recurrent + convolution state per sequence
+#   mamba              no per-token cache: a constant-size SSM + convolution state per sequence (Jamba,
+#                      Nemotron-H)
+#   mlp                nothing at all: a layer without attention or state (Nemotron-H's MLP/MoE layers)
 LAYER_KINDS: tuple[str, ...] = (
     "full_attention",
     "sliding_attention",
     "chunked_attention",
     "mla",
     "linear_attention",
+    "mamba",
+    "mlp",
 )
+# Kinds that keep a constant state per sequence instead of a per-token cache.
+_STATE_KINDS = ("linear_attention", "mamba")
 
 
 def _check_tp(tp: int) -> int:
@@ -99,16 +107,16 @@ class LayerGroup:
     # Layers in the group; >= 1.
     num_layers: int
     # K/V heads per layer across the whole model (before tensor parallelism); >= 1 for cached kinds
-    # (1 for MLA's latent), 0 for linear_attention.
+    # (1 for MLA's latent), 0 for linear_attention, mamba and mlp.
     num_kv_heads: int
     # Elements per head per token; >= 1 for cached kinds (MLA: kv_lora_rank + qk_rope_head_dim), 0 otherwise.
     head_dim: int
-    # Tensors cached per token and head: 2 (K and V), 1 (MLA latent), 0 (linear_attention).
+    # Tensors cached per token and head: 2 (K and V), 1 (MLA latent), 0 (linear_attention, mamba, mlp).
     num_tensors: int = 2
     # Tokens after which a layer stops growing (sliding window, attention chunk); None = whole context.
     # Set exactly for sliding_attention and chunked_attention, None for the other kinds; >= 1.
     window: int | None = None
-    # Constant bytes per sequence per layer (linear_attention state); 0 for the other kinds.
+    # Constant bytes per sequence per layer (linear_attention and mamba state, >= 1); 0 for the other kinds.
     state_bytes: int = 0
     # Whether tensor parallelism splits this group by head (False for MLA: each GPU keeps the latent).
     tp_sharded: bool = True
@@ -120,11 +128,21 @@ class LayerGroup:
             )
         check_int(self.num_layers, "num_layers", minimum=1)
         check_int(self.state_bytes, "state_bytes")
+        # Integers, not merely numbers that compare equal to one (2.0 == 2).
+        check_int(self.num_kv_heads, "num_kv_heads")
+        check_int(self.head_dim, "head_dim")
+        check_int(self.num_tensors, "num_tensors")
+        if self.window is not None:
+            check_int(self.window, "window", minimum=1)
         if not isinstance(self.tp_sharded, bool):
             raise ConfigError(f"tp_sharded: expected true or false, got {show(self.tp_sharded)}")
-        if self.kind == "linear_attention":
+        if self.kind in _STATE_KINDS or self.kind == "mlp":
             if self.num_kv_heads or self.head_dim or self.num_tensors or self.window is not None:
-                raise ConfigError("linear_attention: a constant-state group caches no per-token K/V")
+                raise ConfigError(f"{self.kind}: a layer without attention caches no per-token K/V")
+            if self.kind == "mlp":
+                if self.state_bytes:
+                    raise ConfigError("state_bytes: mlp layers keep no state")
+                return
             check_int(self.state_bytes, "state_bytes", minimum=1)
             return
         check_int(self.num_kv_heads, "num_kv_heads", minimum=1)
@@ -141,7 +159,7 @@ class LayerGroup:
 
     @property
     def caches_tokens(self) -> bool:
-        """True when the layers keep something per token (every kind but linear_attention)."""
+        """True when the layers keep something per token (every kind but linear_attention, mamba, mlp)."""
         return self.num_tensors > 0
 
     def kv_heads_per_gpu(self, tp: int = 1) -> int:
@@ -214,7 +232,7 @@ class KVCacheGroup:
     empty (``num_padding_layers``). Built by :meth:`ModelSpec.kv_cache_groups`.
     """
 
-    # One of LAYER_KINDS except linear_attention (a constant state is not paged).
+    # One of LAYER_KINDS except linear_attention, mamba and mlp (nothing per token to page).
     kind: str
     # Tokens each layer keeps (sliding window, attention chunk); None for full_attention and mla; >= 1.
     # What the manager takes: ``groups=[g.window for g in groups]``.
@@ -234,8 +252,8 @@ class KVCacheGroup:
     tp_sharded: bool = True
 
     def __post_init__(self) -> None:
-        if self.kind == "linear_attention":
-            raise ConfigError("kind: linear_attention layers keep a constant state; they are not paged")
+        if self.kind in _STATE_KINDS or self.kind == "mlp":
+            raise ConfigError(f"kind: {self.kind} layers keep no per-token K/V; they are not paged")
         indices = self.layer_indices
         if not isinstance(indices, tuple) or not indices:
             raise ConfigError(
@@ -409,14 +427,18 @@ class ModelSpec:
     def kv_cache_groups(self) -> tuple[KVCacheGroup, ...]:
         """The manager's KV-cache groups for this model (empty if no layer caches tokens).
 
-        The rule (vLLM's hybrid allocator, uniform page size): each layer group that caches tokens is one
-        attention type; the group size is the smallest number of layers of one type; each type's layers,
-        in layer order, are cut into groups of that size, the last one padded when the count does not
-        divide. Groups come type by type, in order of first appearance. So Llama and Mistral 7B have one
-        group of 32 layers, Gemma 2 9B one sliding and one full group of 21, Gemma 3 1B five sliding groups
-        of 4, one sliding group of 2 (2 padding slots) and one full group of 4. MLA layers form full
-        groups; chunked layers window groups (a window of the chunk size holds every chunk); constant-state
-        layers no group (their state is set aside per request).
+        The rule is vLLM's hybrid allocator with a uniform page size (``vllm/v1/core/kv_cache_utils.py``,
+        ``_get_kv_cache_groups_uniform_page_size``): each layer group that caches tokens is one attention
+        type; the group size is the smallest number of layers of one type, or the largest when that is
+        below 1.25 times the smallest (12 sliding + 13 full layers: groups of 13, not 12 + 12 + 1); a type
+        of ``n`` layers makes ``ceil(n / size)`` groups and its ``i``-th layer, in layer order, goes to
+        group ``i mod ceil(n / size)`` (vLLM's ``layers[i::num_groups]``), so a type whose count does not
+        divide leaves a padding slot in each of its last groups. Groups come type by type, in order of
+        first appearance. So Llama and Mistral 7B have one group of 32 layers, Gemma 2 9B one sliding and
+        one full group of 21, Gemma 3 1B six sliding groups of 4 slots (the last two with 3 layers and a
+        padding slot each) and one full group of 4. MLA layers form full groups; chunked layers window
+        groups (a window of the chunk size holds every chunk); constant-state and mlp layers no group
+        (their state, if any, is set aside per request).
 
         Raises:
             ConfigError: more than MAX_LAYERS layers (each group lists its layers).
@@ -432,21 +454,27 @@ class ModelSpec:
         typed = [(g, layers_of[i]) for i, g in enumerate(self.groups) if g.caches_tokens]
         if not typed:
             return ()
-        size = min(g.num_layers for g, _ in typed)
-        return tuple(
-            KVCacheGroup(
-                kind=g.kind,
-                window=g.window,
-                layer_indices=tuple(layers[start : start + size]),
-                group_size=size,
-                num_kv_heads=g.num_kv_heads,
-                head_dim=g.head_dim,
-                num_tensors=g.num_tensors,
-                tp_sharded=g.tp_sharded,
-            )
-            for g, layers in typed
-            for start in range(0, len(layers), size)
-        )
+        fewest = min(g.num_layers for g, _ in typed)
+        most = max(g.num_layers for g, _ in typed)
+        # vLLM's test, `max_num_layers < min_num_layers * 1.25`, in integers.
+        size = most if 4 * most < 5 * fewest else fewest
+        out: list[KVCacheGroup] = []
+        for g, layers in typed:
+            num_groups = -(-len(layers) // size)
+            for start in range(num_groups):
+                out.append(
+                    KVCacheGroup(
+                        kind=g.kind,
+                        window=g.window,
+                        layer_indices=tuple(layers[start::num_groups]),
+                        group_size=size,
+                        num_kv_heads=g.num_kv_heads,
+                        head_dim=g.head_dim,
+                        num_tensors=g.num_tensors,
+                        tp_sharded=g.tp_sharded,
+                    )
+                )
+        return tuple(out)
 
     def kv_cache_windows(self) -> list[int | None]:
         """``KVCacheManager(groups=...)`` for this model: each KV-cache group's window, None = full."""
@@ -632,30 +660,51 @@ class _Fields:
         if value is None:
             return None
         if not isinstance(value, bool):
-            raise self.fail(key, f"expected true or false, got {value!r}")
+            raise self.fail(key, f"expected true or false, got {show(value)}")
         return value
+
+
+def _json_type(value: object) -> str:
+    """The JSON name of a parsed value's type (for messages about a file's content)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, (int, float)):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    return "array" if isinstance(value, list) else "object"
 
 
 def _read_config_file(path: Path) -> tuple[Mapping[str, Any], str]:
     try:
         if path.is_dir():
             path = path / "config.json"
-        with path.open("rb") as f:
-            data_bytes = f.read(MAX_CONFIG_BYTES + 1)
+        # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; a FIFO, a device or
+        # a socket is then refused below, before anything is read from it.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, "rb") as f:
+            regular = stat.S_ISREG(os.fstat(f.fileno()).st_mode)
+            data_bytes = f.read(MAX_CONFIG_BYTES + 1) if regular else b""
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
         raise ConfigError(
             f"config: cannot read {str(path)!r}: {getattr(exc, 'strerror', None) or exc}"
         ) from None
+    if not regular:
+        raise ConfigError(f"config: {str(path)!r} is not a regular file (a FIFO, device or socket?)")
     if len(data_bytes) > MAX_CONFIG_BYTES:
         raise ConfigError(
             f"config: {str(path)!r} is larger than {MAX_CONFIG_BYTES:,} bytes: not a config.json"
         )
+    # A UTF-8 byte-order mark (some Windows editors write one) is not part of the JSON text.
+    data_bytes = data_bytes.removeprefix(b"\xef\xbb\xbf")
     try:
         data = loads(decode_utf8(data_bytes))
     except JSONInputError as exc:
         raise ConfigError(f"config: {str(path)!r}: {exc}") from None
     if not isinstance(data, Mapping):
-        raise ConfigError(f"config: {str(path)!r} holds a JSON {type(data).__name__}, not an object")
+        raise ConfigError(f"config: {str(path)!r} holds a JSON {_json_type(data)}, not an object")
     name = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
     return data, name
 
@@ -698,8 +747,26 @@ def _weight_dtype(config: Mapping[str, Any], fields: _Fields) -> str | None:
     return None
 
 
+# Fields that lay out a hybrid model's layers in a way kvcore does not size: refused, never ignored.
+_UNSIZED_LAYOUT_FIELDS = {
+    # Mllama: these layers attend to the image tokens, and cache the vision encoder's K/V, not the text's.
+    "cross_attention_layers": "cross-attention layers cache the image tokens' K/V, not the text's; "
+    "kvcore cannot size them from a text context",
+    # Bamba, Zamba: Mamba hybrids whose state kvcore does not model.
+    "attn_layer_indices": "a Mamba hybrid layout kvcore does not model",
+    "layers_block_type": "a Mamba hybrid layout kvcore does not model",
+}
+# Architectures that must state their hybrid layout (HF has defaults for it; kvcore does not guess).
+_NEEDS_LAYOUT = {"jamba": "attn_layer_period", "nemotron_h": "hybrid_override_pattern"}
+# Nemotron-H hybrid_override_pattern characters: Mamba2, attention, MLP, MoE.
+_NEMOTRON_H_KINDS = {"M": "mamba", "*": "full_attention", "-": "mlp", "E": "mlp"}
+
+
 def _layer_kinds(f: _Fields, num_layers: int, model_type: str, window: int | None) -> list[str]:
     """Kind of each layer, from explicit fields first and documented architecture defaults second."""
+    hybrid = _hybrid_kinds(f, num_layers, model_type, window)
+    if hybrid is not None:
+        return hybrid
     layer_types = f.data.get("layer_types")
     pattern = f.int_("sliding_window_pattern")
     if layer_types is not None:
@@ -750,6 +817,41 @@ def _layer_kinds(f: _Fields, num_layers: int, model_type: str, window: int | Non
     )
 
 
+def _hybrid_kinds(f: _Fields, num_layers: int, model_type: str, window: int | None) -> list[str] | None:
+    """Layer kinds of a Mamba hybrid (Jamba, Nemotron-H), or None when the config is not one."""
+    period_raw = f.data.get("attn_layer_period")
+    pattern = f.data.get("hybrid_override_pattern")
+    if period_raw is None and pattern is None:
+        needed = _NEEDS_LAYOUT.get(model_type)
+        if needed is not None:
+            raise f.fail(needed, f"missing; it says which layers of model_type {model_type!r} attend")
+        return None
+    if period_raw is not None and pattern is not None:
+        raise f.fail("attn_layer_period", "and hybrid_override_pattern both lay out the layers")
+    for key in ("layer_types", "sliding_window_pattern", "full_attention_interval"):
+        if f.data.get(key) is not None:
+            source = "attn_layer_period" if period_raw is not None else "hybrid_override_pattern"
+            raise f.fail(key, f"contradicts {source}: only one field may lay out the layers")
+    if window is not None:
+        raise f.fail("sliding_window", "is set on a Mamba hybrid; kvcore does not know which layers use it")
+    if period_raw is not None:
+        # HF Jamba: layer i attends when i % attn_layer_period == attn_layer_offset; the others are Mamba.
+        period = f.need("attn_layer_period")
+        offset = f.need("attn_layer_offset", minimum=0, maximum=period - 1)
+        return ["full_attention" if i % period == offset else "mamba" for i in range(num_layers)]
+    if not isinstance(pattern, str):
+        raise f.fail("hybrid_override_pattern", f"expected a string, got {show(pattern)}")
+    if len(pattern) != num_layers:
+        raise f.fail("hybrid_override_pattern", f"has {len(pattern)} characters for {num_layers} layers")
+    for i, char in enumerate(pattern):
+        if char not in _NEMOTRON_H_KINDS:
+            raise f.fail(
+                "hybrid_override_pattern",
+                f"character {i} is {char!r}; kvcore knows M (Mamba2), * (attention), - (MLP), E (MoE)",
+            )
+    return [_NEMOTRON_H_KINDS[char] for char in pattern]
+
+
 def _pattern_kinds(num_layers: int, pattern: int) -> list[str]:
     # HF Gemma 3 / Cohere 2: layer i is full attention when (i + 1) is a multiple of the pattern.
     return ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(num_layers)]
@@ -778,7 +880,18 @@ def model_from_config(
     - linear-attention state (Qwen3-Next): ``linear_num_value_heads × linear_key_head_dim ×
       linear_value_head_dim`` recurrent + ``(linear_conv_kernel_dim - 1) × (2 × linear_num_key_heads ×
       linear_key_head_dim + linear_num_value_heads × linear_value_head_dim)`` convolution elements per
-      layer, in the checkpoint's dtype (``torch_dtype``), independent of the cache precision.
+      layer, in the checkpoint's dtype (``torch_dtype``), independent of the cache precision;
+    - Mamba hybrids: Jamba's ``attn_layer_period`` + ``attn_layer_offset`` (layer ``i`` attends when
+      ``i % period == offset``, the others are Mamba1), Nemotron-H's ``hybrid_override_pattern`` (one
+      character per layer: ``*`` attention, ``M`` Mamba2, ``-``/``E`` MLP/MoE, which cache nothing); only
+      the attention layers cache K/V; the Mamba state is a constant per sequence (:func:`_mamba_group`,
+      vLLM's state shapes), in the checkpoint's dtype, split evenly under tensor parallelism (vLLM
+      replicates Mamba2's groups when ``n_groups`` < tp, which this does not count);
+    - refused, never ignored: ``cross_attention_layers`` (Mllama: those layers cache the image tokens'
+      K/V), ``attn_layer_indices`` (Bamba), ``layers_block_type`` (Zamba).
+
+    A config file must be a regular file (a FIFO or a device is refused before anything is read); a
+    leading UTF-8 byte-order mark is skipped.
 
     The MTP layers of DeepSeek V3 (``num_nextn_predict_layers``) are not counted: they are a speculative
     decoding add-on, not part of ``num_hidden_layers``.
@@ -801,11 +914,14 @@ def model_from_config(
         raise ConfigError(f"config: expected a mapping or a path, got {type(config).__name__}")
     label = name or "config"
     f = _text_fields(config, where or label)
-    if config.get("is_encoder_decoder") is True or f.data.get("is_encoder_decoder") is True:
-        raise f.fail("is_encoder_decoder", "encoder-decoder models are not supported (decoder-only only)")
+    top = _Fields(config, "", f.label)
+    for fields in (top, f):
+        if fields.flag("is_encoder_decoder"):
+            raise fields.fail(
+                "is_encoder_decoder", "encoder-decoder models are not supported (decoder-only only)"
+            )
 
     num_layers = f.need("num_hidden_layers", "n_layer", "num_layers", maximum=MAX_LAYERS)
-    top = _Fields(config, "", f.label)
     model_type = f.str_("model_type") or top.str_("model_type") or ""
     max_context = f.int_("max_position_embeddings", "n_positions", "max_sequence_length", "seq_length")
     shared = f.int_("num_kv_shared_layers", minimum=0) or 0
@@ -818,11 +934,15 @@ def model_from_config(
     _, window_raw = f.raw("sliding_window", "sliding_window_size")
     window = f.int_("sliding_window", "sliding_window_size")
 
+    for key, why in _UNSIZED_LAYOUT_FIELDS.items():
+        if f.data.get(key) is not None:
+            raise f.fail(key, f"{why}; not supported")
     groups: list[LayerGroup]
     layer_group_index: tuple[int, ...] | None = None  # MLA: one group, in order
     kv_lora_rank = f.int_("kv_lora_rank")
     if kv_lora_rank is not None:
-        if window_raw is not None or f.data.get("layer_types") is not None:
+        laid_out = ("layer_types", "attn_layer_period", "hybrid_override_pattern")
+        if window_raw is not None or any(f.data.get(k) is not None for k in laid_out):
             raise f.fail(
                 "kv_lora_rank", "MLA with sliding-window or typed layers is not a layout kvcore knows"
             )
@@ -899,9 +1019,37 @@ def _attention_groups(
         elif kind == "chunked_attention":
             chunk = f.need("attention_chunk_size")
             groups.append(LayerGroup(kind, count, kv_heads, head_dim, window=chunk))
+        elif kind == "mamba":
+            groups.append(_mamba_group(f, config, count))
+        elif kind == "mlp":
+            groups.append(LayerGroup(kind, count, 0, 0, num_tensors=0))
         else:
             groups.append(_linear_attention_group(f, config, count))
     return groups
+
+
+def _mamba_group(f: _Fields, config: Mapping[str, Any], count: int) -> LayerGroup:
+    """Constant state of a Mamba layer, as vLLM keeps it (``MambaStateShapeCalculator``), in the
+    checkpoint's precision: Mamba1 (Jamba) ``d_inner × (d_conv - 1)`` convolution + ``d_inner × d_state``
+    SSM elements, ``d_inner = mamba_expand × hidden_size``; Mamba2 (Nemotron-H) ``(conv_kernel - 1) ×
+    (d_inner + 2 × n_groups × ssm_state_size)`` + ``mamba_num_heads × mamba_head_dim × ssm_state_size``,
+    ``d_inner = mamba_num_heads × mamba_head_dim``."""
+    if f.data.get("hybrid_override_pattern") is not None:
+        heads = f.need("mamba_num_heads")
+        head_dim = f.need("mamba_head_dim")
+        d_state = f.need("ssm_state_size")
+        kernel = f.need("conv_kernel")
+        inner = heads * head_dim
+        elements = (kernel - 1) * (inner + 2 * f.need("n_groups") * d_state) + inner * d_state
+    else:
+        inner = f.need("mamba_expand") * f.need("hidden_size")
+        elements = inner * (f.need("mamba_d_conv") - 1) + inner * f.need("mamba_d_state")
+    dtype = _weight_dtype(config, f)
+    if dtype is None:
+        raise f.fail("torch_dtype", "missing or unknown; it sets the precision of the Mamba state")
+    return LayerGroup(
+        "mamba", count, 0, 0, num_tensors=0, state_bytes=bits_to_bytes(elements * weight_dtype_bits(dtype))
+    )
 
 
 def _linear_attention_group(f: _Fields, config: Mapping[str, Any], count: int) -> LayerGroup:

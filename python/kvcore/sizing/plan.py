@@ -55,6 +55,7 @@ from kvcore.sizing.units import format_bytes
 __all__ = [
     "DEFAULT_PAGE_SIZE",
     "DEFAULT_RESERVE_FRACTION",
+    "MAX_KV_CACHE_GROUPS",
     "GroupSize",
     "Plan",
     "SizeReport",
@@ -68,6 +69,9 @@ DEFAULT_PAGE_SIZE = 16
 # Share of GPU memory kept for the CUDA context, activations, graphs and fragmentation when no reserve is
 # given: the complement of vLLM's default gpu_memory_utilization of 0.9.
 DEFAULT_RESERVE_FRACTION = 0.10
+# Most KV-cache groups KVCacheManager accepts (MAX_GROUPS in rust/manager/groups.rs; a test checks the two
+# agree): a plan with more could not be built.
+MAX_KV_CACHE_GROUPS = 64
 
 ModelLike = ModelSpec | Mapping[str, Any] | str | os.PathLike[str]
 
@@ -206,8 +210,10 @@ def _size_notes(spec: ModelSpec, kv_dtype: str, context_len: int, tp: int) -> li
             notes.append(f"{g.kind} layers stop growing at {g.window:,} tokens (window)")
         if g.kind == "mla":
             notes.append("MLA: one latent per token and layer (not K and V); every GPU keeps it under tp")
-        if g.kind == "linear_attention":
-            notes.append("linear_attention layers keep a constant state per sequence, whatever its length")
+        if g.kind in ("linear_attention", "mamba"):
+            notes.append(f"{g.kind} layers keep a constant state per sequence, whatever its length")
+        if g.kind == "mlp":
+            notes.append("mlp layers (no attention) cache nothing")
         if g.tp_sharded and 0 < g.num_kv_heads < tp:
             notes.append(f"{g.num_kv_heads} KV heads < tp {tp}: heads are replicated, each GPU keeps 1")
     if spec.num_kv_shared_layers:
@@ -270,9 +276,11 @@ class Plan:
     padding_layers: int
     # Scales the pool keeps beside its pages on one GPU (fp8/int8/int4; else 0); set aside before pages.
     scale_bytes: int
-    # Constant-state bytes per request on one GPU (linear_attention layers; 0 for most models).
+    # Constant-state bytes per request on one GPU (linear_attention and mamba layers; 0 for most models).
     state_bytes_per_request: int
-    # Requests whose constant state is set aside before pages are counted; >= 0.
+    # Requests whose constant state is set aside before pages are counted: the largest request count the
+    # plan states (concurrency, max_requests_at_context, max_requests_for_mix, max_requests_worst_case),
+    # so that none of them exceeds it; 0 without constant state; >= 0.
     state_reserved_requests: int
     # state_reserved_requests * state_bytes_per_request.
     state_reserved_bytes: int
@@ -292,7 +300,8 @@ class Plan:
     # Bytes of those pages that no layer fills: padding slots, and smaller groups in a larger page (None if
     # not asked; 0 for a model of one attention type).
     padding_bytes_per_request: int | None
-    # Requests of context_len that fit together (None if not asked).
+    # Requests of context_len that fit together in this pool, each with its constant state (None if not
+    # asked); <= state_reserved_requests when the model keeps state.
     max_requests_at_context: int | None
     # Concurrent requests asked about (None if not asked).
     concurrency: int | None
@@ -400,8 +409,18 @@ def plan(
         arguments of the matching ``KVCacheManager``. A request that does not fit is not an error:
         ``fits`` is False, ``shortfall_bytes`` says by how much, and ``warnings`` explains it.
 
+    Constant state (Qwen3-Next, Jamba, Nemotron-H): each running request needs its state beside its
+    pages, so state is set aside before pages are counted, for the largest request count the plan
+    states; then every figure is computed against the one pool that remains, and capped at the requests
+    whose state is set aside. Each figure is thus exact for ``KVCacheManager(**plan.manager_kwargs())``
+    with those states: ``num_pages * page_bytes + state_reserved_bytes + scale_bytes`` never exceeds
+    the KV budget, and no request count the plan gives exceeds ``state_reserved_requests``. When several
+    questions are asked at once, the pool is the one for the most demanding answer, so the others may
+    be a little below what a plan for them alone would give.
+
     Raises:
-        ConfigError: a bad argument, unknown preset, or missing weight information.
+        ConfigError: a bad argument, unknown preset, or missing weight information; or a model with
+            more than :data:`MAX_KV_CACHE_GROUPS` KV-cache groups (no manager could be built for it).
     """
     spec = load_model(model)
     device = _resolve_gpu(gpu)
@@ -445,6 +464,11 @@ def plan(
 
     budget = device.mem_bytes - weights_per_gpu - reserve
     groups = spec.kv_cache_groups()
+    if len(groups) > MAX_KV_CACHE_GROUPS:
+        raise ConfigError(
+            f"model: {spec.name} pages as {len(groups)} KV-cache groups, but KVCacheManager takes at most "
+            f"{MAX_KV_CACHE_GROUPS}; no pool can be planned for it"
+        )
     page = spec.group_page_bytes(page_size, kv_dtype, tp)
     if page > MAX_INT:
         raise ConfigError(f"page_size: a page of {page:,} bytes of {spec.name} is beyond any memory")
@@ -462,7 +486,9 @@ def plan(
     def requests_that_fit(num_tokens: int) -> int:
         return max(0, room_for_requests // cost(num_tokens)) if room_for_requests > 0 else 0
 
+    # First, each question against the whole budget, every request with its state.
     max_at_context = requests_that_fit(context_len) if context_len is not None else None
+    alone_at_context = max_at_context  # what a plan for context_len alone would give (for the warning)
     ctx_pages = pages(context_len) if context_len is not None else None
     padding_bytes = None
     if context_len is not None:
@@ -477,11 +503,29 @@ def plan(
         max_mix = max(0, room * len(request_lens) // total_cost) if room > 0 else 0
         worst = requests_that_fit(max(request_lens))
 
+    # Constant state is set aside for the largest request count the plan states, then the pool is what
+    # is left; every count is then re-read against that pool (and so never exceeds the states set aside).
+    reserved_requests = 0
+    if state:
+        stated = [c for c in (concurrency, max_at_context, max_mix, worst) if c is not None]
+        reserved_requests = max(stated, default=0)
+    state_reserved = reserved_requests * state
+    num_pages = pages_for_budget(max(0, budget - scales - state_reserved), page)
+    usable = max(0, num_pages - 1)
+    if state:
+        if max_at_context is not None and ctx_pages is not None:
+            max_at_context = min(max_at_context, usable // ctx_pages)
+        if worst is not None:
+            worst = min(worst, usable // pages(max(request_lens)))
+        if max_mix is not None:
+            max_mix = min(max_mix, usable * len(request_lens) // sum(pages(n) for n in request_lens))
+
     max_context: int | None = None
     unbounded = False
     if concurrency is not None:
-        room = room_for_requests - concurrency * state
-        each = max(0, room // (concurrency * page)) if room > 0 else 0
+        # Pages each of `concurrency` requests may hold in this pool (their state is set aside above when
+        # the model keeps one: reserved_requests >= concurrency).
+        each = usable // concurrency
         windows = [g.window for g in groups]
         if (
             all(w is not None for w in windows)
@@ -490,15 +534,6 @@ def plan(
             unbounded = True
         else:
             max_context = _longest_pages(pages, page_size, each) * page_size
-
-    # Constant state is set aside for the requests the plan is about.
-    reserved_requests = 0
-    if state:
-        candidates = [concurrency, max_at_context, worst]
-        reserved_requests = next((c for c in candidates if c is not None), 0)
-    state_reserved = reserved_requests * state
-    num_pages = pages_for_budget(max(0, budget - scales - state_reserved), page)
-    usable = max(0, num_pages - 1)
 
     warnings: list[str] = []
     gpu_label = f"{device.name} ({format_bytes(device.mem_bytes)})"
@@ -528,7 +563,7 @@ def plan(
         warnings.append(
             f"does not fit: {detail} but {format_bytes(budget)} is left after weights and reserve: "
             f"short by {format_bytes(shortfall)}"
-            + _alternatives(max_at_context, context_len, concurrency, max_context, unbounded)
+            + _alternatives(alone_at_context, context_len, concurrency, max_context, unbounded)
         )
     if reserve == 0:
         warnings.append("no runtime reserve: the CUDA context, activations and graphs need memory too")
@@ -543,7 +578,14 @@ def plan(
             f"{spec.max_context_len:,}"
         )
     if state and reserved_requests == 0 and budget >= 0:
-        warnings.append("constant-state layers: no state set aside; give concurrency or context_len")
+        if context_len is not None or request_lens:
+            asked = f"{context_len:,} tokens" if context_len is not None else f"{max(request_lens):,} tokens"
+            warnings.append(
+                f"constant-state layers: no state set aside, since not one request of {asked} fits "
+                f"(each needs {format_bytes(state)} of state beside its pages)"
+            )
+        else:
+            warnings.append("constant-state layers: no state set aside; give concurrency or context_len")
 
     return Plan(
         model=spec.name,

@@ -34,13 +34,15 @@ GiB = 1 << 30
 TiB = 1 << 40
 GB = 10**9
 
-_NUMBER = r"(\d+(?:\.\d+)?|\.\d+)"
+# ASCII digits only, as everywhere in the CLI: \d would also take '٣' or '８'.
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
 # Longest number accepted, in characters: int64 has 19 digits; more is a typo or an attack (int() of a
 # 5,000-digit string raises, and converting long ones costs quadratic time).
 _MAX_NUMBER_LEN = 40
-_TOKENS_RE = re.compile(rf"^{_NUMBER}\s*([km]?)$", re.IGNORECASE)
-_BYTES_RE = re.compile(rf"^{_NUMBER}\s*([a-z]*)$", re.IGNORECASE)
-_COUNT_RE = re.compile(rf"^{_NUMBER}\s*([kmbt]?)$", re.IGNORECASE)
+# re.ASCII: no Unicode case folding either (the Kelvin sign 'K' would otherwise match 'k').
+_TOKENS_RE = re.compile(rf"^{_NUMBER}\s*([km]?)$", re.IGNORECASE | re.ASCII)
+_BYTES_RE = re.compile(rf"^{_NUMBER}\s*([a-z]*)$", re.IGNORECASE | re.ASCII)
+_COUNT_RE = re.compile(rf"^{_NUMBER}\s*([kmbt]?)$", re.IGNORECASE | re.ASCII)
 
 _TOKEN_SUFFIX = {"": 1, "k": KiB, "m": MiB}
 _BYTE_SUFFIX = {
