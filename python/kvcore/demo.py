@@ -281,13 +281,8 @@ def _equals_no_cache_run(model: Any, prompt: list[int], output: list[int], max_n
         return False
     if not output:
         return True
-    tokens = np.asarray(list(prompt) + output[:-1])
-    x, pos = model.embed[tokens], np.arange(len(tokens), dtype=np.float64)
-    for layer in range(model.config.num_layers):
-        q, k, v = model.qkv(layer, x, pos)
-        kv = model.stored(k, layer, 0), model.stored(v, layer, 1)
-        x = model.finish_layer(layer, x, model._dense(q, *kv))
-    greedy = np.argmax(model.logits(x[len(prompt) - 1 :]), axis=-1)
+    logits = model.no_cache_all_logits([*prompt, *output[:-1]], last=len(output))
+    greedy = np.argmax(logits, axis=-1)
     return bool(greedy.tolist() == output)
 
 

@@ -142,12 +142,17 @@ class TinyDecoder:
 
     def no_cache_logits(self, tokens: list[int]) -> _F64:
         """Logits [vocab] of the last token, recomputing everything from scratch (no cache at all)."""
+        return self.no_cache_all_logits(tokens, last=1)[0]
+
+    def no_cache_all_logits(self, tokens: list[int], *, last: int | None = None) -> _F64:
+        """Logits ``[T, vocab]`` at every position (or the ``last`` ones) of one pass from scratch:
+        attention is causal, so row ``i`` is what a pass over the first ``i + 1`` tokens gives."""
         x, pos = self.embed[np.asarray(tokens)], np.arange(len(tokens), dtype=np.float64)
         for layer in range(self.config.num_layers):
             q, k, v = self.qkv(layer, x, pos)
             kv = self.stored(k, layer, 0), self.stored(v, layer, 1)
             x = self.finish_layer(layer, x, self._dense(q, *kv))
-        return self.logits(x[-1:])[0]
+        return self.logits(x if last is None else x[len(tokens) - last :])
 
     def generate_no_cache(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         """Greedy tokens from scratch at every step: what any cached run must reproduce."""
