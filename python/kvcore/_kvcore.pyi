@@ -10,11 +10,13 @@ from kvcore.events import KVEvent
 from kvcore.manager import PageTable, PrefixHit, PrefixMatch, TransferBatch
 
 __all__ = [
+    "MAX_EVENTS",
     "CacheStats",
     "KVCacheManager",
     "PageAllocator",
     "RespClient",
     "__version__",
+    "_cache_stats",
     "page_keys",
     "payload_checksum",
 ]
@@ -105,6 +107,10 @@ class CacheStats:
         """The fields as a dict, in declaration order."""
     def __eq__(self, other: object, /) -> bool: ...
     def __ne__(self, other: object, /) -> bool: ...
+    def __copy__(self) -> CacheStats:
+        """The snapshot itself (immutable)."""
+    def __deepcopy__(self, _memo: object) -> CacheStats:
+        """The snapshot itself (immutable)."""
 
 _Ids: TypeAlias = Sequence[int] | npt.NDArray[np.int64] | npt.NDArray[np.int32]
 
@@ -342,6 +348,9 @@ def page_keys(
     namespace: str | None = None,
 ) -> npt.NDArray[np.uint8]:
     """``[len(tokens) // page_size, 16]`` page keys, as a cache with this fingerprint computes them."""
+
+def _cache_stats(values: Sequence[int]) -> CacheStats:
+    """A ``CacheStats`` from its values in field order (what pickling stores)."""
 
 def payload_checksum(data: npt.NDArray[np.uint8] | Sequence[npt.NDArray[np.uint8]]) -> bytes:
     """XXH3-128 of a contiguous 1-D uint8 array, or of the concatenation of a list of them: 16 bytes,
