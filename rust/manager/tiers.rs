@@ -208,8 +208,9 @@ pub(super) struct Tier {
 }
 
 impl Tier {
-    /// `Stored` events of every slot this tier holds (bad slots left out), parents before their
-    /// children: its part of an event snapshot (see `KVCacheManager::take_events`).
+    /// `Stored` events of every slot this tier holds, parents before their children: its part of an
+    /// event snapshot (see `KVCacheManager::take_events`). Bad slots are included, as the live
+    /// stream keeps them (a failed load sends no `Removed`: the slot holds its place).
     pub(super) fn snapshot_events(
         &self,
         label: impl Fn(Namespace) -> Option<String>,
@@ -220,19 +221,11 @@ impl Tier {
             medium: self.config.name.clone(),
         });
         for (_, parent, ns, ids) in self.tree.nodes_by_depth() {
-            let good: Vec<PageId> = ids
-                .iter()
-                .copied()
-                .take_while(|&id| !self.bad[(id - 1) as usize])
-                .collect();
-            if good.is_empty() {
-                continue;
-            }
             out.push(super::KvEvent::Stored {
-                keys: good.iter().map(|&id| key(id)).collect(),
+                keys: ids.iter().map(|&id| key(id)).collect(),
                 parent: self.tree.last_page(parent).map(key),
                 namespace: label(ns),
-                pages: good.iter().map(|&id| id - 1).collect(),
+                pages: ids.iter().map(|&id| id - 1).collect(),
                 medium: self.config.name.clone(),
             });
         }

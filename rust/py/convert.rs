@@ -202,9 +202,10 @@ fn array_as_list<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyList>> {
     })
 }
 
-/// Real numbers (`compact`'s scores): a 1-D array or any iterable of ints and floats, as `f32`.
-/// The vector grows with what is iterated (a lying `__len__` reserves nothing), and running out of
-/// memory is an `OutOfMemoryError`.
+/// Real numbers (`compact`'s scores): a 1-D array or a sequence (list, tuple, ...) of ints and
+/// floats, as `f32`; an unordered collection (a set, a dict) or a one-shot iterator is refused: the
+/// order is the pages'. The vector grows with what is iterated (a lying `__len__` reserves
+/// nothing), and running out of memory is an `OutOfMemoryError`.
 pub(crate) fn floats_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f32>> {
     let list;
     let items = if let Ok(array) = obj.cast::<PyUntypedArray>() {
@@ -220,8 +221,24 @@ pub(crate) fn floats_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<f32
         list = array_as_list(obj)?;
         list.try_iter()?
     } else {
+        let unordered = obj.is_instance_of::<pyo3::types::PySet>()
+            || obj.is_instance_of::<pyo3::types::PyFrozenSet>()
+            || obj.is_instance_of::<pyo3::types::PyDict>()
+            || obj.hasattr("__next__").unwrap_or(true); // an iterator: one pass, its own order
+        if unordered {
+            return Err(KvError::InvalidDType(format!(
+                "{name} must be a 1-D sequence or array of floats (in page order), got {}",
+                type_name(obj)
+            ))
+            .into());
+        }
         iter_arg(obj, name)?
     };
+    // A sequence of the caller's may iterate in Python code: counted, as in `int_value_named`.
+    let plain = obj.is_exact_instance_of::<PyList>()
+        || obj.is_exact_instance_of::<PyTuple>()
+        || obj.cast::<PyUntypedArray>().is_ok();
+    let _active = (!plain).then(|| super::active(obj.py()));
     let mut out: Vec<f32> = Vec::new();
     for (i, item) in items.enumerate() {
         let v = float_arg(&item?, &format!("{name}[{i}]"))?;
@@ -355,6 +372,9 @@ pub(crate) fn int_value(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<i64> {
 
 /// [`int_value`] with the argument's name made only for an error message (list elements).
 fn int_value_named(obj: &Bound<'_, PyAny>, name: impl FnOnce() -> String) -> PyResult<i64> {
+    // Anything but an int may run Python code (`__index__`, `__repr__` for the message): counted,
+    // for the interpreter's exit (see `super::active`).
+    let _active = (!obj.is_exact_instance_of::<PyInt>()).then(|| super::active(obj.py()));
     if obj.is_instance_of::<PyBool>() {
         let name = name();
         return Err(KvError::InvalidDType(format!("{name} must be an integer, got a bool")).into());
@@ -414,6 +434,9 @@ pub(crate) fn count_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<usize> {
 
 /// A real-number argument (int or float, not bool); anything else raises `InvalidDTypeError`.
 pub(crate) fn float_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<f64> {
+    // `__float__` may be Python code: counted, as in `int_value_named`.
+    let _active = (!obj.is_exact_instance_of::<PyFloat>() && !obj.is_exact_instance_of::<PyInt>())
+        .then(|| super::active(obj.py()));
     let numeric = !obj.is_instance_of::<PyBool>()
         && (obj.is_instance_of::<PyFloat>()
             || obj.is_instance_of::<PyInt>()

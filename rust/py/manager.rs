@@ -78,8 +78,25 @@ fn python_attr<'py>(
         .clone())
 }
 
-/// Call `module.name(*args)`, a kvcore class or function written in Python, as a counted call
-/// (Python code runs under our frames: see `super::active`).
+/// `module.name(*items)` for a kvcore NamedTuple class, built without running Python code (see
+/// `super::new_named_tuple`).
+fn tuple_attr<'py, A>(
+    py: Python<'py>,
+    cell: &PyOnceLock<Py<PyAny>>,
+    module: &str,
+    name: &str,
+    items: A,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    A: IntoPyObject<'py, Target = PyTuple, Output = Bound<'py, PyTuple>>,
+    PyErr: From<A::Error>,
+{
+    let cls = python_attr(py, cell, module, name)?;
+    super::new_named_tuple(&cls, items.into_pyobject(py)?)
+}
+
+/// Call `module.name(*args)`, a kvcore function written in Python, as a counted call (Python code
+/// runs under our frames: see `super::active`).
 fn call_attr<'py>(
     py: Python<'py>,
     cell: &PyOnceLock<Py<PyAny>>,
@@ -396,7 +413,7 @@ impl PyKVCacheManager {
                     namespace,
                     pages,
                     medium,
-                } => call_attr(
+                } => tuple_attr(
                     py,
                     &PAGE_STORED,
                     "kvcore.events",
@@ -413,7 +430,7 @@ impl PyKVCacheManager {
                     keys,
                     pages,
                     medium,
-                } => call_attr(
+                } => tuple_attr(
                     py,
                     &PAGE_REMOVED,
                     "kvcore.events",
@@ -421,7 +438,7 @@ impl PyKVCacheManager {
                     (key_list(&keys), medium, page_array(&pages)),
                 ),
                 KvEvent::AllCleared { medium } => {
-                    call_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared", (medium,))
+                    tuple_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared", (medium,))
                 }
             })
             .collect()
@@ -640,8 +657,7 @@ impl PyKVCacheManager {
             let indptr = PyArray1::from_vec(py, table.kv_indptr);
             let indices = PyArray1::from_vec(py, table.kv_indices);
             let last = PyArray1::from_vec(py, table.kv_last_page_len);
-            let _active = super::active(py); // a NamedTuple: its __new__ is Python code
-            return page_table.call1((indptr, indices, last));
+            return super::new_named_tuple(&page_table, (indptr, indices, last).into_pyobject(py)?);
         };
         const NAMES: [&str; 3] = ["kv_indptr", "kv_indices", "kv_last_page_len"];
         let bad_out = || {
@@ -717,8 +733,7 @@ impl PyKVCacheManager {
             view(&indices, total)?,
             view(&last, batch)?,
         );
-        let _active = super::active(py);
-        page_table.call1((indptr, indices, last))
+        super::new_named_tuple(&page_table, (indptr, indices, last).into_pyobject(py)?)
     }
 
     /// The int64 slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` from
@@ -863,7 +878,7 @@ impl PyKVCacheManager {
         let found = self.run_lookup(py, tokens, namespace, |m, ids, ns| m.match_prefix(ids, ns))?;
         let pages: Vec<i32> = found.pages.iter().map(|&p| p as i32).collect();
         let pages = PyArray1::from_vec(py, pages);
-        call_attr(
+        tuple_attr(
             py,
             &PREFIX_MATCH,
             "kvcore.manager",
@@ -961,7 +976,6 @@ impl PyKVCacheManager {
         let batch = self.run(py, false, |m| m.take_transfers(stores, loads));
         let names = self.tier_names.clone();
         let class = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")?;
-        let _active = super::active(py); // the dataclass's __init__ is Python code
         super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
     }
 
@@ -1239,7 +1253,7 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::seq_id(seq_id, "seq_id")?;
         let hit = self.run(py, false, |m| m.prefix_hit(id))?;
-        call_attr(
+        tuple_attr(
             py,
             &PREFIX_HIT,
             "kvcore.manager",

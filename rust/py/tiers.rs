@@ -205,7 +205,7 @@ pub(crate) fn batch_to_python<'py>(
         keys_2d(py, l.iter().map(|r| r.key), l.len())?,
         pyo3::types::PyTuple::new(py, tier_names)?.into_any(),
     ];
-    class.call1(pyo3::types::PyTuple::new(py, args)?)
+    super::new_named_tuple(class, pyo3::types::PyTuple::new(py, args)?)
 }
 
 /// A namespace as `restore_tier` and the transfer rows name it (None: default).
