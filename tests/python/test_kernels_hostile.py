@@ -14,6 +14,7 @@ first CuPy call (which would fail with an ``AttributeError`` on a NumPy pool).
 
 from __future__ import annotations
 
+import dataclasses
 from types import ModuleType
 from typing import Any
 
@@ -259,17 +260,20 @@ def test_attention_launcher_refuses_what_its_vector_loads_cannot_take() -> None:
     assert_refused(
         pool, InvalidDTypeError, "16-byte", lambda: gpu.attention_launcher(shifted, pool, 0, plan, 0.5, out)
     )
-    # A hand-edited plan (its work would not start on a step): its arrays are read-only, and one made
-    # writable again unseals the plan, which both paths then refuse.
+    # A hand-edited plan (its work would not start on a step): its arrays cannot be written, and a
+    # plan rebuilt around other arrays is not sealed, which both paths refuse.
     with pytest.raises(ValueError, match="read-only"):
         plan.items[0, 2] = 5
-    plan.items.flags.writeable = True
-    plan.items[0, 2] = 5
+    with pytest.raises(ValueError):
+        plan.items.flags.writeable = True
+    items = plan.items.copy()
+    items[0, 2] = 5
+    edited = dataclasses.replace(plan, items=items)
     assert_refused(
         pool,
         InvalidArgumentError,
         "plan_attention",
-        lambda: gpu.attention_launcher(q, pool, 0, plan, 0.5, out),
+        lambda: gpu.attention_launcher(q, pool, 0, edited, 0.5, out),
     )
 
 

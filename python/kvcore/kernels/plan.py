@@ -212,8 +212,9 @@ class AttentionPlan:
 
     @property
     def sealed(self) -> bool:
-        """True for a plan :func:`plan_attention` made whose arrays are still read-only (what the kernels
-        run); False for one built directly, by ``dataclasses.replace``, or whose arrays were made writable."""
+        """True for a plan :func:`plan_attention` made (what the kernels run); False for one built
+        directly or by ``dataclasses.replace``. Its arrays are views of immutable ``bytes``: NumPy
+        refuses to make them writable again, so a sealed plan's contents are the checked ones."""
         if getattr(self, "_seal", None) is not _SEAL:
             return False
         arrays = [*self.page_table, self.kv_len, self.q_indptr, self.chunk_lens, self.items, self.merges]
@@ -225,14 +226,12 @@ class AttentionPlan:
 
 
 def _frozen(a: np.ndarray) -> np.ndarray:
-    """``a`` (a private copy, checked after it was taken) made read-only: what a plan keeps.
-
-    An array that views another is copied first, so that no writable base stays reachable
-    (``plan.items.base``) behind the read-only view."""
-    if a.base is not None:
-        a = a.copy()
-    a.flags.writeable = False
-    return a
+    """``a`` (a private copy, checked after it was taken) as an array over an immutable ``bytes``
+    object: what a plan keeps. Its ``writeable`` flag cannot be turned back on (NumPy refuses it over
+    a read-only buffer), so the checked contents stay what the kernels read."""
+    out = np.frombuffer(np.ascontiguousarray(a).tobytes(), dtype=a.dtype).reshape(a.shape)
+    assert not out.flags.writeable
+    return out
 
 
 def _int_arg(x: Any, name: str, low: int, high: int) -> int:

@@ -123,6 +123,20 @@ def _index_list(
     want = f"a {shape_text} integer array or list ({dtype} {what})"
     if len(x) == 0:
         return np.empty((0, *trailing), dtype=dtype)
+    if not trailing:
+        # The usual list of Python ints: NumPy's own conversion, when no bool hides in it (NumPy reads
+        # a bool beside ints as 0/1) and the result is an integer array (exact: it holds each value).
+        kinds = set(map(type, x))
+        if bool not in kinds and np.bool_ not in kinds:
+            try:
+                a = np.array(x)
+            except (TypeError, ValueError, OverflowError):
+                a = None
+            if a is not None and a.ndim == 1 and a.dtype.kind in "iu":
+                mn, mx = int(a.min()), int(a.max())
+                if mn < lo or mx >= hi:
+                    raise error(f"{name}: {what} must be in [{lo}, {hi}){hint}, got {mn if mn < lo else mx}")
+                return np.ascontiguousarray(a, dtype=dtype)
     try:
         exact = np.array(x, dtype=object)  # the elements themselves, nested lists unpacked
     except (TypeError, ValueError, OverflowError):

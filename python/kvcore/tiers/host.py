@@ -106,7 +106,7 @@ class HostTier:
 
         Args:
             pool: a pool of this tier's geometry.
-            pages: int32 ``[n]`` distinct page ids in ``[1, num_pages)``.
+            pages: int32 ``[n]`` page ids in ``[1, num_pages)`` (one may repeat: read into two slots).
             slots: int32 ``[n]`` distinct slots in ``[0, num_slots)``; a used slot is overwritten.
             keys: uint8 ``[n, 16]`` page keys, checked again on load.
             parent_keys: uint8 ``[n, 16]``; tokens: uint32 ``[n, page_size]``; namespaces: ``[n]`` str or
