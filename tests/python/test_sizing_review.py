@@ -87,15 +87,44 @@ def test_jamba_caches_k_and_v_only_in_its_attention_layers() -> None:
 def test_nemotron_h_caches_k_and_v_only_in_its_star_layers() -> None:
     spec = model_from_config(nemotron_h_like())
     assert spec.bytes_per_token() == 2 * 2 * 2 * 16 * 2 == 256
-    # Mamba2 state per layer (vLLM): d_inner = 4 x 8 = 32; conv (4 - 1) x (32 + 2 x 2 x 4), SSM 32 x 4.
-    per_layer = (3 * (32 + 16) + 32 * 4) * 2
-    assert spec.state_bytes() == 2 * per_layer == 1088
+    # Mamba2 state per layer (vLLM): d_inner = 4 x 8 = 32; conv (4 - 1) x (32 + 2 x 2 x 4) in the
+    # model's bf16, SSM 32 x 4 in float32 (vLLM's mamba_ssm_cache_dtype default for Nemotron-H).
+    per_layer = 3 * (32 + 16) * 2 + 32 * 4 * 4
+    assert spec.state_bytes() == 2 * per_layer == 1600
     kinds = {g.kind: g.num_layers for g in spec.groups}
     assert kinds == {"mamba": 2, "mlp": 2, "full_attention": 2}
     assert [g.layer_indices for g in spec.kv_cache_groups()] == [(2, 5)]
     report = kvcore.sizing.size(nemotron_h_like(), 100)
-    assert report.kv_bytes == 100 * 256 and report.state_bytes == 1088
-    assert report.total_bytes == 100 * 256 + 1088
+    assert report.kv_bytes == 100 * 256 and report.state_bytes == 1600
+    assert report.total_bytes == 100 * 256 + 1600
+
+
+@pytest.mark.parametrize(("ssm", "want"), [("bfloat16", 1088), ("auto", 1088), ("float32", 1600)])
+def test_nemotron_h_ssm_state_takes_its_cache_dtype(ssm: str, want: int) -> None:
+    assert model_from_config(nemotron_h_like(mamba_ssm_cache_dtype=ssm)).state_bytes() == want
+    with pytest.raises(ConfigError, match="mamba_ssm_cache_dtype"):
+        model_from_config(nemotron_h_like(mamba_ssm_cache_dtype="float13"))
+
+
+def test_a_quantized_checkpoint_keeps_its_state_in_the_activation_dtype() -> None:
+    """4-bit weights do not make a 4-bit Mamba state: the state is in torch_dtype."""
+    quant = {"quantization_config": {"quant_method": "awq", "bits": 4}}
+    assert (
+        model_from_config(jamba_like(**quant)).state_bytes() == model_from_config(jamba_like()).state_bytes()
+    )
+
+
+@pytest.mark.parametrize("config", [jamba_like, nemotron_h_like])
+def test_shared_kv_layers_with_a_mamba_layout_are_refused(config: Any) -> None:
+    with pytest.raises(ConfigError, match="num_kv_shared_layers"):
+        model_from_config(config(num_kv_shared_layers=2))
+
+
+def test_state_layers_count_in_the_group_size_as_in_vllm() -> None:
+    """vLLM's min/max layer counts include the Mamba layers: "***M" pages in groups of 1 (3 groups)."""
+    spec = model_from_config(nemotron_h_like(num_hidden_layers=4, hybrid_override_pattern="***M"))
+    groups = spec.kv_cache_groups()
+    assert [g.layer_indices for g in groups] == [(0,), (1,), (2,)] and groups[0].group_size == 1
 
 
 def test_a_hybrid_plan_sets_its_mamba_state_aside() -> None:

@@ -454,8 +454,10 @@ class ModelSpec:
         typed = [(g, layers_of[i]) for i, g in enumerate(self.groups) if g.caches_tokens]
         if not typed:
             return ()
-        fewest = min(g.num_layers for g, _ in typed)
-        most = max(g.num_layers for g, _ in typed)
+        # vLLM counts every layer type with a cache spec, constant-state ones (Mamba, linear attention)
+        # included, though kvcore sets their state aside instead of paging it.
+        counted = [g.num_layers for g in self.groups if g.caches_tokens or g.state_bytes > 0]
+        fewest, most = min(counted), max(counted)
         # vLLM's test, `max_num_layers < min_num_layers * 1.25`, in integers.
         size = most if 4 * most < 5 * fewest else fewest
         out: list[KVCacheGroup] = []
@@ -747,6 +749,24 @@ def _weight_dtype(config: Mapping[str, Any], fields: _Fields) -> str | None:
     return None
 
 
+def _state_dtype(config: Mapping[str, Any], fields: _Fields, what: str) -> str:
+    """The precision of a constant state: the activations' (``torch_dtype`` / ``dtype``), never the
+    quantized weights' (a 4-bit checkpoint keeps its state in bf16).
+
+    Raises:
+        ConfigError: no known dtype declared.
+    """
+    for source in (fields.data, config):
+        for key in ("torch_dtype", "dtype"):
+            value = source.get(key)
+            if isinstance(value, str):
+                try:
+                    return normalize_weight_dtype(value)
+                except ConfigError:
+                    break
+    raise fields.fail("torch_dtype", f"missing or unknown; it sets the precision of {what}")
+
+
 # Fields that lay out a hybrid model's layers in a way kvcore does not size: refused, never ignored.
 _UNSIZED_LAYOUT_FIELDS = {
     # Mllama: these layers attend to the image tokens, and cache the vision encoder's K/V, not the text's.
@@ -949,6 +969,12 @@ def model_from_config(
         latent = kv_lora_rank + f.need("qk_rope_head_dim", minimum=0)
         groups = [LayerGroup("mla", own, num_kv_heads=1, head_dim=latent, num_tensors=1, tp_sharded=False)]
     else:
+        if own != num_layers and any(
+            f.data.get(k) is not None for k in ("attn_layer_period", "hybrid_override_pattern")
+        ):
+            raise f.fail(
+                "num_kv_shared_layers", "shared K/V layers with a Mamba hybrid layout is not one kvcore knows"
+            )
         kinds = _layer_kinds(f, num_layers, model_type, window)[:own]
         groups = _attention_groups(f, config, kinds, window)
         # _attention_groups makes one group per kind, in order of first appearance.
@@ -1044,12 +1070,22 @@ def _mamba_group(f: _Fields, config: Mapping[str, Any], count: int) -> LayerGrou
     else:
         inner = f.need("mamba_expand") * f.need("hidden_size")
         elements = inner * (f.need("mamba_d_conv") - 1) + inner * f.need("mamba_d_state")
-    dtype = _weight_dtype(config, f)
-    if dtype is None:
-        raise f.fail("torch_dtype", "missing or unknown; it sets the precision of the Mamba state")
-    return LayerGroup(
-        "mamba", count, 0, 0, num_tensors=0, state_bytes=bits_to_bytes(elements * weight_dtype_bits(dtype))
-    )
+    dtype = _state_dtype(config, f, "the Mamba state")
+    bits = elements * weight_dtype_bits(dtype)
+    if f.data.get("hybrid_override_pattern") is not None:
+        # vLLM keeps Mamba2's SSM state in `mamba_ssm_cache_dtype`, float32 by default ("only float32
+        # is known to have no accuracy issues"); its convolution state in the model's precision.
+        ssm = f.data.get("mamba_ssm_cache_dtype", "float32")
+        if not isinstance(ssm, str):
+            raise f.fail("mamba_ssm_cache_dtype", "expected a dtype name, e.g. float32")
+        ssm = dtype if ssm == "auto" else ssm
+        try:
+            ssm_bits = weight_dtype_bits(ssm)
+        except ConfigError:
+            raise f.fail("mamba_ssm_cache_dtype", f"unknown dtype {ssm!r}") from None
+        ssm_elements = inner * d_state
+        bits = (elements - ssm_elements) * weight_dtype_bits(dtype) + ssm_elements * ssm_bits
+    return LayerGroup("mamba", count, 0, 0, num_tensors=0, state_bytes=bits_to_bytes(bits))
 
 
 def _linear_attention_group(f: _Fields, config: Mapping[str, Any], count: int) -> LayerGroup:
@@ -1059,9 +1095,7 @@ def _linear_attention_group(f: _Fields, config: Mapping[str, Any], count: int) -
     k_dim = f.need("linear_key_head_dim")
     v_dim = f.need("linear_value_head_dim")
     kernel = f.need("linear_conv_kernel_dim")
-    dtype = _weight_dtype(config, f)
-    if dtype is None:
-        raise f.fail("torch_dtype", "missing or unknown; it sets the precision of the linear-attention state")
+    dtype = _state_dtype(config, f, "the linear-attention state")
     recurrent = v_heads * k_dim * v_dim
     conv = (kernel - 1) * (2 * k_heads * k_dim + v_heads * v_dim)
     state = bits_to_bytes((recurrent + conv) * weight_dtype_bits(dtype))

@@ -413,8 +413,9 @@ def plan(
     pages, so state is set aside before pages are counted, for the largest request count the plan
     states; then every figure is computed against the one pool that remains, and capped at the requests
     whose state is set aside. Each figure is thus exact for ``KVCacheManager(**plan.manager_kwargs())``
-    with those states: ``num_pages * page_bytes + state_reserved_bytes + scale_bytes`` never exceeds
-    the KV budget, and no request count the plan gives exceeds ``state_reserved_requests``. When several
+    with those states: when ``fits`` is True, ``num_pages * page_bytes + state_reserved_bytes +
+    scale_bytes`` never exceeds the KV budget (when False, the shortfall says by how much), and no
+    request count the plan gives exceeds ``state_reserved_requests``. When several
     questions are asked at once, the pool is the one for the most demanding answer, so the others may
     be a little below what a plan for them alone would give.
 
