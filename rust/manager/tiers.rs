@@ -428,6 +428,9 @@ pub(super) struct Transfers {
     pub(super) loads: BTreeMap<u64, LoadGroup>,
     /// Ops not taken yet, in queue order: a store's id, or a load group's first id.
     pub(super) queued: Vec<u64>,
+    /// Store ops completed OK before the store of the page they follow (a mover that finishes
+    /// batches out of order): kept in flight until that store settles, then finished.
+    pub(super) waiting: HashSet<u64>,
     pub(super) next_op: u64,
     pub(super) next_admission: u64,
 }
@@ -665,6 +668,7 @@ impl KVCacheManager {
         let mut seen = HashSet::with_capacity(op_ids.len());
         for &id in op_ids {
             let taken = match st.transfers.stores.get(&id) {
+                Some(_) if st.transfers.waiting.contains(&id) => None, // completed already
                 Some(&(_, taken)) => Some(taken),
                 None => st
                     .transfers
@@ -684,8 +688,19 @@ impl KVCacheManager {
         }
         let mut released = Vec::new();
         for (&id, &good) in op_ids.iter().zip(ok) {
-            if let Some((op, _)) = st.transfers.stores.remove(&id) {
+            if let Some((op, _)) = st.transfers.stores.get(&id) {
+                // Its pages continue the path of the page before them: if that page's store is
+                // still in flight, this one waits for it (its slots stay in flight meanwhile).
+                if good && op.first > 0 && st.tiers[op.tier].storing.contains(&op.parent) {
+                    st.transfers.waiting.insert(id);
+                    continue;
+                }
+                let tier = op.tier;
+                let (op, _) = st.transfers.stores.remove(&id).ok_or_else(|| {
+                    internal(KvError::InvalidArgument(format!("op {id} vanished")))
+                })?;
                 self.finish_store(st, op, good, now)?;
+                self.finish_waiting_stores(st, tier, now)?;
                 continue;
             }
             let (base, i) = st
@@ -696,6 +711,35 @@ impl KVCacheManager {
         }
         // The loads' own references on their HBM pages (each sequence holds its own, if live).
         self.release(st, &released)
+    }
+
+    /// Finish the waiting stores of `tier` whose parent page's store has settled (in take order,
+    /// until none is left ready: one may be the parent of the next).
+    fn finish_waiting_stores(&self, st: &mut State, tier: usize, now: u64) -> KvResult<()> {
+        loop {
+            let mut ready: Vec<u64> = st
+                .transfers
+                .waiting
+                .iter()
+                .copied()
+                .filter(|id| {
+                    st.transfers.stores.get(id).is_some_and(|(op, _)| {
+                        op.tier == tier && !st.tiers[tier].storing.contains(&op.parent)
+                    })
+                })
+                .collect();
+            if ready.is_empty() {
+                return Ok(());
+            }
+            ready.sort_unstable();
+            for id in ready {
+                st.transfers.waiting.remove(&id);
+                let (op, _) = st.transfers.stores.remove(&id).ok_or_else(|| {
+                    internal(KvError::InvalidArgument(format!("op {id} vanished")))
+                })?;
+                self.finish_store(st, op, true, now)?;
+            }
+        }
     }
 
     fn finish_store(&self, st: &mut State, s: StoreOp, good: bool, now: u64) -> KvResult<()> {

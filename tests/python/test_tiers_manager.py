@@ -532,3 +532,39 @@ def test_a_restored_chain_continues_only_its_own_namespace_or_a_public_one(
     assert stats["num_slots_free"] == 8 - 1 - ok
     assert stats["num_restored_pages"] == 1 + ok
     assert m.tier_prefix_len("disk", [1, 2, 3, 4], second) == (2 if ok else 0)
+
+
+@pytest.mark.parametrize("parent_ok", [True, False])
+def test_a_store_completed_before_its_parents_waits_for_it(parent_ok: bool) -> None:
+    """A mover that finishes batches out of order: the child page's store (taken second) completes
+    OK first. It waits, in flight, for its parent's store; it then lands if the parent did (the tier
+    holds both pages, a later prompt loads them), and is counted failed if the parent failed. It
+    used to be counted failed and dropped either way. A waiting op cannot be completed twice."""
+    from kvcore.tiers import HostTier, Mover
+    from kvcore.tiny import TinyDecoder, TinyEngine
+
+    pool = TinyEngine.make_pool(TinyDecoder(0), 16, 4)
+    host = HostTier(pool, 8)
+    cache = kvcore.KVCacheManager(16, 4, lower_tiers=[host], store_policy="all")
+    mover = Mover(cache, pool, [host])
+    prompt = list(range(1, 10))  # two full pages and one token
+    cache.add_sequence(1, prompt, cache_prompt=False, reserve=4)
+    cache.commit(1, 4)
+    parent = cache.take_transfers()
+    cache.reserve(1, 5)
+    cache.commit(1, 8)
+    child = cache.take_transfers()
+    assert len(parent.store_ops) == len(child.store_ops) == 1
+    mover.execute(child)  # OK, before its parent
+    stats = cache.tier_stats()["host"]
+    assert stats["num_slots_in_flight"] == 2 and stats["num_store_failed_pages"] == 0
+    with pytest.raises(kvcore.InvalidArgumentError, match="not a transfer in flight"):
+        cache.complete_transfers(child.store_ops, True)
+    cache.complete_transfers(parent.store_ops, parent_ok)
+    stats = cache.tier_stats()["host"]
+    assert stats["num_slots_in_flight"] == 0
+    assert (stats["num_stored_pages"], stats["num_store_failed_pages"]) == ((2, 0) if parent_ok else (0, 2))
+    cache.free_sequence(1)
+    cache.evict(100)
+    assert cache.peek_hit_tokens(prompt)["host"] == (8 if parent_ok else 0)
+    cache._check_invariants()
