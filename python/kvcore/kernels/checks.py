@@ -27,21 +27,7 @@ from kvcore.kernels.plan import (
     unpack_page_table,
 )
 from kvcore.pool import KVPool
-from kvcore.pool.checks import check_array, index_array, positive_scalar
-
-
-def check_host(x: Any, name: str, device: bool) -> None:
-    """A device array (anything with ``__cuda_array_interface__``) is refused unless ``device`` (a CuPy
-    pool): a NumPy pool's kernels cannot read one (CuPy refuses the implicit host copy).
-
-    Raises:
-        InvalidDTypeError: ``x`` is a device array and ``device`` is false.
-    """
-    if not device and hasattr(x, "__cuda_array_interface__"):
-        raise InvalidDTypeError(
-            f"{name}: a NumPy pool takes host (NumPy) arrays, got a device array "
-            f"{getattr(x, 'dtype', '?')}{list(getattr(x, 'shape', ()))} (copy it to the host first)"
-        )
+from kvcore.pool.checks import check_array, check_host, index_array, positive_scalar
 
 
 def check_rows(

@@ -21,7 +21,7 @@ import numpy as np
 
 from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError
 
-__all__ = ["check_array", "index_array", "positive_array", "positive_scalar"]
+__all__ = ["check_array", "check_host", "index_array", "positive_array", "positive_scalar"]
 
 
 def _describe(x: Any) -> str:
@@ -37,6 +37,20 @@ def _describe(x: Any) -> str:
     except (TypeError, ValueError, OverflowError):
         return f"{type(x).__name__} (not an array)"
     return f"{type(x).__name__} of {a.dtype}{list(a.shape)}"
+
+
+def check_host(x: Any, name: str, device: bool) -> None:
+    """A device array (anything with ``__cuda_array_interface__``) is refused unless ``device`` (a CuPy
+    pool): a NumPy pool's kernels cannot read one (CuPy refuses the implicit host copy).
+
+    Raises:
+        InvalidDTypeError: ``x`` is a device array and ``device`` is false.
+    """
+    if not device and hasattr(x, "__cuda_array_interface__"):
+        raise InvalidDTypeError(
+            f"{name}: a NumPy pool takes host (NumPy) arrays, got a device array "
+            f"{getattr(x, 'dtype', '?')}{list(getattr(x, 'shape', ()))} (copy it to the host first)"
+        )
 
 
 def index_array(

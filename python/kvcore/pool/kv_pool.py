@@ -292,10 +292,7 @@ class KVPool:
         else as it is."""
         if not hasattr(x, "__cuda_array_interface__"):
             return x
-        if not self.backend.is_device:
-            raise InvalidDTypeError(
-                f"{name}: a NumPy pool takes host (NumPy) values, got a device array (copy it to the host)"
-            )
+        checks.check_host(x, name, self.backend.is_device)
         return self.backend.asnumpy(x)
 
     def _sample(self, x: Any, name: str) -> np.ndarray:

@@ -273,6 +273,16 @@ def _tokens(text: str, what: str) -> int:
     return parse_tokens(text, what)
 
 
+def _tier_settings(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
+    """``(flag, value)`` of the options that only set up lower tiers (None: not given)."""
+    return (
+        ("--store-policy", args.store_policy),
+        ("--host-bandwidth-gbps", args.host_bandwidth_gbps),
+        ("--disk-bandwidth-gbps", args.disk_bandwidth_gbps),
+        ("--page-bytes", args.page_bytes),
+    )
+
+
 def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: int | None) -> dict[str, Any]:
     """ReplayConfig's lower-tier fields from the flags (none when no tier is given).
 
@@ -295,16 +305,7 @@ def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: in
         out[f"{name}_tier_slots"] = slots
     if _shared(args):
         out["remote_index_slots"] = args.remote_index_pages or _REMOTE_INDEX_PAGES
-    given = [
-        flag
-        for flag, value in (
-            ("--store-policy", args.store_policy),
-            ("--host-bandwidth-gbps", args.host_bandwidth_gbps),
-            ("--disk-bandwidth-gbps", args.disk_bandwidth_gbps),
-            ("--page-bytes", args.page_bytes),
-        )
-        if value is not None
-    ]
+    given = [flag for flag, value in _tier_settings(args) if value is not None]
     if not out:
         if given:
             raise ConfigError(
@@ -573,10 +574,7 @@ def _run_pressure(args: argparse.Namespace) -> int:
             ("--instances", args.instances),
             ("--remote", args.remote),
             ("--mode", args.mode if args.mode == "sequential" else None),
-            ("--store-policy", args.store_policy),
-            ("--host-bandwidth-gbps", args.host_bandwidth_gbps),
-            ("--disk-bandwidth-gbps", args.disk_bandwidth_gbps),
-            ("--page-bytes", args.page_bytes),
+            *_tier_settings(args),
         )
         if value is not None
     ]

@@ -738,6 +738,12 @@ def _weight_dtype(config: Mapping[str, Any], fields: _Fields) -> str | None:
             if bits in (4, 8):
                 return "int4" if bits == 4 else "int8"
             return None
+    return _torch_dtype(config, fields)
+
+
+def _torch_dtype(config: Mapping[str, Any], fields: _Fields) -> str | None:
+    """The declared ``torch_dtype`` / ``dtype`` (the first one found), normalized; None if none or
+    unknown."""
     for source in (fields.data, config):
         for key in ("torch_dtype", "dtype"):
             value = source.get(key)
@@ -756,15 +762,10 @@ def _state_dtype(config: Mapping[str, Any], fields: _Fields, what: str) -> str:
     Raises:
         ConfigError: no known dtype declared.
     """
-    for source in (fields.data, config):
-        for key in ("torch_dtype", "dtype"):
-            value = source.get(key)
-            if isinstance(value, str):
-                try:
-                    return normalize_weight_dtype(value)
-                except ConfigError:
-                    break
-    raise fields.fail("torch_dtype", f"missing or unknown; it sets the precision of {what}")
+    dtype = _torch_dtype(config, fields)
+    if dtype is None:
+        raise fields.fail("torch_dtype", f"missing or unknown; it sets the precision of {what}")
+    return dtype
 
 
 # Fields that lay out a hybrid model's layers in a way kvcore does not size: refused, never ignored.
