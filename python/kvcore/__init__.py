@@ -28,7 +28,15 @@ from kvcore.exceptions import (
     TraceFormatError,
     UnknownSequenceError,
 )
-from kvcore.manager import PUBLIC_NAMESPACE, CacheStats, PageTable, PrefixHit, PrefixMatch, TransferBatch
+from kvcore.manager import (
+    PUBLIC_NAMESPACE,
+    BatchLayout,
+    CacheStats,
+    PageTable,
+    PrefixHit,
+    PrefixMatch,
+    TransferBatch,
+)
 
 # Sub-packages, imported on first use (``kvcore.tiers.HostTier`` after a plain ``import kvcore``): none
 # of them is paid for by a caller that does not use it (matplotlib, prometheus_client, CuPy stay
@@ -49,6 +57,7 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "MAX_EVENTS",
     "PUBLIC_NAMESPACE",
+    "BatchLayout",
     "CacheStats",
     "ConfigError",
     "DoubleFreeError",

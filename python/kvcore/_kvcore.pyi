@@ -7,7 +7,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcore.events import KVEvent
-from kvcore.manager import PageTable, PrefixHit, PrefixMatch, TransferBatch
+from kvcore.manager import BatchLayout, PageTable, PrefixHit, PrefixMatch, TransferBatch
 
 __all__ = [
     "MAX_EVENTS",
@@ -290,6 +290,12 @@ class KVCacheManager:
         chunk); with ``out`` (reused int32 buffers), views of them are returned. ``group``: the
         KV-cache group (released pages are the null page); ``compact``: leave them out (see
         ``positions``)."""
+    def batch_layout(
+        self, seq_ids: _Ids, starts: _Ids, num_tokens: _Ids, *, group: int | None = None
+    ) -> BatchLayout:
+        """One step's rows in one call: row ``i`` computes ``num_tokens[i]`` tokens of ``seq_ids[i]``
+        from ``starts[i]``; the page table cut at each row's last token, ``q_indptr``, every token's
+        position (int32) and slot (int64)."""
     def block_table(
         self, seq_ids: _Ids, out: npt.NDArray[np.int32] | None = None, *, group: int | None = None
     ) -> npt.NDArray[np.int32]:

@@ -14,7 +14,15 @@ import numpy.typing as npt
 
 from kvcore._kvcore import CacheStats
 
-__all__ = ["PUBLIC_NAMESPACE", "CacheStats", "PageTable", "PrefixHit", "PrefixMatch", "TransferBatch"]
+__all__ = [
+    "PUBLIC_NAMESPACE",
+    "BatchLayout",
+    "CacheStats",
+    "PageTable",
+    "PrefixHit",
+    "PrefixMatch",
+    "TransferBatch",
+]
 
 #: The namespace visible from every namespace: prefixes added or pinned under it are shared by all
 #: tenants (system prompts, tool definitions).
@@ -31,6 +39,21 @@ class PageTable(NamedTuple):
     kv_indptr: npt.NDArray[np.int32]  # [batch + 1]
     kv_indices: npt.NDArray[np.int32]  # [kv_indptr[-1]]
     kv_last_page_len: npt.NDArray[np.int32]  # [batch]
+
+
+class BatchLayout(NamedTuple):
+    """What the kernels of one step read for a batch of rows (:meth:`KVCacheManager.batch_layout`).
+
+    Row ``i`` computes tokens ``starts[i]:starts[i] + num_tokens[i]`` of its sequence: they are the
+    step's tokens ``q_indptr[i]:q_indptr[i + 1]``, at ``positions`` (int32) in their sequences and
+    written to ``slot_mapping`` (int64, ``page_id * page_size + offset``); ``page_table`` covers each
+    row's sequence up to its last computed token (its cached prefix and the row's tokens).
+    """
+
+    page_table: PageTable
+    q_indptr: npt.NDArray[np.int32]  # [batch + 1]
+    positions: npt.NDArray[np.int32]  # [q_indptr[-1]]
+    slot_mapping: npt.NDArray[np.int64]  # [q_indptr[-1]]
 
 
 class PrefixMatch(NamedTuple):

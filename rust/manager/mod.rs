@@ -59,7 +59,7 @@ mod tiers;
 pub use events::{KvEvent, MAX_EVENTS, MEDIUM_HBM};
 pub use groups::{HitReason, PrefixHit, MAX_GROUPS};
 use namespace::UNSEEN_NAMESPACE;
-pub use page_table::PageTable;
+pub use page_table::{BatchLayout, PageTable};
 pub use prefix::PrefixMatch;
 pub use stats::CacheStats;
 pub use tiers::{
@@ -1576,6 +1576,37 @@ mod tests {
             Some(0)
         );
         check_split(&m);
+    }
+
+    #[test]
+    fn batch_layout_is_page_table_and_slot_mapping_in_one_call() {
+        let m = manager(64, 4);
+        m.add_sequence(
+            1,
+            (0..10).collect::<Vec<u32>>().as_slice(),
+            None,
+            0,
+            false,
+            0,
+        )
+        .unwrap();
+        m.add_sequence(2, [7, 8, 9], None, 0, false, 0).unwrap();
+        let l = m.batch_layout(&[2, 1], &[2, 3], &[1, 6], 0).unwrap();
+        assert_eq!(
+            l.table,
+            m.page_table(&[2, 1], Some(&[3, 9]), 0, false).unwrap()
+        );
+        assert_eq!(l.q_indptr, vec![0, 1, 7]);
+        assert_eq!(l.positions, vec![2, 3, 4, 5, 6, 7, 8]);
+        let mut slots = m.slot_mapping(2, 1, Some(2), 0).unwrap();
+        slots.extend(m.slot_mapping(1, 6, Some(3), 0).unwrap());
+        assert_eq!(l.slot_mapping, slots);
+        // Rows past the reserved tokens, empty rows and ragged arguments fail.
+        assert!(m.batch_layout(&[2], &[2], &[2], 0).is_err());
+        assert!(m.batch_layout(&[2], &[0], &[0], 0).is_err());
+        assert!(m.batch_layout(&[2, 1], &[0], &[1, 1], 0).is_err());
+        assert!(m.batch_layout(&[2], &[usize::MAX], &[2], 0).is_err());
+        assert!(m.batch_layout(&[3], &[0], &[1], 0).is_err());
     }
 
     #[test]

@@ -16,6 +16,21 @@ pub struct PageTable {
     pub kv_last_page_len: Vec<i32>,
 }
 
+/// What the kernels of one step read for a batch of rows (sequence `i` computes its tokens
+/// `starts[i]..starts[i] + num_tokens[i]`), built by [`KVCacheManager::batch_layout`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BatchLayout {
+    /// Each row's table covers its sequence's tokens up to its last computed one (what its
+    /// attention reads: the cached prefix and the row's own tokens).
+    pub table: PageTable,
+    /// `[batch + 1]` int32: row `i`'s tokens are `q_indptr[i]..q_indptr[i + 1]` of the step.
+    pub q_indptr: Vec<i32>,
+    /// `[q_indptr[batch]]` int32: each token's position in its sequence.
+    pub positions: Vec<i32>,
+    /// `[q_indptr[batch]]` int64: each token's slot (`page_id * page_size + offset`).
+    pub slot_mapping: Vec<i64>,
+}
+
 impl KVCacheManager {
     /// The page table of `seq_ids` (in order; repeats allowed), in fresh vectors. With
     /// `num_tokens` (`[batch]`), sequence `i`'s table covers only its first `num_tokens[i]` tokens
@@ -230,6 +245,101 @@ impl KVCacheManager {
             kv_indptr[i + 1] = at as i32;
             kv_last_page_len[i] = (tokens - (n - 1) * ps) as i32;
         }
+    }
+
+    /// The layout of one step's batch in one call (one lock): the page table of each row cut at
+    /// its last computed token, the rows' token offsets, every token's position and slot. Row `i`
+    /// computes tokens `starts[i]..starts[i] + num_tokens[i]` of `seq_ids[i]`: at least one, all
+    /// reserved, none in a released page (a window group's). Fails, nothing built, otherwise, on an
+    /// unknown or loading id, on lengths that differ from the batch's, or past int32.
+    pub fn batch_layout(
+        &self,
+        seq_ids: &[SeqId],
+        starts: &[usize],
+        num_tokens: &[usize],
+        group: usize,
+    ) -> KvResult<BatchLayout> {
+        let batch = seq_ids.len();
+        if starts.len() != batch || num_tokens.len() != batch {
+            return Err(KvError::InvalidArgument(format!(
+                "batch_layout: {batch} sequences, {} starts and {} num_tokens",
+                starts.len(),
+                num_tokens.len()
+            )));
+        }
+        let ps = self.page_size;
+        let guard = self.state.lock();
+        let g = guard.groups.internal(group)?;
+        let mut ends = Vec::with_capacity(batch);
+        let mut total = 0usize;
+        for (i, (&id, (&start, &n))) in seq_ids
+            .iter()
+            .zip(starts.iter().zip(num_tokens))
+            .enumerate()
+        {
+            let seq = super::ready(&guard.seqs, id)?;
+            let len = seq.slots;
+            let end = start.checked_add(n).filter(|&e| n > 0 && e <= len);
+            let Some(end) = end else {
+                return Err(KvError::InvalidArgument(format!(
+                    "batch_layout: row {i} computes {n} tokens of sequence {id} from token {start}: \
+                     it must compute at least one, within its {len} reserved tokens"
+                )));
+            };
+            if end > i32::MAX as usize {
+                return Err(KvError::InvalidArgument(format!(
+                    "batch_layout: row {i} ends at token {end}, past int32 positions"
+                )));
+            }
+            let table = seq.table(g);
+            if let Some(p) = (start / ps..end.div_ceil(ps)).find(|&p| table[p] == NULL_PAGE) {
+                return Err(KvError::InvalidArgument(format!(
+                    "batch_layout: sequence {id}: page {p} (of tokens {start}..{end}) was released \
+                     (outside the window, or compacted), its tokens have no slot"
+                )));
+            }
+            total += n;
+            ends.push(end);
+        }
+        if total > i32::MAX as usize {
+            return Err(KvError::InvalidArgument(format!(
+                "batch_layout: {total} tokens in the step exceed int32"
+            )));
+        }
+        let pages = self.page_table_len(&guard, seq_ids, Some(&ends), g, false)?;
+        let mut table = PageTable {
+            kv_indptr: vec![0; batch + 1],
+            kv_indices: vec![0; pages],
+            kv_last_page_len: vec![0; batch],
+        };
+        self.fill_page_table(
+            &guard,
+            seq_ids,
+            Some(&ends),
+            (g, false),
+            &mut table.kv_indptr,
+            &mut table.kv_indices,
+            &mut table.kv_last_page_len,
+        );
+        let mut q_indptr = Vec::with_capacity(batch + 1);
+        let mut positions = Vec::with_capacity(total);
+        let mut slot_mapping = Vec::with_capacity(total);
+        q_indptr.push(0);
+        for (id, (&start, &end)) in seq_ids.iter().zip(starts.iter().zip(&ends)) {
+            let table = guard.seqs[id].table(g);
+            // No overflow: positions < i32::MAX (checked), slots < num_pages * page_size <= i64.
+            for t in start..end {
+                positions.push(t as i32);
+                slot_mapping.push(i64::from(table[t / ps]) * ps as i64 + (t % ps) as i64);
+            }
+            q_indptr.push(positions.len() as i32);
+        }
+        Ok(BatchLayout {
+            table,
+            q_indptr,
+            positions,
+            slot_mapping,
+        })
     }
 
     /// The slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` starting at

@@ -20,6 +20,7 @@ use crate::eviction::EvictionPolicy;
 use crate::manager::{CacheStats, KVCacheManager, KvEvent, ManagerConfig, SeqId};
 
 static PAGE_TABLE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static BATCH_LAYOUT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_MATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_HIT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static GROUP_WINDOWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
@@ -734,6 +735,45 @@ impl PyKVCacheManager {
             view(&last, batch)?,
         );
         super::new_named_tuple(&page_table, (indptr, indices, last).into_pyobject(py)?)
+    }
+
+    /// `BatchLayout(page_table, q_indptr, positions, slot_mapping)` of one step's rows, in one
+    /// call: row `i` computes `num_tokens[i]` tokens of `seq_ids[i]` from token `starts[i]` (a
+    /// decode row 1, a prefill chunk more), and its table is cut at its last one.
+    #[pyo3(signature = (seq_ids, starts, num_tokens, *, group = None))]
+    fn batch_layout<'py>(
+        &self,
+        py: Python<'py>,
+        seq_ids: &Bound<'py, PyAny>,
+        starts: &Bound<'py, PyAny>,
+        num_tokens: &Bound<'py, PyAny>,
+        group: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let seq_ids = seq_ids_arg(seq_ids, "seq_ids")?;
+        let starts = counts_arg(starts, "starts")?;
+        let counts = counts_arg(num_tokens, "num_tokens")?;
+        let group = opt_count(group, "group")?.unwrap_or(0);
+        let page_table = python_attr(py, &PAGE_TABLE, "kvcore.manager", "PageTable")?;
+        let batch_layout = python_attr(py, &BATCH_LAYOUT, "kvcore.manager", "BatchLayout")?;
+        let tokens = counts.iter().fold(0usize, |a, &n| a.saturating_add(n));
+        let long = seq_ids.len() >= LONG_BATCH || tokens >= LONG_TOKENS;
+        let layout = self.run(py, long, |m| {
+            m.batch_layout(&seq_ids, &starts, &counts, group)
+        })?;
+        let table = layout.table;
+        let table = (
+            PyArray1::from_vec(py, table.kv_indptr),
+            PyArray1::from_vec(py, table.kv_indices),
+            PyArray1::from_vec(py, table.kv_last_page_len),
+        );
+        let table = super::new_named_tuple(&page_table, table.into_pyobject(py)?)?;
+        let items = (
+            table,
+            PyArray1::from_vec(py, layout.q_indptr),
+            PyArray1::from_vec(py, layout.positions),
+            PyArray1::from_vec(py, layout.slot_mapping),
+        );
+        super::new_named_tuple(&batch_layout, items.into_pyobject(py)?)
     }
 
     /// The int64 slots (`page_id * page_size + offset`) of `num_tokens` tokens of `seq_id` from

@@ -7,6 +7,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kv_helpers import metric_value
 
 import kvcore
@@ -341,3 +343,62 @@ def test_negative_token_ids_in_an_int32_array_are_refused_and_change_nothing(len
     assert 1 not in m and m.stats() == before
     prompt[prompt < 0] = np.iinfo(np.int32).max  # the largest id is valid
     assert m.add_sequence(1, prompt) == 0
+
+
+@given(
+    lens=st.lists(st.integers(1, 40), min_size=1, max_size=6),
+    cuts=st.data(),
+    ps=st.sampled_from([1, 4, 16]),
+)
+@settings(max_examples=60, deadline=None)
+def test_batch_layout_equals_page_table_and_slot_mapping(
+    lens: list[int], cuts: st.DataObject, ps: int
+) -> None:
+    """One call lays out a step: the page table cut at each row's end, q_indptr, positions and
+    slots, exactly what page_table(num_tokens=ends) and slot_mapping give row by row."""
+    m = KVCacheManager(sum(-(-n // ps) for n in lens) + 8, ps)
+    for sid, n in enumerate(lens):
+        assert m.add_sequence(sid, np.arange(n, dtype=np.int32) + 100 * sid, cache_prompt=False) is not None
+    ids = list(range(len(lens)))[::-1]  # any order
+    starts, counts = [], []
+    for sid in ids:
+        start = cuts.draw(st.integers(0, lens[sid] - 1))
+        starts.append(start)
+        counts.append(cuts.draw(st.integers(1, lens[sid] - start)))
+    lay = m.batch_layout(np.array(ids), np.array(starts, np.int32), counts)
+    ends = [s + c for s, c in zip(starts, counts, strict=True)]
+    want = m.page_table(ids, num_tokens=ends)
+    for got, ref in zip(lay.page_table, want, strict=True):
+        assert got.dtype == np.int32 and got.tolist() == ref.tolist()
+    assert lay.q_indptr.dtype == np.int32 and lay.q_indptr.tolist() == [0, *np.cumsum(counts).tolist()]
+    assert lay.positions.dtype == np.int32
+    assert lay.positions.tolist() == [t for s, e in zip(starts, ends, strict=True) for t in range(s, e)]
+    slots = [m.slot_mapping(sid, c, s) for sid, s, c in zip(ids, starts, counts, strict=True)]
+    assert lay.slot_mapping.dtype == np.int64
+    assert lay.slot_mapping.tolist() == np.concatenate(slots).tolist()
+
+
+def test_batch_layout_refuses_bad_rows_by_name() -> None:
+    m = KVCacheManager(64, PS, groups=[None, 2 * PS])
+    m.add_sequence(1, np.arange(6 * PS, dtype=np.int32), cache_prompt=False)
+    m.add_sequence(2, np.arange(3, dtype=np.int32), cache_prompt=False)
+    before = m.stats()
+    bad = [
+        (([1, 2], [0], [1, 1]), InvalidArgumentError, "2 sequences, 1 starts"),
+        (([1], [0], [0]), InvalidArgumentError, "at least one"),
+        (([2], [2], [2]), InvalidArgumentError, "within its 3 reserved"),
+        (([1], [-1], [1]), InvalidArgumentError, "starts"),
+        (([7], [0], [1]), kvcore.UnknownSequenceError, "7"),
+        (([1], [2**62], [2**62]), InvalidArgumentError, "reserved"),
+    ]
+    for args, error, match in bad:
+        with pytest.raises(error, match=match):
+            m.batch_layout(*args)
+    assert m.stats() == before  # read-only, and a refused call changes nothing
+    m.commit(1, 6 * PS)
+    assert m.append(1, [5])  # the window group releases the pages before its window
+    with pytest.raises(InvalidArgumentError, match="released"):
+        m.batch_layout([1], [0], [1], group=1)
+    tail = m.batch_layout([1], [6 * PS], [1], group=1)  # the new token's page is live
+    assert tail.slot_mapping.tolist() == m.slot_mapping(1, 1, 6 * PS, group=1).tolist()
+    assert m.batch_layout([], [], []).q_indptr.tolist() == [0]

@@ -1555,37 +1555,30 @@ class Scheduler:
         else:
             ids, st = d_ids, d_st
             nt = np.ones(n, np.int32)
-        ends = st + nt
-        q_indptr = np.arange(n + 1, dtype=np.int32)
-        if npf:
-            np.cumsum(nt, out=q_indptr[1:])
-        total = int(q_indptr[-1])
         sample = np.ones(n, bool)
         is_prefill = np.zeros(n, bool)
         if npf:
             is_prefill[nd:] = True
-            sample[nd:] = [e == len(r.tokens) for r, e in zip(rows, ends[nd:].tolist(), strict=True)]
-        if n:
-            # Decode rows end at their sequence's length (no lookahead): the whole table is theirs.
-            pt = m.page_table(ids, num_tokens=ends) if npf else m.page_table(ids)
-            if not npf:  # decodes only: each row's token sits in its table's last page
-                positions = st
-                last = pt.kv_indices[pt.kv_indptr[1:] - 1].astype(np.int64)
-                slots = last * ps + st % ps
-                tok = d_tok
-            else:
-                row_of = np.repeat(np.arange(n), nt)  # [total] the row of each token
-                offsets = np.arange(total, dtype=np.int64) - q_indptr[:-1][row_of]
-                positions = (offsets + st[row_of]).astype(np.int32)
-                page_idx = pt.kv_indptr[:-1][row_of] + positions // ps
-                slots = pt.kv_indices[page_idx].astype(np.int64) * ps + positions % ps
-                chunks = [r.token_array()[s0 : s0 + c] for r, s0, c in zip(rows, starts, counts, strict=True)]
-                tok = np.concatenate([d_tok, *chunks])
+            sample[nd:] = [s0 + c == len(r.tokens) for r, s0, c in zip(rows, starts, counts, strict=True)]
+            # Decode rows end at their sequence's length (no lookahead), prefill rows at their chunk's
+            # end: one core call lays out every row's table, positions and slots.
+            pt, q_indptr, positions, slots = m.batch_layout(ids, st, nt)
+            chunks = [r.token_array()[s0 : s0 + c] for r, s0, c in zip(rows, starts, counts, strict=True)]
+            tok = np.concatenate([d_tok, *chunks])
+        elif n:  # decodes only: the whole table is theirs, each row's token sits in its last page
+            pt = m.page_table(ids)
+            q_indptr = np.arange(n + 1, dtype=np.int32)
+            positions = st
+            last = pt.kv_indices[pt.kv_indptr[1:] - 1].astype(np.int64)
+            slots = last * ps + st % ps
+            tok = d_tok
         else:
             pt = PageTable(np.zeros(1, np.int32), _EMPTY_I32, _EMPTY_I32)
+            q_indptr = np.zeros(1, np.int32)
             positions = _EMPTY_I32
             slots = np.zeros(0, np.int64)
             tok = np.zeros(0, np.uint32)
+        total = int(q_indptr[-1])
         # Taken last: a step that raised before leaves the copies (and the events) to the next plan.
         copies = m.take_pending_copies()
         self._stats.computed_tokens += total
