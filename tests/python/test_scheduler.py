@@ -421,6 +421,40 @@ def test_the_scheduler_applies_the_controller() -> None:
     assert ctl.counts["shrink_batch"] and ctl.counts["evict_harder"]
 
 
+def test_a_lower_tier_full_of_cached_copies_is_not_pressure() -> None:
+    """A cache tier is full in steady state: its evictable copies must not drive the controller up
+    (it pinned the running cap at 1 with HBM empty); slots held by transfers in flight do."""
+    m = kvcore.KVCacheManager(201, 4, lower_tiers=[("host", 8)], store_policy="all")
+    sched = Scheduler(m, max_num_batched_tokens=256, max_num_seqs=16, controller=PressureController())
+    rng = np.random.default_rng(0)
+    levels, full = [], 0
+    for step in range(300):
+        if step < 250 and step % 2 == 0:
+            sched.submit(Request(step, rng.integers(0, 1000, 12), max_new_tokens=4), step * 0.1)
+        plan = sched.step(step * 0.1)
+        levels.append(plan.level)
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+        _complete(m)
+        ts = m.tier_stats()["host"]
+        full += ts["num_slots_cached"] == ts["num_slots"]
+    assert full > 200  # the tier was full of cached copies for most of the run
+    assert max(levels) == 0 and not sched.controller.counts
+    s = sched.stats()
+    assert s.num_finished == 125 and s.num_rejected == 0
+    # Stores the engine never completes hold their slots: that is pressure, and it is read.
+    held = kvcore.KVCacheManager(201, 4, lower_tiers=[("host", 8)], store_policy="all")
+    ctl = PressureController(PressureConfig(escalate_after=1))
+    sched = Scheduler(held, max_num_batched_tokens=256, controller=ctl)
+    for i in range(4):
+        sched.submit(Request(i, rng.integers(0, 1000, 12), max_new_tokens=4))
+    for step in range(6):
+        plan = sched.step(float(step))
+        sched.update(plan, {int(r): 1 for r in plan.request_ids[plan.sample]})
+    ts = held.tier_stats()["host"]
+    assert ts["num_slots_in_flight"] == ts["num_slots"]
+    assert ctl.level >= 1 and "tier_usage" in ctl.counts.get("shrink_batch", {})
+
+
 def test_past_the_preemption_budget_new_requests_wait() -> None:
     """With max_preemption_tax=0, the first recompute stops new admissions while anything runs (the
     tax never falls back to 0 here): each queued request starts alone, once the running ones are done."""

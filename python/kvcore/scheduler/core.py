@@ -1118,10 +1118,12 @@ class Scheduler:
             demand = max(0, queued - st.num_pages_free - st.num_pages_cached)
         tier_usage = None
         if self._tiered and c.config.tier_usage_high < 1.0:
+            # Slots the tiers cannot reclaim (in flight, or locked under a transfer): a tier full of
+            # cached copies is a full cache, not pressure (HBM usage leaves cached pages out too).
             ts = self.cache.tier_stats()
             total = sum(t["num_slots"] for t in ts.values())
-            used = sum(t["num_slots"] - t["num_slots_free"] for t in ts.values())
-            tier_usage = used / total if total else None
+            held = sum(t["num_slots_in_flight"] + t["num_slots_locked"] for t in ts.values())
+            tier_usage = held / total if total else None
         sig = Signals(usage, self._failed_this_step, p95, tier_usage, demand)
         self._failed_this_step = 0
         d = c.observe(sig, len(self._running), now)

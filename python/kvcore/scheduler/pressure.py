@@ -2,7 +2,9 @@
 
 The controller reads four signals each step (:class:`Signals`): usage (pages in use / usable, what the
 scheduler admits against), reservations that failed since the last step (each one a preemption or a
-request left waiting), the p95 wait of the queue, and optionally the lower tiers' usage.
+request left waiting), the p95 wait of the queue, and optionally the lower tiers' usage (their slots
+in flight or locked under a transfer: a tier full of cached copies is a full cache, not pressure, as
+HBM usage leaves cached pages out).
 
 Two tracks, because memory and compute overloads need different answers:
 
@@ -58,7 +60,7 @@ class Signals:
     usage: float  # pages in use / usable pages, in [0, 1]
     failed_reservations: int  # admissions, reservations and appends refused for lack of pages, this step
     queue_wait_p95_s: float  # p95 of the waiting requests' time in the queue so far (0: queue empty)
-    tier_usage: float | None = None  # occupied / all slots of the lower tiers (None: not watched)
+    tier_usage: float | None = None  # in-flight + locked / all slots of the lower tiers (None: not watched)
     demand_pages: int = 0  # pages the queued requests need beyond what is free (for scale_out)
 
     def __post_init__(self) -> None:
