@@ -192,10 +192,13 @@ class KVCacheManager:
     @property
     def tier_names(self) -> list[str]:
         """Names of the lower tiers, fastest first (a transfer row's ``tier`` indexes this)."""
-    def take_transfers(self, *, stores: bool = True, loads: bool = True) -> TransferBatch:
+    def take_transfers(
+        self, *, stores: bool = True, loads: bool = True, sink: list[TransferBatch] | None = None
+    ) -> TransferBatch:
         """Queued stores and/or loads, now in flight: copy them (``kvcore.tiers.Mover``) and report
         each op with ``complete_transfers``. Take stores only after the step that wrote their pages;
-        loads any time (``stores=False`` before a step overlaps them with it)."""
+        loads any time (``stores=False`` before a step overlaps them with it). ``sink``: a list the
+        batch is also appended to before the call returns (an interrupt there cannot lose it)."""
     def complete_transfers(self, op_ids: _Ids, ok: bool | Sequence[bool] | npt.NDArray[np.bool_]) -> None:
         """Report taken transfers: a store OK becomes visible in its tier, a failed one frees its
         slots; a failed load cuts the sequence's hit before it. Nothing changes on a bad id."""

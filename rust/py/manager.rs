@@ -1000,23 +1000,60 @@ impl PyKVCacheManager {
 
     /// Queued transfers as a `TransferBatch`, now in flight: copy the bytes (`kvcore.tiers.Mover`)
     /// and report each op with `complete_transfers`. Take stores only after the step that wrote
-    /// their pages; loads any time (`stores=False` before a step, to overlap them with it).
+    /// their pages; loads any time (`stores=False` before a step, to overlap them with it). With
+    /// `sink` (a list), the batch is also appended to it before the call returns: an interrupt
+    /// raised as the call returns (a signal handler runs there) cannot lose it. If the batch
+    /// cannot be handed over (no memory for its arrays), its ops are failed, nothing stays held.
     #[pyo3(
-        signature = (*, stores = Arg::Missing, loads = Arg::Missing),
-        text_signature = "($self, *, stores=True, loads=True)"
+        signature = (*, stores = Arg::Missing, loads = Arg::Missing, sink = None),
+        text_signature = "($self, *, stores=True, loads=True, sink=None)"
     )]
     fn take_transfers<'py>(
         &self,
         py: Python<'py>,
         stores: Arg<'_>,
         loads: Arg<'_>,
+        sink: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let stores = stores.or(true, |b| bool_arg(b, "stores"))?;
         let loads = loads.or(true, |b| bool_arg(b, "loads"))?;
+        let sink = match sink.filter(|s| !s.is_none()) {
+            None => None,
+            Some(s) => Some(s.cast::<pyo3::types::PyList>().map_err(|_| {
+                KvError::InvalidArgument(format!(
+                    "take_transfers: sink must be a list, got {}",
+                    s.get_type()
+                        .name()
+                        .map_or_else(|_| "?".into(), |n| n.to_string())
+                ))
+            })?),
+        };
         let batch = self.run(py, false, |m| m.take_transfers(stores, loads));
+        let ops: Vec<u64> = {
+            let mut ops: Vec<u64> = batch.stores.iter().map(|r| r.op).collect();
+            ops.sort_unstable();
+            ops.dedup();
+            ops.extend(batch.loads.iter().map(|r| r.op));
+            ops
+        };
         let names = self.tier_names.clone();
-        let class = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")?;
-        super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
+        let handed = python_attr(py, &TRANSFER_BATCH, "kvcore.manager", "TransferBatch")
+            .and_then(|class| {
+                super::tiers::batch_to_python(py, &class, batch, self.inner.page_size(), names)
+            })
+            .and_then(|b| match sink {
+                Some(list) => list.append(&b).map(|()| b),
+                None => Ok(b),
+            });
+        if handed.is_err() && !ops.is_empty() {
+            // Nobody can complete ops they never received: fail them (their pages and slots go back).
+            let fail = vec![false; ops.len()];
+            let now = self
+                .now(py)
+                .unwrap_or_else(|_| self.epoch.elapsed().as_micros() as u64);
+            self.run(py, false, |m| m.complete_transfers(&ops, &fail, now))?;
+        }
+        handed
     }
 
     /// Report transfers taken with `take_transfers`: `ok[i]` (a bool, or one bool for all) for op

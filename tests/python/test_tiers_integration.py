@@ -218,3 +218,93 @@ def test_a_public_prefix_and_a_tenant_storing_it_in_one_batch_both_land(kind: st
     for page, want in zip(cache.seq_pages(3)[:2].tolist(), computed.values(), strict=True):
         np.testing.assert_array_equal(pool.data[:, :, page], want)
     cache._check_invariants()
+
+
+class _InterruptedOnReturn:
+    """A cache whose take_transfers is interrupted as the native call returns (where CPython runs a
+    signal handler, so a KeyboardInterrupt lands before the caller can hold the batch)."""
+
+    def __init__(self, cache: KVCacheManager) -> None:
+        self._cache = cache
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._cache, name)
+
+    def take_transfers(self, **kw: object) -> object:
+        self._cache.take_transfers(**kw)
+        raise KeyboardInterrupt
+
+
+def _queued_store_and_load(tmp_path: Path) -> tuple[KVCacheManager, KVPool, HostTier]:
+    pool = make_pool(16)
+    host = HostTier(pool, 8)
+    cache = KVCacheManager(16, PS, lower_tiers=[host], store_policy="all")
+    mover = Mover(cache, pool, [host])
+    assert cache.add_sequence(1, list(range(9))) == 0
+    mover.run()  # two pages stored
+    cache.free_sequence(1)
+    cache.evict(100)
+    assert cache.add_sequence(2, list(range(9))) == 8  # loads from the host tier queued
+    assert cache.add_sequence(3, list(range(50, 59))) == 0  # stores queued
+    return cache, pool, host
+
+
+def _nothing_held(cache: KVCacheManager) -> None:
+    t = cache.tier_stats()["host"]
+    assert t["num_slots_in_flight"] == 0 and t["num_slots_locked"] == 0
+    cache.free_sequence(2)
+    cache.free_sequence(3)
+    cache.evict(100)
+    assert cache.stats().num_pages_in_use == 0  # no page held by a lost transfer
+    cache._check_invariants()
+
+
+def test_an_interrupt_as_take_transfers_returns_leaves_nothing_held(tmp_path: Path) -> None:
+    cache, pool, host = _queued_store_and_load(tmp_path)
+    mover = Mover(_InterruptedOnReturn(cache), pool, [host])
+    with pytest.raises(KeyboardInterrupt):
+        mover.run()
+    assert not cache.is_ready(2) or cache.hit_tokens(2)["host"] == 0  # its loads failed: recomputed
+    _nothing_held(cache)
+
+
+@pytest.mark.parametrize("where", ["store", "load"])
+def test_an_interrupt_inside_a_tier_reports_every_op(where: str, tmp_path: Path) -> None:
+    cache, pool, host = _queued_store_and_load(tmp_path)
+
+    def interrupted(*a: object, **k: object) -> object:
+        raise KeyboardInterrupt
+
+    setattr(host, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        Mover(cache, pool, [host]).run()
+    _nothing_held(cache)
+
+
+def test_a_raising_tier_fails_its_rows_and_the_other_tiers_still_move(tmp_path: Path) -> None:
+    """One tier's exception no longer fails the rest of the batch untried: the other tier's rows
+    move, every op is reported, then the exception is raised."""
+    pool = make_pool(16)
+    host, disk = HostTier(pool, 8), DiskTier(tmp_path / "d", 8 * (pool.page_bytes + 8192), pool)
+    cache = KVCacheManager(16, PS, lower_tiers=[host, disk], store_policy="all")
+
+    def broken(*a: object, **k: object) -> object:
+        raise OSError("host tier down")
+
+    host.store = broken  # type: ignore[method-assign]
+    assert cache.add_sequence(1, list(range(9))) == 0
+    with pytest.raises(OSError, match="host tier down"):
+        Mover(cache, pool, [host, disk]).run()
+    ts = cache.tier_stats()
+    assert ts["host"]["num_store_failed_pages"] == 2 and ts["host"]["num_slots_cached"] == 0
+    assert ts["disk"]["num_stored_pages"] == 2  # tried after the host tier raised, and landed
+    assert all(t["num_slots_in_flight"] == 0 for t in ts.values())
+
+
+def test_take_transfers_sink_must_be_a_list() -> None:
+    cache = KVCacheManager(16, PS, lower_tiers=[("host", 4)])
+    with pytest.raises(kvcore.InvalidArgumentError, match="sink must be a list"):
+        cache.take_transfers(sink=())  # type: ignore[arg-type]
+    sink: list[object] = []
+    batch = cache.take_transfers(sink=sink)
+    assert len(sink) == 1 and sink[0] is batch

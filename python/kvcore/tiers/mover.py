@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.exceptions import ConfigError
+from kvcore.exceptions import ConfigError, InvalidArgumentError
 from kvcore.manager import TransferBatch
 
 __all__ = ["MoveResult", "Mover", "Tier"]
@@ -141,31 +141,64 @@ class Mover:
         Call it after each step (both kinds: the stores copy what the step wrote; sequences
         waiting on loads join the next step). ``run(stores=False)`` before a step starts the
         loads of sequences admitted for it; never take stores before the step that writes them.
+
+        Interrupt-safe: the batch is handed over through a list before the native call returns (a
+        signal handler's exception, KeyboardInterrupt, is raised right there), and an exception that
+        escapes before its ops are reported fails them, so no page or slot stays held.
         """
-        return self.execute(self.cache.take_transfers(stores=stores, loads=loads))
+        taken: list[TransferBatch] = []
+        try:
+            self.cache.take_transfers(stores=stores, loads=loads, sink=taken)
+            return self.execute(taken[0])
+        except BaseException:
+            if taken:
+                self._fail_unreported(taken[0])
+            raise
+
+    def _fail_unreported(self, batch: TransferBatch) -> None:
+        """Fail a batch's ops if nothing reported them (an interrupt before ``execute``'s ``finally``
+        did); a batch reported already is refused whole by the cache, which changes nothing."""
+        ops = np.concatenate([np.unique(batch.store_ops), batch.load_ops]).astype(np.int64)
+        if len(ops):
+            try:
+                self.cache.complete_transfers(ops, False)
+            except InvalidArgumentError:
+                pass  # reported (complete_transfers is all or nothing)
 
     def execute(self, batch: TransferBatch) -> MoveResult:
-        """Copy one batch and complete its ops (an op a tier failed, or that raised, fails)."""
+        """Copy one batch and complete its ops (an op a tier failed, or that raised, fails).
+
+        A tier that raises fails its own rows; the other tiers' rows are still tried, every op is
+        reported, and then the first tier's exception is raised. An interrupt (any BaseException
+        that is not an Exception) stops at once; the ops are reported all the same.
+        """
         store_ok = np.zeros(len(batch.store_ops), dtype=bool)
         load_ok = np.zeros(len(batch.load_ops), dtype=bool)
+        error: Exception | None = None
         try:
             for t, tier in enumerate(self.tiers):
                 rows = np.flatnonzero(batch.store_tiers == t)
                 if len(rows):
-                    store_ok[rows] = tier.store(
-                        self.pool,
-                        batch.store_pages[rows],
-                        batch.store_slots[rows],
-                        batch.store_keys[rows],
-                        batch.store_parent_keys[rows],
-                        batch.store_tokens[rows],
-                        [batch.store_namespaces[i] for i in rows],
-                    )
+                    try:
+                        store_ok[rows] = tier.store(
+                            self.pool,
+                            batch.store_pages[rows],
+                            batch.store_slots[rows],
+                            batch.store_keys[rows],
+                            batch.store_parent_keys[rows],
+                            batch.store_tokens[rows],
+                            [batch.store_namespaces[i] for i in rows],
+                        )
+                    except Exception as e:  # its rows stay failed
+                        error = error or e
                 rows = np.flatnonzero(batch.load_tiers == t)
                 if len(rows):
-                    load_ok[rows] = tier.load(
-                        self.pool, batch.load_slots[rows], batch.load_pages[rows], batch.load_keys[rows]
-                    )
+                    try:
+                        load_ok[rows] = tier.load(
+                            self.pool, batch.load_slots[rows], batch.load_pages[rows], batch.load_keys[rows]
+                        )
+                    except Exception as e:
+                        error = error or e
         finally:
             # Always report: a store op succeeds only if every row of it did.
             ops = np.unique(batch.store_ops)
@@ -177,6 +210,8 @@ class Mover:
                 np.concatenate([ops, batch.load_ops]).astype(np.int64),
                 np.concatenate([op_ok, load_ok]).tolist(),
             )
+        if error is not None:
+            raise error
         return MoveResult(
             stored=int(store_ok.sum()),
             store_failed=int(len(store_ok) - store_ok.sum()),
