@@ -110,6 +110,33 @@ pub fn page_keys(
     }
 }
 
+/// [`page_keys`] of a path over a public prefix, as a cache keys it: the first `public_pages`
+/// full pages in the public namespace, the rest in `ns`, chained from the last public key (a
+/// tenant's pages after a shared system prompt). `public_pages` past the full pages counts them all.
+pub fn page_keys_over_public(
+    root: &PageKey,
+    ns: KeyNamespace<'_>,
+    tokens: &[u32],
+    page_size: usize,
+    public_pages: usize,
+    out: &mut Vec<PageKey>,
+) {
+    if page_size == 0 {
+        return;
+    }
+    let mut parent = *root;
+    out.reserve(tokens.len() / page_size);
+    for (i, page) in tokens.chunks_exact(page_size).enumerate() {
+        let kns = if i < public_pages {
+            KeyNamespace::Public
+        } else {
+            ns
+        };
+        parent = page_key(&parent, kns, page);
+        out.push(parent);
+    }
+}
+
 /// The 128-bit integrity checksum of a lower-tier value's payload: XXH3-128, little-endian.
 ///
 /// For *integrity* (a torn write, a flipped byte, a truncated file), not identity: identity is the

@@ -209,8 +209,11 @@ class KVCacheManager:
     def peek_hit_tokens(self, tokens: _Tokens, namespace: str | None = None) -> dict[str, int]:
         """``{"hbm": n, tier name: n, ...}``: the prefix an admission would find now, per medium
         (no side effects)."""
-    def prompt_keys(self, tokens: _Tokens, namespace: str | None = None) -> npt.NDArray[np.uint8]:
-        """``[n, 16]`` page keys of the full pages of ``tokens``, with this cache's fingerprint."""
+    def prompt_keys(
+        self, tokens: _Tokens, namespace: str | None = None, *, public_pages: int | None = None
+    ) -> npt.NDArray[np.uint8]:
+        """``[n, 16]`` page keys of the full pages of ``tokens``, with this cache's fingerprint; the
+        first ``public_pages`` keyed as a public prefix, the rest chained from them."""
     def tier_prefix_len(self, tier: str, tokens: _Tokens, namespace: str | None = None) -> int:
         """Leading full pages of ``tokens`` that lower tier ``tier`` indexes (no side effects)."""
     def mark_tier_pages(
@@ -355,8 +358,11 @@ def page_keys(
     page_size: int,
     fingerprint: bytes | bytearray | None = None,
     namespace: str | None = None,
+    *,
+    public_pages: int | None = None,
 ) -> npt.NDArray[np.uint8]:
-    """``[len(tokens) // page_size, 16]`` page keys, as a cache with this fingerprint computes them."""
+    """``[len(tokens) // page_size, 16]`` page keys, as a cache with this fingerprint computes them
+    (the first ``public_pages`` as a public prefix's, the rest chained from them)."""
 
 def _cache_stats(values: Sequence[int]) -> CacheStats:
     """A ``CacheStats`` from its values in field order (what pickling stores)."""

@@ -488,6 +488,7 @@ impl KVCacheManager {
                 &plan,
                 &pages,
                 priority,
+                st.tree.public_pages(hit.node) == hit.num_pages,
                 now,
             )?)
         };
@@ -1132,7 +1133,8 @@ impl KVCacheManager {
                 .tree
                 .match_prefix(ns, &tokens[..pinned * ps], 0, now, &mut pages);
             let mut keys = Vec::with_capacity(pinned);
-            self.extend_keys(st, ns, tokens, hit.num_pages, &mut keys)?;
+            let public = st.tree.public_pages(hit.node);
+            self.extend_keys(st, ns, tokens, hit.num_pages, &mut keys, public)?;
             self.offer_stores(
                 st,
                 ns,
@@ -1398,8 +1400,9 @@ impl KVCacheManager {
         let tokens = std::mem::take(&mut seq.tokens);
         let mut keys = std::mem::take(&mut seq.keys);
         let node_pages = seq.lock_pages;
+        let public = st.tree.public_pages(node);
         let result = self
-            .extend_keys(st, ns, &tokens, n, &mut keys)
+            .extend_keys(st, ns, &tokens, n, &mut keys, public)
             .and_then(|()| {
                 // The sequence's node ends at `lock_pages`; the stores need the node ending at `n`.
                 let node = if node_pages == n {

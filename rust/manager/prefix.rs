@@ -140,7 +140,8 @@ impl KVCacheManager {
             && self.tiers_lack(st, ns, tokens, pages.len())
         {
             let mut keys = Vec::with_capacity(pages.len());
-            self.extend_keys(st, ns, tokens, pages.len(), &mut keys)?;
+            let public = st.tree.public_pages(ins.node);
+            self.extend_keys(st, ns, tokens, pages.len(), &mut keys, public)?;
             self.offer_stores(st, ns, ins.node, tokens, &keys, pages.len(), trigger, now)?;
         }
         st.forget_if_unused(ns);

@@ -33,7 +33,7 @@ use super::{internal, unknown, KVCacheManager, SeqId, State};
 use crate::error::{try_boxed_slice, KvError, KvResult};
 use crate::eviction::EvictionPolicy;
 use crate::keys::{page_key, PageKey};
-use crate::radix::{FxBuildHasher, Namespace, NodeId, RadixTree, ROOT};
+use crate::radix::{FxBuildHasher, Namespace, NodeId, RadixTree, PUBLIC_NAMESPACE, ROOT};
 use crate::PageId;
 
 /// One lower tier of a manager.
@@ -269,6 +269,14 @@ impl Tier {
             .unwrap_or(ids.len())
     }
 
+    /// Whether every page the tier holds of `tokens` (the public pages of a path), seen from
+    /// `ns`, is held by a public node (the pages it lacks are in flight).
+    fn holds_public(&self, ns: Namespace, tokens: &[u32]) -> bool {
+        let mut path = Vec::new();
+        self.tree.peek_prefix_pages_ns(ns, tokens, &mut path);
+        path.iter().all(|&(_, x)| x == PUBLIC_NAMESPACE)
+    }
+
     /// Take `n` free slots, evicting the tier's evictable slots if short; None (nothing taken or
     /// evicted) if even that is not enough.
     fn take_slots(
@@ -457,6 +465,9 @@ pub(super) struct Loading {
     pub(super) failed_at: usize,
     /// The tier of each loaded page, `[end - first]`.
     pub(super) tiers: Vec<u8>,
+    /// Pages `0..public_end` are a public prefix: the HBM hit's (all public) and the loads from
+    /// public tier nodes after it; they join the HBM tree as public pages (`first` if none loads).
+    pub(super) public_end: usize,
 }
 
 /// One store row of a [`TransferBatch`].
@@ -885,6 +896,18 @@ impl KVCacheManager {
             st.tiers[t - 1].stats.hit_tokens += tokens as u64;
         }
         st.stats.prefix_hit_tokens += ((valid - loading.first) * ps) as u64;
+        // Pages loaded from a tier's public prefix join HBM as public pages (shared by every
+        // namespace, keyed as the public prefix they are), the namespace's own after them.
+        let public_end = loading.public_end.min(valid);
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        if public_end > loading.first && seq.bounds.is_none() && st.groups.num_groups() == 1 {
+            let own = std::mem::replace(&mut seq.ns, PUBLIC_NAMESPACE);
+            let cached = self.cache_full_pages(st, seq_id, public_end, now);
+            if let Some(seq) = st.seqs.get_mut(&seq_id) {
+                seq.ns = own;
+            }
+            cached?;
+        }
         self.cache_full_pages(st, seq_id, valid, now)?;
         if auto_cache {
             self.cache_full_pages(st, seq_id, full_pages, now)?;
@@ -959,12 +982,31 @@ impl KVCacheManager {
         plan: &[u8],
         pages: &[PageId],
         priority: i32,
+        hbm_public: bool,
         now: u64,
     ) -> KvResult<super::tiers::Loading> {
         let ps = self.page_size;
+        let end = first + plan.len();
+        // A public prefix continued from the tiers' public nodes stays public in HBM.
+        let mut public_end = first;
+        if hbm_public && ns != PUBLIC_NAMESPACE {
+            let mut paths: Vec<Option<Vec<(PageId, Namespace)>>> = vec![None; st.tiers.len()];
+            for (i, &t) in plan.iter().enumerate() {
+                let path = paths[t as usize].get_or_insert_with(|| {
+                    let mut p = Vec::new();
+                    st.tiers[t as usize]
+                        .tree
+                        .peek_prefix_pages_ns(ns, &lookup[..end * ps], &mut p);
+                    p
+                });
+                if path.get(first + i).map(|&(_, x)| x) != Some(PUBLIC_NAMESPACE) {
+                    break;
+                }
+                public_end += 1;
+            }
+        }
         let admission = st.transfers.next_admission;
         st.transfers.next_admission += 1;
-        let end = first + plan.len();
         let mut slots = vec![0u32; plan.len()];
         let mut tier_nodes = Vec::new();
         for t in 0..st.tiers.len() {
@@ -1019,6 +1061,7 @@ impl KVCacheManager {
             pending: plan.len(),
             failed_at: end,
             tiers: plan.to_vec(),
+            public_end,
         })
     }
 
@@ -1042,6 +1085,28 @@ impl KVCacheManager {
         if st.tiers.is_empty() || n == 0 {
             return Ok(());
         }
+        // A namespace's path over a public prefix: the public pages are stored as the public
+        // namespace's (under their public keys, once for every tenant), the namespace's own pages
+        // after them, in the tier as in HBM.
+        let public = if ns == PUBLIC_NAMESPACE {
+            0
+        } else {
+            st.tree.public_pages(node).min(n)
+        };
+        if public > 0 {
+            let public_node = st.tree.cut_path(node, public).map_err(internal)?;
+            let public_keys = &keys[..public];
+            self.offer_stores(
+                st,
+                PUBLIC_NAMESPACE,
+                public_node,
+                tokens,
+                public_keys,
+                public,
+                trigger,
+                now,
+            )?;
+        }
         let ps = self.page_size;
         let hits = st.tree.node_hits(node).unwrap_or(0);
         let mut emptied = Vec::new();
@@ -1058,6 +1123,14 @@ impl KVCacheManager {
             let mut a = visible;
             while a < n && tier.storing.contains(&keys[a]) {
                 a += 1;
+            }
+            // The tier lacks the public pages this namespace's pages continue (not stored, not in
+            // flight), or holds those tokens as the namespace's own pages (keyed in another chain):
+            // nothing of the namespace's keyed after the public pages can land below them.
+            if a < public
+                || (public > 0 && visible > 0 && !tier.holds_public(ns, &tokens[..public * ps]))
+            {
+                continue;
             }
             let bw = tier.config.bandwidth_gbps;
             let wanted = match (&st.store_policy, trigger) {
@@ -1167,8 +1240,10 @@ impl KVCacheManager {
     }
 
     /// Keys of pages `0..n` of `tokens` in `ns`, chained from the root, continuing `keys` (the
-    /// keys of a prefix of them): first copied from a tier that holds the path in `ns` (an
-    /// admission that hits a long cached prefix would otherwise hash all of it), then hashed.
+    /// keys of a prefix of them), as HBM keys a path: its first `public` pages (held by public
+    /// nodes) in the public namespace, the others in `ns`, each chained from the key before it.
+    /// First copied from a tier that holds the path in the same namespaces (an admission that hits
+    /// a long cached prefix would otherwise hash all of it), then hashed.
     pub(super) fn extend_keys(
         &self,
         st: &State,
@@ -1176,8 +1251,15 @@ impl KVCacheManager {
         tokens: &[u32],
         n: usize,
         keys: &mut Vec<PageKey>,
+        public: usize,
     ) -> KvResult<()> {
         let ps = self.page_size;
+        let public = if ns == PUBLIC_NAMESPACE {
+            n
+        } else {
+            public.min(n)
+        };
+        let expected = |i: usize| if i < public { PUBLIC_NAMESPACE } else { ns };
         let mut path = Vec::new();
         // A few missing keys are hashed (a page in about 0.2 us): walking a tier's path to copy
         // them would cost a walk of the whole prefix on every page a decode fills.
@@ -1189,21 +1271,26 @@ impl KVCacheManager {
             path.clear();
             tier.tree
                 .peek_prefix_pages_ns(ns, &tokens[..n * ps], &mut path);
-            // Keys chain from the root: only a run of this namespace's pages from the start
-            // continues `keys` (a public node's key was computed in the public namespace).
-            let own = path.iter().take_while(|&&(_, x)| x == ns).count();
-            while keys.len() < own {
+            // Keys chain from the root: only a run of pages held in the namespaces this path's
+            // pages are keyed in continues `keys`.
+            let same = path
+                .iter()
+                .enumerate()
+                .take_while(|&(i, &(_, x))| x == expected(i))
+                .count();
+            while keys.len() < same {
                 let (id, _) = path[keys.len()];
                 keys.push(tier.keys[(id - 1) as usize]);
             }
         }
-        let kns = st
-            .key_namespace(ns)
-            .ok_or_else(|| internal(KvError::InvalidArgument("namespace without a name".into())))?;
+        let missing = || internal(KvError::InvalidArgument("namespace without a name".into()));
+        let kns = st.key_namespace(ns).ok_or_else(missing)?;
+        let public_kns = st.key_namespace(PUBLIC_NAMESPACE).ok_or_else(missing)?;
         while keys.len() < n {
             let i = keys.len();
             let parent = if i == 0 { self.root_key } else { keys[i - 1] };
-            keys.push(page_key(&parent, kns, &tokens[i * ps..(i + 1) * ps]));
+            let k = if i < public { public_kns } else { kns };
+            keys.push(page_key(&parent, k, &tokens[i * ps..(i + 1) * ps]));
         }
         Ok(())
     }
@@ -1218,11 +1305,25 @@ impl KVCacheManager {
     }
 
     /// The page keys of the full pages of `tokens` in `namespace`, as this cache names them (its
-    /// fingerprint): what a shared tier is asked for. No side effects.
-    pub fn prompt_keys(&self, tokens: &[u32], namespace: Option<&str>) -> Vec<PageKey> {
+    /// fingerprint): what a shared tier is asked for. The first `public_pages` are keyed as a
+    /// public prefix's (a shared system prompt), the rest chained from them (see
+    /// [`crate::keys::page_keys_over_public`]). No side effects.
+    pub fn prompt_keys(
+        &self,
+        tokens: &[u32],
+        namespace: Option<&str>,
+        public_pages: usize,
+    ) -> Vec<PageKey> {
         let ns = crate::keys::KeyNamespace::of(namespace);
         let mut keys = Vec::with_capacity(tokens.len() / self.page_size);
-        crate::keys::page_keys(&self.root_key, ns, tokens, self.page_size, &mut keys);
+        crate::keys::page_keys_over_public(
+            &self.root_key,
+            ns,
+            tokens,
+            self.page_size,
+            public_pages,
+            &mut keys,
+        );
         keys
     }
 
@@ -1278,7 +1379,20 @@ impl KVCacheManager {
             return Ok(0);
         }
         let mut keys = Vec::with_capacity(num_pages);
-        self.extend_keys(st, ns, tokens, num_pages, &mut keys)?;
+        // Keyed as they were stored: the public pages the tier holds on this path (a shared system
+        // prompt), then the namespace's own, chained from them.
+        let public = if visible == 0 || ns == PUBLIC_NAMESPACE {
+            0
+        } else {
+            let mut path = Vec::new();
+            st.tiers[t]
+                .tree
+                .peek_prefix_pages_ns(ns, &tokens[..visible * ps], &mut path);
+            path.iter()
+                .take_while(|&&(_, x)| x == PUBLIC_NAMESPACE)
+                .count()
+        };
+        self.extend_keys(st, ns, tokens, num_pages, &mut keys, public)?;
         let mut emptied = Vec::new();
         let mut evicted = Vec::new();
         let tier = &mut st.tiers[t];

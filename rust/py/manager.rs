@@ -1131,15 +1131,21 @@ impl PyKVCacheManager {
     }
 
     /// `[n, 16]` uint8: the page keys of the full pages of `tokens` in `namespace`, as this cache
-    /// names them (its fingerprint): what a shared tier is asked for. No side effects.
-    #[pyo3(signature = (tokens, namespace = None))]
+    /// names them (its fingerprint): what a shared tier is asked for. With `public_pages`, the
+    /// first ones are keyed as a public prefix (a shared system prompt), the rest chained from
+    /// them, as the cache keys a namespace's pages after a public prefix. No side effects.
+    #[pyo3(signature = (tokens, namespace = None, *, public_pages = None))]
     fn prompt_keys<'py>(
         &self,
         py: Python<'py>,
         tokens: &Bound<'py, PyAny>,
         namespace: Option<&Bound<'py, PyAny>>,
+        public_pages: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<u8>>> {
-        let keys = self.run_lookup(py, tokens, namespace, |m, ids, ns| m.prompt_keys(ids, ns))?;
+        let public = opt_count(public_pages, "public_pages")?.unwrap_or(0);
+        let keys = self.run_lookup(py, tokens, namespace, |m, ids, ns| {
+            m.prompt_keys(ids, ns, public)
+        })?;
         keys_array(py, &keys)
     }
 
@@ -1547,15 +1553,20 @@ pub(crate) fn keys_array<'py>(
 /// pages of `tokens` as a cache with this fingerprint computes them (for routers and other
 /// implementations; see docs/api.md for the format and test vectors).
 #[pyfunction]
-#[pyo3(name = "page_keys", signature = (tokens, page_size, fingerprint = None, namespace = None))]
+#[pyo3(
+    name = "page_keys",
+    signature = (tokens, page_size, fingerprint = None, namespace = None, *, public_pages = None)
+)]
 pub(crate) fn py_page_keys<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
     page_size: &Bound<'py, PyAny>,
     fingerprint: Option<&Bound<'py, PyAny>>,
     namespace: Option<&Bound<'py, PyAny>>,
+    public_pages: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyArray2<u8>>> {
-    use crate::keys::{page_keys, root_key, KeyNamespace};
+    use crate::keys::{page_keys_over_public, root_key, KeyNamespace};
+    let public = opt_count(public_pages, "public_pages")?.unwrap_or(0);
     let ids = self::tokens(tokens)?;
     let page_size = count_arg(page_size, "page_size")?;
     if page_size == 0 {
@@ -1568,11 +1579,12 @@ pub(crate) fn py_page_keys<'py>(
     let namespace = namespace_arg(namespace)?;
     let ns = KeyNamespace::of(namespace.as_deref());
     let mut keys = Vec::new();
-    page_keys(
+    page_keys_over_public(
         &root_key(&fingerprint),
         ns,
         ids.as_slice(),
         page_size,
+        public,
         &mut keys,
     );
     keys_array(py, &keys)

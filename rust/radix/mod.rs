@@ -1247,6 +1247,21 @@ impl RadixTree {
         Some(total)
     }
 
+    /// Leading pages of the path to the end of `node` that public nodes hold (a path is public
+    /// pages from the root, then one namespace's). A walk of the path's nodes, not of its pages.
+    pub fn public_pages(&self, node: NodeId) -> usize {
+        let mut total = 0;
+        let mut id = node;
+        while id != ROOT {
+            let n = &self.nodes[id as usize];
+            if n.ns == PUBLIC_NAMESPACE {
+                total += n.pages.len();
+            }
+            id = n.parent;
+        }
+        total
+    }
+
     /// The last `last` pages of the path from the root to the end of `node` (fewer if the path is
     /// shorter), in root-to-`node` order, each with the namespace of the node holding it.
     pub fn path_pages(&self, node: NodeId, last: usize, out: &mut Vec<(PageId, Namespace)>) {

@@ -105,3 +105,43 @@ def test_two_processes_share_prefixes_through_redis_and_tenants_stay_apart(
         header = codec.parse_header(r.get(name))
         assert header.namespace in ("A", "B")
         assert header.key in expected[header.namespace], name
+
+
+def test_a_public_system_prompt_and_a_tenants_pages_after_it_are_found_by_another_instance(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """Instance A stores a public ("*") system prompt and tenant a's page after it in the shared tier;
+    instance B, asked for tenant a's prompt, finds all three pages (the public prefix under its public
+    keys, then a's page keyed from it: before, it found none) and loads A's bytes; the public pages
+    join B's HBM as public pages, keyed as A keys them, so tenant b shares them."""
+    from kvcore.pool import KVPool
+    from kvcore.tiers import Mover, RedisTier
+
+    def instance() -> tuple[kvcore.KVCacheManager, KVPool, Mover]:
+        pool = KVPool(num_layers=1, num_pages=33, num_kv_heads=1, head_dim=8, page_size=4, kv_dtype="fp16")
+        remote = RedisTier(redis_url, pool, num_slots=64, prefix=redis_prefix.rstrip(":"), timeout_s=2.0)
+        cache = kvcore.KVCacheManager(33, 4, fingerprint=b"fp", lower_tiers=[remote], store_policy="all")
+        return cache, pool, Mover(cache, pool, [remote])
+
+    (a, pool_a, mover_a), (b, pool_b, mover_b) = instance(), instance()
+    system, own = list(range(8)), [50, 51, 52, 53]
+    assert a.add_sequence(1, [*system, 99], "*") == 0
+    assert a.add_sequence(2, [*system, *own, 54], "a") == 8
+    rng = np.random.default_rng(0)
+    for p in a.seq_pages(2)[:3].tolist():
+        pool_a.data[:, :, p] = rng.standard_normal(pool_a.data[:, :, p].shape)
+    written = {i: pool_a.data[:, :, p].copy() for i, p in enumerate(a.seq_pages(2)[:3].tolist())}
+    mover_a.run()
+    assert a.tier_stats()["remote"]["num_stored_pages"] == 3  # once each
+    prompt = [*system, *own, 54]
+    assert b.peek_hit_tokens(prompt, "a") == {"hbm": 0, "remote": 0}
+    assert mover_b.lookup(prompt, "a") == 3
+    assert b.add_sequence(7, prompt, "a") == 12
+    mover_b.run(stores=False)
+    assert b.is_ready(7) and b.hit_tokens(7) == {"hbm": 0, "remote": 12}
+    for i, p in enumerate(b.seq_pages(7)[:3].tolist()):
+        np.testing.assert_array_equal(pool_b.data[:, :, p], written[i])
+    assert (b.page_keys(7) == a.page_keys(2)).all()
+    assert mover_b.lookup([*system, *own, 54], "b") == 0  # the public pages are indexed already
+    # The loaded public pages are public in B's HBM too: tenant b shares them, and never sees a's page.
+    assert b.peek_hit_tokens(prompt, "b") == {"hbm": 8, "remote": 0}

@@ -186,36 +186,49 @@ def test_a_full_or_unwritable_disk_skips_stores_and_nothing_crashes(
 
 @pytest.mark.parametrize("kind", ["host", "disk"])
 def test_a_public_prefix_and_a_tenant_storing_it_in_one_batch_both_land(kind: str, tmp_path: Path) -> None:
-    """A public system prompt and a tenant's prompt over it queue stores of the same HBM pages in one
-    batch (under the public key and under the tenant's): the tier takes the page twice (one read, two
-    slots), no store fails, and after HBM is emptied the tenant's next prompt loads exactly the K/V
+    """A public system prompt and a tenant's prompt over it offer the same HBM pages in one step: the
+    public pages are stored once, under their public keys (the tenant's store no longer writes them
+    again under its own), the tenant's page after them chained from the last public key, as HBM keys
+    them; no store fails, and after HBM is emptied the tenant's next prompt loads exactly the K/V
     that was computed."""
     pool = make_pool(32)
     disk = (tmp_path / "d", 16 * (pool.page_bytes + 8192), pool)
     tier = HostTier(pool, 16) if kind == "host" else DiskTier(*disk)
-    cache = KVCacheManager(32, PS, lower_tiers=[tier], store_policy="all")
+    cache = KVCacheManager(32, PS, lower_tiers=[tier], store_policy="all", events=True)
     mover = Mover(cache, pool, [tier])
     system = list(range(100, 108))  # two full pages
+    own = [7, 7, 7, 7]  # the tenant's page after them
     assert cache.add_sequence(1, [*system, 1], "*") == 0
+    assert cache.add_sequence(2, [*system, *own, 2], "a") == 8  # hits the public pages
     computed = {}
-    for p in cache.seq_pages(1)[:2].tolist():
+    for p in cache.seq_pages(2)[:3].tolist():
         pool.data[:, :, p] = np.random.default_rng(p).standard_normal(pool.data[:, :, p].shape)
         computed[p] = pool.data[:, :, p].copy()
-    assert cache.add_sequence(2, [*system, 2], "a") == 8  # hits the public pages
     batch = cache.take_transfers(loads=False)
-    assert sorted(batch.store_pages.tolist()) == sorted([*computed, *computed])  # each page twice
+    assert sorted(batch.store_pages.tolist()) == sorted(computed)  # each page once
+    prompt = np.array([*system, *own], np.int32)
+    public_keys = kvcore.page_keys(prompt, PS, namespace="*")
+    tenant_keys = kvcore.page_keys(prompt, PS, namespace="a", public_pages=2)
+    assert (tenant_keys[:2] == public_keys[:2]).all()
+    assert sorted(map(bytes, batch.store_keys)) == sorted(map(bytes, tenant_keys))
+    assert (cache.page_keys(2) == tenant_keys).all()  # HBM and the tier key the pages alike
     result = mover.execute(batch)
-    assert result.store_failed == 0 and result.stored == 4
+    assert result.store_failed == 0 and result.stored == 3
     stats = cache.tier_stats()[tier.name]
-    assert stats["num_store_failed_pages"] == 0 and stats["num_slots_cached"] >= 2
+    assert stats["num_store_failed_pages"] == 0 and stats["num_slots_cached"] == 3
+    stored = [e for e in cache.take_events() if type(e).__name__ == "PageStored" and e.medium == tier.name]
+    assert [(e.namespace, [bytes(k) for k in e.keys], e.parent_key) for e in stored] == [
+        ("*", [bytes(k) for k in public_keys[:2]], None),
+        ("a", [bytes(tenant_keys[2])], bytes(public_keys[1])),
+    ]
     cache.free_sequence(1)
     cache.free_sequence(2)
     cache.evict(1000)
     pool.data[...] = 0
-    assert cache.add_sequence(3, [*system, 3], "a") is not None
+    assert cache.add_sequence(3, [*system, *own, 3], "a") is not None
     mover.run(stores=False)
-    assert cache.is_ready(3) and cache.hit_tokens(3)[tier.name] == 8
-    for page, want in zip(cache.seq_pages(3)[:2].tolist(), computed.values(), strict=True):
+    assert cache.is_ready(3) and cache.hit_tokens(3)[tier.name] == 12
+    for page, want in zip(cache.seq_pages(3)[:3].tolist(), computed.values(), strict=True):
         np.testing.assert_array_equal(pool.data[:, :, page], want)
     cache._check_invariants()
 
@@ -308,3 +321,32 @@ def test_take_transfers_sink_must_be_a_list() -> None:
     sink: list[object] = []
     batch = cache.take_transfers(sink=sink)
     assert len(sink) == 1 and sink[0] is batch
+
+
+def test_a_tenants_pages_after_a_public_prefix_survive_a_disk_restart(tmp_path: Path) -> None:
+    """Each file names its parent by the key the cache chains from (the public prefix's last key for
+    a tenant's first own page): a restarted cache accepts every file and loads the whole prompt."""
+    pool = make_pool(32)
+    size = 16 * (pool.page_bytes + 8192)
+    disk = DiskTier(tmp_path / "d", size, pool)
+    cache = KVCacheManager(32, PS, fingerprint=FP, lower_tiers=[disk], store_policy="all")
+    system, own = list(range(100, 108)), [7, 7, 7, 7, 8, 8, 8, 8]
+    assert cache.add_sequence(1, [*system, 1], "*") == 0
+    assert cache.add_sequence(2, [*system, *own, 2], "a") == 8
+    for p in cache.seq_pages(2)[:4].tolist():
+        pool.data[:, :, p] = np.random.default_rng(p).standard_normal(pool.data[:, :, p].shape)
+    written = pool.data[:, :, cache.seq_pages(2)[:4]].copy()
+    Mover(cache, pool, [disk]).run()
+    disk.close()
+    pool.data[...] = 0
+    disk = DiskTier(tmp_path / "d", size, pool)
+    fresh = KVCacheManager(32, PS, fingerprint=FP, lower_tiers=[disk], store_policy="all")
+    entries = disk.entries()
+    assert len(entries) == 4  # the public pages once (no second copy under the tenant's keys)
+    assert all(fresh.restore_tier(disk.name, entries))
+    assert fresh.add_sequence(3, [*system, *own, 3], "a") == 16
+    Mover(fresh, pool, [disk]).run(stores=False)
+    assert fresh.is_ready(3) and fresh.hit_tokens(3)[disk.name] == 16
+    np.testing.assert_array_equal(pool.data[:, :, fresh.seq_pages(3)[:4]], written)
+    assert fresh.peek_hit_tokens([*system, 9], "b")["hbm"] == 8  # loaded as public pages: b shares them
+    fresh._check_invariants()

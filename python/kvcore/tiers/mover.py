@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvcore.exceptions import ConfigError, InvalidArgumentError
-from kvcore.manager import TransferBatch
+from kvcore.manager import PUBLIC_NAMESPACE, TransferBatch
 
 __all__ = ["MoveResult", "Mover", "Tier"]
 
@@ -116,24 +116,40 @@ class Mover:
         """Ask each shared tier (one with ``exists(keys) -> int``, e.g. ``RedisTier``) which pages of
         ``tokens`` it holds beyond those the cache already indexes there, and index them
         (``KVCacheManager.mark_tier_pages``), so that the next ``add_sequence`` of this prompt loads
-        them instead of recomputing them. One bounded existence round trip per shared tier; no
-        bytes move. Returns the pages newly indexed.
+        them instead of recomputing them. No bytes move. Returns the pages newly indexed.
+
+        A prompt may start with a public prefix (a system prompt shared as ``"*"``): a cache stores
+        it once for every namespace, under its public keys, and the namespace's pages after it
+        chained from them. So each shared tier is asked first for the public prefix, then for the
+        namespace's pages after it: two bounded existence round trips per shared tier (one for a
+        ``"*"`` prompt).
         """
         added = 0
-        keys = None
         for tier in self.tiers:
             exists = getattr(tier, "exists", None)
             if exists is None:
                 continue
-            if keys is None:
-                keys = self.cache.prompt_keys(tokens, namespace)
-            known = self.cache.tier_prefix_len(tier.name, tokens, namespace)
-            if known >= len(keys):
-                continue
-            found = int(exists(keys[known:]))
-            if found:
-                added += self.cache.mark_tier_pages(tier.name, tokens, known + found, namespace)
+            public = 0
+            if namespace != PUBLIC_NAMESPACE:
+                found, public = self._lookup_in(tier.name, exists, tokens, PUBLIC_NAMESPACE, 0)
+                added += found
+            added += self._lookup_in(tier.name, exists, tokens, namespace, public)[0]
         return added
+
+    def _lookup_in(
+        self, tier: str, exists: Any, tokens: Any, namespace: str | None, public: int
+    ) -> tuple[int, int]:
+        """Index the pages of ``tokens`` in ``namespace`` that ``tier`` holds after those it indexes
+        (keyed over ``public`` public pages); (pages newly indexed, leading pages indexed now)."""
+        keys = self.cache.prompt_keys(tokens, namespace, public_pages=public)
+        known = self.cache.tier_prefix_len(tier, tokens, namespace)
+        if known >= len(keys) or known < public:  # all indexed, or the public pages are not (no room)
+            return 0, known
+        found = int(exists(keys[known:]))
+        if not found:
+            return 0, known
+        added = self.cache.mark_tier_pages(tier, tokens, known + found, namespace)
+        return added, self.cache.tier_prefix_len(tier, tokens, namespace)
 
     def run(self, *, stores: bool = True, loads: bool = True) -> MoveResult:
         """Take the cache's queued transfers (stores, loads or both), copy them, and complete every op.
