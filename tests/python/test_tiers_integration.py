@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -350,3 +351,24 @@ def test_a_tenants_pages_after_a_public_prefix_survive_a_disk_restart(tmp_path: 
     np.testing.assert_array_equal(pool.data[:, :, fresh.seq_pages(3)[:4]], written)
     assert fresh.peek_hit_tokens([*system, 9], "b")["hbm"] == 8  # loaded as public pages: b shares them
     fresh._check_invariants()
+
+
+def test_rows_written_for_a_failed_store_op_are_forgotten(tmp_path: Path) -> None:
+    """A store op fails whole when one row fails; the rows the tier wrote are dropped before the op
+    is reported (a full disk kept them, taking the room later stores needed)."""
+    pool = make_pool(16)
+    disk = DiskTier(tmp_path / "d", 8 * (pool.page_bytes + 8192), pool)
+    real_store = disk.store
+
+    def last_row_fails(pool: KVPool, *rows: Any) -> np.ndarray:  # writes every row but the last
+        ok = real_store(pool, *(r[:-1] for r in rows))
+        return np.append(np.asarray(ok, dtype=bool), False)
+
+    disk.store = last_row_fails  # type: ignore[method-assign]
+    cache = KVCacheManager(16, PS, lower_tiers=[disk], store_policy="all")
+    assert cache.add_sequence(1, list(range(13))) == 0  # three full pages: one op of three rows
+    result = Mover(cache, pool, [disk]).run()
+    assert result.stored == 2 and result.store_failed == 1
+    assert cache.tier_stats()[disk.name]["num_store_failed_pages"] == 3
+    assert disk.stats()["forgets"] == 2 and disk.stats()["slots_used"] == 0
+    assert os.listdir(tmp_path / "d") == ["tier.lock"]  # no page file left behind

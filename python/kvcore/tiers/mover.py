@@ -181,6 +181,22 @@ class Mover:
             except InvalidArgumentError:
                 pass  # reported (complete_transfers is all or nothing)
 
+    def _forget_orphans(self, batch: TransferBatch, written: npt.NDArray[np.bool_]) -> None:
+        """Drop the rows a tier wrote for store ops that failed as a whole (another row of the op
+        failed): the cache frees their slots, so their bytes would only take room (a disk's files)
+        until the slots are reused. Done before the ops are reported, while the slots are still this
+        batch's; best effort (a tier that cannot forget keeps them until they are overwritten)."""
+        if not written.any():
+            return
+        for t, tier in enumerate(self.tiers):
+            forget = getattr(tier, "forget", None)
+            slots = batch.store_slots[written & (batch.store_tiers == t)]
+            if forget is not None and len(slots):
+                try:
+                    forget(slots)
+                except Exception:  # the op is failed either way
+                    pass
+
     def execute(self, batch: TransferBatch) -> MoveResult:
         """Copy one batch and complete its ops (an op a tier failed, or that raised, fails).
 
@@ -219,13 +235,16 @@ class Mover:
             # Always report: a store op succeeds only if every row of it did.
             ops = np.unique(batch.store_ops)
             op_ok = np.ones(len(ops), dtype=bool)
-            if len(ops):
-                where = np.searchsorted(ops, batch.store_ops)
-                np.logical_and.at(op_ok, where, store_ok)
-            self.cache.complete_transfers(
-                np.concatenate([ops, batch.load_ops]).astype(np.int64),
-                np.concatenate([op_ok, load_ok]).tolist(),
-            )
+            try:
+                if len(ops):
+                    where = np.searchsorted(ops, batch.store_ops)
+                    np.logical_and.at(op_ok, where, store_ok)
+                    self._forget_orphans(batch, store_ok & ~op_ok[where])
+            finally:
+                self.cache.complete_transfers(
+                    np.concatenate([ops, batch.load_ops]).astype(np.int64),
+                    np.concatenate([op_ok, load_ok]).tolist(),
+                )
         if error is not None:
             raise error
         return MoveResult(
