@@ -606,6 +606,133 @@ def test_a_full_server_refuses_stores_counted_as_oom(private_redis: Any) -> None
     tier.close()
 
 
+# ------------------------------------------------------------------------------------------ interrupts
+
+
+def interrupt_once(monkeypatch: pytest.MonkeyPatch, method: str, nth: int = 1) -> None:
+    """The ``nth`` call of ``_Conn.<method>`` from now raises KeyboardInterrupt (what a signal handler
+    raises in the middle of a socket wait: the bytes in flight stay where they are); the others run."""
+    real = getattr(remote_mod._Conn, method)
+    calls = [0]
+
+    def interrupted(self: Any, *a: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == nth:
+            raise KeyboardInterrupt
+        return real(self, *a)
+
+    monkeypatch.setattr(remote_mod._Conn, method, interrupted)
+
+
+def keys_held(tier: RedisTier, keys: np.ndarray) -> int:
+    return int(with_client(tier, lambda r: sum(r.exists(tier.redis_key(k)) for k in keys)))
+
+
+@pytest.mark.parametrize(
+    ("method", "nth"), [("_recv_into", 1), ("line", 3)], ids=["first-read", "third-reply"]
+)
+def test_a_load_interrupted_mid_pipeline_leaves_no_stale_replies(
+    tier_factory: Any, monkeypatch: pytest.MonkeyPatch, method: str, nth: int
+) -> None:
+    """KeyboardInterrupt while a load reads its replies goes on to the caller, and the connection, on
+    which the rest of the interrupted pipeline's replies are still to come, is closed first: the next
+    call reconnects. (Kept open, the next load read those replies as its own: every row of valid pages
+    looked corrupt, and was DELeted from the server other instances share.)"""
+    n = 20
+    pool = make_pool(num_pages=3 * n + 1)
+    tier = tier_factory(pool)
+    m = meta(2 * n)
+    assert tier.store(pool, rng_i32(2 * n, 1), rng_i32(2 * n), **m).all()  # connected
+    a, b = m["keys"][:n], m["keys"][n:]
+    want = pool.data[:, :, n + 1 : 2 * n + 1].copy()  # b's pages
+    interrupt_once(monkeypatch, method, nth)
+    with pytest.raises(KeyboardInterrupt):
+        tier.load(pool, rng_i32(n), rng_i32(n, 2 * n + 1), a)
+    assert tier._nodes[0].bulk.sock is None  # closed before the exception went on
+    monkeypatch.undo()
+    pool.data[:, :, 2 * n + 1 :] = 0
+    assert tier.load(pool, rng_i32(n, n), rng_i32(n, 2 * n + 1), b).all()
+    assert np.array_equal(pool.data[:, :, 2 * n + 1 :].view(np.uint8), want.view(np.uint8))
+    s = tier.stats()
+    assert s["load_failed"] == s["deleted"] == s["checksum_mismatches"] == 0 and s["reconnects"] == 1
+    assert keys_held(tier, m["keys"]) == 2 * n  # nothing deleted
+    assert tier.load(pool, rng_i32(n), rng_i32(n, 2 * n + 1), a).all()
+
+
+def test_an_interrupted_exists_leaves_no_stale_replies(
+    tier_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a load: after KeyboardInterrupt out of exists(), absent keys are not answered present by
+    the interrupted call's replies."""
+    n = 20
+    pool = make_pool(num_pages=n + 1)
+    tier = tier_factory(pool)
+    m = meta(2 * n)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **{k: v[:n] for k, v in m.items()}).all()
+    a, b = m["keys"][:n], m["keys"][n:]
+    assert tier.exists(a) == n  # the lookup connection is made
+    interrupt_once(monkeypatch, "_recv_into")
+    with pytest.raises(KeyboardInterrupt):
+        tier.exists(a)
+    assert tier._nodes[0].lookup.sock is None
+    monkeypatch.undo()
+    assert tier.exists(b) == 0  # not the 20 ":1" the interrupted call was sent
+    assert tier.exists(a) == n
+    assert tier.stats()["lookup_failed"] == 0
+
+
+def test_an_interrupted_store_leaves_no_stale_replies(
+    private_redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for a load: after KeyboardInterrupt out of a store, a store the server refuses (-OOM) is not
+    reported stored on the strength of the interrupted call's ``+OK``s."""
+    n = 20
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = RedisTier(private_redis.url, pool, timeout_s=1.0)
+    m = meta(3 * n)
+
+    def rows(lo: int) -> dict[str, Any]:
+        return {k: v[lo : lo + n] for k, v in m.items()}
+
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **rows(0)).all()  # connected
+    interrupt_once(monkeypatch, "_recv_into")
+    with pytest.raises(KeyboardInterrupt):
+        tier.store(pool, rng_i32(n, n + 1), rng_i32(n, n), **rows(n))
+    assert tier._nodes[0].bulk.sock is None
+    monkeypatch.undo()
+    private_redis.cli("CONFIG", "SET", "maxmemory-policy", "noeviction")
+    private_redis.cli("CONFIG", "SET", "maxmemory", "1")  # full: every SET is refused
+    ok = tier.store(pool, rng_i32(n, 1), rng_i32(n, 2 * n), **rows(2 * n))
+    assert not ok.any()
+    s = tier.stats()
+    assert s["store_failed_oom"] == s["store_failed"] == n and s["reconnects"] == 1
+    assert keys_held(tier, m["keys"][2 * n :]) == 0
+    tier.close()
+
+
+def test_an_interrupted_cluster_exists_leaves_no_node_with_stale_replies(
+    redis_cluster_nodes: list[str], redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """exists() sends to every node before it reads any reply: KeyboardInterrupt while it reads the
+    first node's leaves the other nodes' replies unread as well, and their connections are closed too."""
+    n = 30  # the keys spread over the three nodes (all on one with probability 3^-29)
+    pool = make_pool(num_pages=n + 1)
+    tier = RedisTier(redis_cluster_nodes, pool, prefix=redis_prefix)
+    m = meta(2 * n)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **{k: v[:n] for k, v in m.items()}).all()
+    a, b = m["keys"][:n], m["keys"][n:]
+    assert tier.exists(a) == n  # every node's lookup connection is made
+    assert len(tier._nodes) == 3 and all(nd.lookup.sock is not None for nd in tier._nodes)
+    interrupt_once(monkeypatch, "_recv_into")
+    with pytest.raises(KeyboardInterrupt):
+        tier.exists(a)
+    assert all(nd.lookup.sock is None for nd in tier._nodes)
+    monkeypatch.undo()
+    assert [tier.exists(key[None]) for key in b] == [0] * n  # one per key: each node is asked
+    assert tier.exists(a) == n
+    tier.close()
+
+
 # ------------------------------------------------------------------------------------------ cluster
 
 

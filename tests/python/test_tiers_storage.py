@@ -12,9 +12,12 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import socket
 import stat
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -653,6 +656,146 @@ def test_a_bug_on_a_reader_thread_is_raised(tmp_path: Path, monkeypatch: pytest.
     monkeypatch.setattr(DiskTier, "_fetch", fetch)
     with pytest.raises(RuntimeError, match="a bug"):
         tier.load(pool, slots, np.arange(n + 1, 2 * n + 1, dtype=np.int32), m["keys"])
+
+
+@contextlib.contextmanager
+def _sigusr1_raises_keyboard_interrupt() -> Any:
+    """SIGUSR1 raises KeyboardInterrupt in the main thread (as SIGINT does), for the block's duration."""
+    assert threading.current_thread() is threading.main_thread()  # where signal handlers run
+
+    def handler(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+
+
+def test_a_load_interrupted_while_it_waits_for_its_readers_ends_after_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KeyboardInterrupt (SIGINT, or any signal handler's exception) reaching the loading thread while
+    it waits for its reader threads goes on to the caller only once no reader can still write into the
+    pool: the engine frees those pages at once and gives them to another request, whose K/V a late
+    ``readv`` would overwrite. (Not checked with ``Thread.is_alive``: after a join interrupted so,
+    CPython 3.11 reports a running thread stopped.)"""
+    monkeypatch.setattr(disk_module, "READERS", 2)  # the loading thread and one reader thread
+    n = 32
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = open_disk(tmp_path, pool, n)
+    m = meta(n)
+    slots = np.arange(n, dtype=np.int32)
+    dst = np.arange(n + 1, 2 * n + 1, dtype=np.int32)
+    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    main = threading.get_ident()
+    real = disk_module._read_all
+    loader_reads = [0]
+    interrupted, late_read_done = threading.Event(), threading.Event()
+    late_read_end = [0.0]
+
+    def read_all(fd: int, bufs: list[Any], total: int) -> int:
+        if threading.get_ident() == main:
+            loader_reads[0] += 1
+            return real(fd, bufs, total)
+        if interrupted.is_set():
+            return real(fd, bufs, total)
+        # the reader's file: once the loading thread has read every other one and waits (its
+        # innermost frame in threading.py), interrupt it; this read lands well after that
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            frame = sys._current_frames().get(main)
+            if (
+                loader_reads[0] == n - 1
+                and frame is not None
+                and frame.f_code.co_filename == threading.__file__
+            ):
+                break
+            time.sleep(0.001)
+        interrupted.set()
+        signal.pthread_kill(main, signal.SIGUSR1)
+        time.sleep(0.2)  # a slow device
+        try:
+            return real(fd, bufs, total)
+        finally:
+            late_read_end[0] = time.monotonic()
+            late_read_done.set()
+
+    monkeypatch.setattr(disk_module, "_read_all", read_all)
+    pool.data[:, :, n + 1 :] = 0
+    with _sigusr1_raises_keyboard_interrupt():
+        with pytest.raises(KeyboardInterrupt):
+            tier.load(pool, slots, dst, m["keys"])
+        raised = time.monotonic()
+        after = pool.data.copy()
+        assert late_read_done.wait(5)
+    assert interrupted.is_set() and loader_reads[0] == n - 1
+    assert late_read_end[0] < raised  # the reader's readv was over before the load raised ...
+    assert np.array_equal(pool.data.view(np.uint8), after.view(np.uint8))  # ... nothing written after
+    monkeypatch.undo()
+    assert tier.load(pool, slots, dst, m["keys"]).all()  # and the tier is as it was
+    assert tier.stats()["load_failed"] == 0
+
+
+def test_an_interrupted_load_stops_its_readers_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt in the loading thread's own read: the reader threads take no further file, and
+    the load raises it once they are done with the file each was reading."""
+    n = 64
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = open_disk(tmp_path, pool, n)
+    m = meta(n)
+    slots = np.arange(n, dtype=np.int32)
+    dst = np.arange(n + 1, 2 * n + 1, dtype=np.int32)
+    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    main = threading.get_ident()
+    real = disk_module._read_all
+    begun, ended = [0], [0]
+
+    def read_all(fd: int, bufs: list[Any], total: int) -> int:
+        if threading.get_ident() == main:
+            time.sleep(0.02)
+            raise KeyboardInterrupt
+        begun[0] += 1
+        time.sleep(0.01)
+        try:
+            return real(fd, bufs, total)
+        finally:
+            ended[0] += 1
+
+    monkeypatch.setattr(disk_module, "_read_all", read_all)
+    with pytest.raises(KeyboardInterrupt):
+        tier.load(pool, slots, dst, m["keys"])
+    assert begun[0] == ended[0]  # no reader mid-file
+    assert 0 < ended[0] < n // 4  # 3 reader threads, a few files each, not the other 63
+    time.sleep(0.05)
+    assert begun[0] == ended[0]  # none took another file
+    monkeypatch.undo()
+    assert tier.load(pool, slots, dst, m["keys"]).all()
+
+
+def test_an_interrupted_store_leaks_no_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """KeyboardInterrupt mid-write goes on to the caller, the temp file's descriptor closed; the slot is
+    empty and the next store of it succeeds."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(1)
+    assert tier.store(pool, i32(1), i32(0), **m).all()
+    fds = set(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+
+    def interrupted(fd: int, bufs: list[Any]) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(disk_module, "_write_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tier.store(pool, i32(2), i32(0), **meta(1, seed=3))
+    monkeypatch.undo()
+    if fds is not None:
+        assert set(os.listdir("/proc/self/fd")) == fds
+    assert tier.load(pool, i32(0), i32(3), m["keys"]).tolist() == [False]  # the old page is gone
+    assert tier.store(pool, i32(2), i32(0), **m).all()
+    assert tier.load(pool, i32(0), i32(3), m["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 3).view(np.uint8), page_bytes(pool, 2).view(np.uint8))
 
 
 def test_leftover_temp_files_are_removed_at_open(tmp_path: Path) -> None:

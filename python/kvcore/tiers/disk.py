@@ -17,7 +17,9 @@ reads its files on a few threads, so that one file's checksum overlaps another's
 
 Failure policy: an I/O error (ENOSPC, EACCES, EIO, ...) never raises out of ``store``/``load``; the row
 is False and counted by reason in :meth:`DiskTier.stats`. Caller mistakes (shapes, ranges, a pool of
-another geometry) raise before anything is touched.
+another geometry) raise before anything is touched. An exception in the calling thread that is no I/O
+error (KeyboardInterrupt, whatever a signal handler raises) goes on to the caller, but a load raises it
+only once none of its reader threads can still write into the pool (``_Crew``).
 
 Whatever sits at a slot's or a temp file's name may have been put there by someone else, so no open
 follows a symlink (``O_NOFOLLOW``) or waits (``O_NONBLOCK``: a FIFO would hang the call under the
@@ -42,6 +44,7 @@ import os
 import re
 import stat
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -190,6 +193,66 @@ def _read_all(fd: int, bufs: list[Any], total: int) -> int:
     return done
 
 
+class _Crew:
+    """Helper threads of one call, which the call waits for before it returns or raises, however it
+    is interrupted (:meth:`wait`); ``stop`` asks them to end early (each checks it between files).
+
+    Why not ``Thread.join`` alone: an exception raised in the waiting thread during ``join`` (a signal
+    handler's: KeyboardInterrupt) leaves the join, and on CPython 3.11 even marks the thread stopped
+    while it still runs (``is_alive()`` False; a second ``join`` returns at once). So each helper also
+    counts itself in ``running`` when it begins and in ``finished`` when it ends, and a wait that was
+    interrupted, or a call that failed, waits on those counts instead.
+    """
+
+    __slots__ = ("finished", "running", "started", "stop")
+
+    def __init__(self) -> None:
+        self.stop = False
+        self.started: list[threading.Thread] = []  # threads whose start() returned
+        self.running: list[int] = []  # one item per helper that began (its first step)
+        self.finished: list[int] = []  # one item per helper that ended (its last step)
+
+    def start(self, target: Callable[[], None], name: str) -> None:
+        t = threading.Thread(target=self._run, args=(target,), name=name, daemon=True)
+        t.start()
+        self.started.append(t)
+
+    def _run(self, target: Callable[[], None]) -> None:
+        # Counted before it reads stop, which a failing call sets before it reads the count: either
+        # the call waits for this thread, or this thread sees stop and does nothing (the GIL orders
+        # the two). A thread whose start() was interrupted is waited for the same way.
+        self.running.append(1)
+        try:
+            if not self.stop:
+                target()
+        finally:
+            self.finished.append(1)
+
+    def wait(self) -> BaseException | None:
+        """Return once no helper can do anything more (set ``stop`` first if the call failed).
+
+        An exception raised here meanwhile (KeyboardInterrupt) sets ``stop`` and the wait goes on;
+        the first one is returned (the caller raises it, unless it is raising another already), else
+        None.
+        """
+        interrupt: BaseException | None = None
+        try:
+            for t in self.started:
+                t.join()  # the common case: exact and cheap
+        except BaseException as e:  # interrupted: the helpers stop; their counts tell when
+            self.stop = True
+            interrupt = e
+        while True:
+            try:
+                while len(self.finished) < len(self.running):
+                    time.sleep(0.001)
+                return interrupt
+            except BaseException as e:  # interrupted again: keep waiting
+                self.stop = True
+                if interrupt is None:
+                    interrupt = e
+
+
 class _Prefetch:
     """A helper thread that keeps ``POSIX_FADV_WILLNEED`` read-ahead requested for the next files of
     a load, at most :data:`PREFETCH_BYTES` ahead of the file being read.
@@ -206,15 +269,14 @@ class _Prefetch:
         self._dir_fd = dir_fd
         self._read = 0  # files the loaders have consumed, about (a hint: the helper skips those)
         self._consumed = itertools.count(1)  # next() is atomic: several loading threads count here
-        self._stop = False
         self._room = threading.Semaphore(max(_PREFETCH_MIN_FILES, PREFETCH_BYTES // file_bytes))
-        self._thread = threading.Thread(target=self._run, name="kvcore-disk-prefetch", daemon=True)
-        self._thread.start()
+        self._crew = _Crew()
+        self._crew.start(self._run, "kvcore-disk-prefetch")
 
     def _run(self) -> None:
         for i, path in enumerate(self._paths):
             self._room.acquire()
-            if self._stop:
+            if self._crew.stop:
                 return
             if i < self._read:
                 continue  # already read: the loader was faster (a warm page cache)
@@ -235,9 +297,12 @@ class _Prefetch:
         self._room.release()
 
     def close(self) -> None:
-        self._stop = True
+        """Stop the helper and wait for it (on, if interrupted: the interruption is raised after)."""
+        self._crew.stop = True
         self._room.release()
-        self._thread.join()
+        interrupt = self._crew.wait()
+        if interrupt is not None:
+            raise interrupt
 
 
 class DiskTier:
@@ -588,6 +653,13 @@ class DiskTier:
                 self._remove(final)  # the old page must not outlive a failed overwrite
             self._stats.add(_reason(e))
             return False
+        except BaseException:
+            # KeyboardInterrupt: raised on, the descriptor closed; the rest stays as a crash leaves it
+            # (the slot empty, a temp file the next store of the slot or the next open removes)
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+            raise
         self._used[slot] = True
         self._keys[slot] = a.keys[i]
         self._inodes[slot] = inode
@@ -697,8 +769,10 @@ class DiskTier:
             todo_keys = [bytes(key) for key in k[todo]]
             paths = [self._file(slot) for slot in todo_slots]
             planes = self._codec.host_planes(pool)
-            prefetch = _Prefetch(paths, self._dir_fd, self.file_bytes) if len(paths) > 1 else None
+            prefetch = None
             try:
+                if len(paths) > 1:
+                    prefetch = _Prefetch(paths, self._dir_fd, self.file_bytes)
                 if planes is not None:  # straight into the pool's pieces of each page
                     todo_pages = p[todo].tolist()
                     verdicts = self._read_files(
@@ -744,34 +818,46 @@ class DiskTier:
         the interpreter released but the checksum does not, so one thread reading while another checks
         hides most of the checksum, and several files in flight keep a cold device busy. Files are
         handed out in order, one at a time; each thread has its own header buffer.
+
+        Never returns or raises while a reader thread may still write into a payload (pool pages,
+        which the engine gives to another request as soon as the call is over): an exception in the
+        calling thread (KeyboardInterrupt, a signal handler's, even one during the wait for the
+        readers) stops them after the file each is reading, and goes on once they are done
+        (:class:`_Crew`).
         """
         m = len(paths)
         verdicts = [("", 0)] * m
         jobs = itertools.count()  # next() is atomic: each j goes to one thread
         errors: list[BaseException] = []
+        crew = _Crew()
 
         def work() -> None:
             hdr = bytearray(self.header_len)
             view = memoryview(hdr)
+            for j in jobs:
+                if j >= m or errors or crew.stop:
+                    return
+                verdicts[j] = self._fetch(paths[j], keys[j], payload_of(j), hdr, view, digest)
+                if prefetch is not None:
+                    prefetch.consumed()
+
+        def helper() -> None:
             try:
-                for j in jobs:
-                    if j >= m or errors:
-                        return
-                    verdicts[j] = self._fetch(paths[j], keys[j], payload_of(j), hdr, view, digest)
-                    if prefetch is not None:
-                        prefetch.consumed()
+                work()
             except BaseException as e:  # a bug: re-raised by the calling thread below
                 errors.append(e)
 
-        helpers = [
-            threading.Thread(target=work, name="kvcore-disk-read", daemon=True)
-            for _ in range(min(READERS, -(-m // _PAGES_PER_READER)) - 1)
-        ]
-        for t in helpers:
-            t.start()
-        work()
-        for t in helpers:
-            t.join()
+        try:
+            for _ in range(min(READERS, -(-m // _PAGES_PER_READER)) - 1):
+                crew.start(helper, "kvcore-disk-read")
+            work()
+        except BaseException:  # KeyboardInterrupt, a bug: the readers stop, waited for below
+            crew.stop = True
+            raise
+        finally:
+            interrupt = crew.wait()
+        if interrupt is not None:  # the wait was interrupted: raised now that no reader runs
+            raise interrupt
         if errors:
             raise errors[0]
         return verdicts

@@ -62,7 +62,10 @@ Failure policy: server problems (timeouts, refused or reset connections, ``-OOM`
 ``maxmemory``, a cluster node down, any error reply, a reply that is not RESP or not what the command
 can produce) never raise out of ``store``/``load``/``exists``; the row is False and counted by reason
 in :meth:`RedisTier.stats`. Caller mistakes (shapes, ranges, a pool of another geometry, a namespace
-that is not valid Unicode) raise before anything is sent.
+that is not valid Unicode) raise before anything is sent. An exception that is no server problem
+(KeyboardInterrupt, whatever a signal handler raises) goes on to the caller, but first closes every
+connection the call left in the middle of an exchange, replies unread: the next call reconnects
+instead of reading them as its own (``_Conn.pending``).
 """
 
 from __future__ import annotations
@@ -219,12 +222,20 @@ class _Conn:
     The socket is blocking with kernel timeouts (``SO_RCVTIMEO`` / ``SO_SNDTIMEO``, re-armed only
     when a deadline gets closer than ``timeout_s``): one syscall per send or receive (Python's own
     socket timeouts cost a ``poll`` before every call).
+
+    ``pending`` is True from the first byte an exchange sends (or the connection is made) until the
+    exchange has read its last reply. An exchange cut short by an exception that is no server problem
+    (KeyboardInterrupt, whatever a signal handler raises) leaves replies unread on the socket, which
+    the next exchange would read as its own: such a connection is closed where the exception passes
+    (:meth:`RedisTier._exchange`, :meth:`RedisTier._lookup_io`, :func:`_close_pending`), and in any
+    case never reused (:meth:`reusable`, :meth:`open`).
     """
 
     def __init__(self, host: str, port: int, auth: _Auth, buf_bytes: int = _LINE_BUF) -> None:
         self.host, self.port, self.auth = host, port, auth
         self.sock: socket.socket | None = None
         self.opened = 0  # connections made so far
+        self.pending = False  # replies may be unread (see the class doc)
         self._armed = -1.0  # the kernel timeouts set on the socket, seconds
         self._buf_bytes = buf_bytes
         self._buf = bytearray()  # buf_bytes while connected, else empty (see the class doc)
@@ -232,9 +243,17 @@ class _Conn:
         self._lo = 0  # unread bytes are _buf[_lo:_hi]
         self._hi = 0
 
+    def reusable(self) -> bool:
+        """Whether a connection from an earlier exchange is here to use; one that exchange left
+        ``pending`` (cut short: its replies may still come) is closed first, and is not."""
+        if self.sock is not None and self.pending:
+            self.close()
+        return self.sock is not None
+
     def open(self, dl: _Deadline) -> bool:
-        """Connect and hand-shake if not connected; True if a connection was made again."""
-        if self.sock is not None:
+        """Connect and hand-shake if not connected (or left ``pending``: then anew); True if a
+        connection was made again."""
+        if self.reusable():
             return False
         sock = self.attach(socket.create_connection((self.host, self.port), timeout=dl.wait()))
         try:
@@ -255,18 +274,22 @@ class _Conn:
         except BaseException:
             self.close()
             raise
+        self.pending = False
         self.opened += 1
         return self.opened > 1
 
     def attach(self, sock: socket.socket) -> socket.socket:
-        """Make ``sock`` (connected) this connection's socket, with a new, empty read buffer."""
+        """Make ``sock`` (connected) this connection's socket, with a new, empty read buffer;
+        ``pending`` until its hand-shake is done."""
         self.sock, self._lo, self._hi, self._armed = sock, 0, 0, -1.0
+        self.pending = True
         self._buf = bytearray(self._buf_bytes)
         self._view = memoryview(self._buf)
         return sock
 
     def close(self) -> None:
         sock, self.sock = self.sock, None
+        self.pending = False
         self._lo = self._hi = 0
         self._buf = bytearray()  # the old one is freed with its last view
         self._view = memoryview(self._buf)
@@ -293,6 +316,7 @@ class _Conn:
         """Send every buffer in order (vectored ``sendmsg``, no copies)."""
         views = list(bufs)  # bytes, bytearrays, 1-D uint8 arrays and memoryviews: len() is their size
         i, num = 0, len(views)
+        self.pending = True  # until the exchange has read every reply
         while i < num:
             group = views[i : i + _MAX_IOV]
             sock = self._arm(dl)
@@ -563,6 +587,34 @@ def _close_conns(nodes: list[_Node], bulk: bool) -> None:
         c = nd.conn(bulk)
         if c is not None:
             c.close()
+
+
+def _close_pending(nodes: Sequence[_Node], bulk: bool) -> None:
+    """Close the ``bulk`` (else lookup) channel's connections of ``nodes`` left ``pending``: a call cut
+    short by an exception that is no server problem (KeyboardInterrupt) may have sent commands whose
+    replies nobody read, and the next call would read them as its own (see :class:`_Conn`)."""
+    for nd in nodes:
+        c = nd.conn(bulk)
+        if c is not None and c.pending:
+            c.close()
+
+
+class _ClosePending:
+    """``with lock, _ClosePending(call, bulk):`` around a call's exchanges on a channel: an exception
+    out of it (KeyboardInterrupt anywhere in the call, a bug) first closes the channel's connections
+    the call left ``pending`` (:func:`_close_pending`), under the channel's lock still."""
+
+    __slots__ = ("bulk", "call")
+
+    def __init__(self, call: _Call, *, bulk: bool) -> None:
+        self.call, self.bulk = call, bulk
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is not None:
+            _close_pending(self.call.nodes, self.bulk)
 
 
 def _key_slot(key: bytes) -> int:
@@ -971,7 +1023,9 @@ class RedisTier:
 
         Returns ``(replies handled, outcome)``: ``_OK``, ``_TIMEOUT``, ``_CONN`` or ``_ERROR`` (a
         stream that cannot be trusted: closed). A failure on a connection kept from an earlier call,
-        before any reply, is retried once on a new one (the server restarted meanwhile).
+        before any reply, is retried once on a new one (the server restarted meanwhile). Any other
+        exception (KeyboardInterrupt, a signal handler's) goes on to the caller, the connection,
+        whose replies are not all read, closed first.
         """
         nd = call.nodes[node]
         conn = nd.bulk
@@ -979,7 +1033,7 @@ class RedisTier:
         dl = _Deadline(self.timeout_s, n * cost)
         for attempt in (0, 1):
             done = 0
-            kept = conn.sock is not None
+            kept = conn.reusable()
             try:
                 if conn.open(dl):
                     call.add("reconnects")
@@ -996,6 +1050,7 @@ class RedisTier:
                     handle(conn, rows[done], dl)
                     inflight -= cost
                     done += 1
+                conn.pending = False  # every reply read
                 return done, _OK
             except TimeoutError as e:
                 conn.close()
@@ -1013,6 +1068,9 @@ class RedisTier:
                 conn.close()
                 self.last_error = f"{nd.name}: protocol error ({e})"
                 return done, _ERROR
+            except BaseException:  # not a server problem: the caller's, raised on after the close
+                conn.close()
+                raise
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _usable(self, node: int, call: _Call) -> int:
@@ -1161,7 +1219,7 @@ class RedisTier:
         # GETRANGE of the scale digest of what the key holds afterwards, in the same pipeline
         scaled = digest != codec.NO_SCALES
         digest_head, digest_tail = self._digest_get
-        with self._io_lock:
+        with self._io_lock, _ClosePending(call, bulk=True):
             route = self._route(names, call, bulk=True)
             pos = np.zeros(n, dtype=np.int64)  # [n] staging row (and header) of each row in its chunk
             oom: set[int] = set()  # nodes that answered -OOM in this call: the rest is not sent
@@ -1308,7 +1366,7 @@ class RedisTier:
         chunk = self._chunk
         ok = np.zeros(n, dtype=bool)
         verdicts = {name: 0 for name in ("checksum", "corrupt", "geometry", "scales")}
-        with self._io_lock:
+        with self._io_lock, _ClosePending(call, bulk=True):
             route = self._route(names, call, bulk=True)
             pos = np.zeros(n, dtype=np.int64)
             head, tail = self._get_ex if self._getex else self._get_plain
@@ -1464,7 +1522,7 @@ class RedisTier:
             return 0
         names = self._names(k[:m])
         found = np.zeros(m, dtype=bool)
-        with self._lookup_lock:
+        with self._lookup_lock, _ClosePending(call, bulk=False):
             route = self._route(names, call, bulk=False)
             asked: list[tuple[int, list[int], list[bytes], bool, _Deadline]] = []
             for node in np.unique(route).tolist():
@@ -1473,7 +1531,7 @@ class RedisTier:
                 mine = np.flatnonzero(route == node).tolist()
                 cmds = [b"".join(self._exists_head + names[i] + b"\r\n" for i in mine)]
                 dl = _Deadline(self.timeout_s)
-                kept = call.nodes[node].lookup.sock is not None
+                kept = call.nodes[node].lookup.reusable()
                 if self._lookup_io(node, cmds, None, found, dl, call, last=not kept):
                     asked.append((node, mine, cmds, kept, dl))
             for node, mine, cmds, kept, dl in asked:  # every node has its commands: read the replies
@@ -1505,7 +1563,8 @@ class RedisTier:
         """Send ``cmds`` (if given) on the node's lookup connection, then read one EXISTS reply per
         key index of ``mine`` (if given) into ``found``. False on a failure, recorded in
         ``call.failed`` except for a connection failure before any reply when not ``last`` (a
-        connection kept from an earlier call that died meanwhile: the caller retries anew)."""
+        connection kept from an earlier call that died meanwhile: the caller retries anew). Any other
+        exception goes on to the caller, the connection closed first (as in :meth:`_exchange`)."""
         nd = call.nodes[node]
         conn = nd.lookup
         done = 0
@@ -1517,6 +1576,7 @@ class RedisTier:
             fast = conn.flags(len(mine), dl) if mine else None
             if fast is not None:
                 found[mine] = fast
+                conn.pending = False  # every reply read
                 return True
             for i in mine or ():
                 line = conn.line(dl)
@@ -1529,6 +1589,8 @@ class RedisTier:
                 else:
                     raise _ProtocolError(f"EXISTS: unexpected reply {line[:40]!r}")
                 done += 1
+            if mine is not None:
+                conn.pending = False  # every reply read (else they are still to be read)
             return True
         except TimeoutError:
             conn.close()
@@ -1548,6 +1610,9 @@ class RedisTier:
             conn.close()
             self.last_error = f"{nd.name}: protocol error ({e})"
             call.failed[node] = _ERROR
+        except BaseException:  # not a server problem (KeyboardInterrupt): raised on after the close
+            conn.close()
+            raise
         return False
 
     # ------------------------------------------------------------------------------------ rest
