@@ -99,15 +99,7 @@ pub fn page_keys(
     page_size: usize,
     out: &mut Vec<PageKey>,
 ) {
-    if page_size == 0 {
-        return;
-    }
-    let mut parent = *root;
-    out.reserve(tokens.len() / page_size);
-    for page in tokens.chunks_exact(page_size) {
-        parent = page_key(&parent, ns, page);
-        out.push(parent);
-    }
+    page_keys_over_public(root, ns, tokens, page_size, 0, out);
 }
 
 /// [`page_keys`] of a path over a public prefix, as a cache keys it: the first `public_pages`

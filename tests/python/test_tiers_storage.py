@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -673,6 +674,19 @@ def _sigusr1_raises_keyboard_interrupt() -> Any:
         signal.signal(signal.SIGUSR1, old)
 
 
+def stored_pages(
+    path: Path, n: int
+) -> tuple[KVPool, DiskTier, dict[str, Any], npt.NDArray[np.int32], npt.NDArray[np.int32]]:
+    """A disk tier holding pool pages ``1..n`` in slots ``0..n-1``: (pool, tier, their meta, slots, the
+    other ``n`` pool pages to load them into)."""
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = open_disk(path, pool, n)
+    m = meta(n)
+    slots = np.arange(n, dtype=np.int32)
+    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    return pool, tier, m, slots, np.arange(n + 1, 2 * n + 1, dtype=np.int32)
+
+
 def test_a_load_interrupted_while_it_waits_for_its_readers_ends_after_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -683,12 +697,7 @@ def test_a_load_interrupted_while_it_waits_for_its_readers_ends_after_them(
     CPython 3.11 reports a running thread stopped.)"""
     monkeypatch.setattr(disk_module, "READERS", 2)  # the loading thread and one reader thread
     n = 32
-    pool = make_pool(num_pages=2 * n + 1)
-    tier = open_disk(tmp_path, pool, n)
-    m = meta(n)
-    slots = np.arange(n, dtype=np.int32)
-    dst = np.arange(n + 1, 2 * n + 1, dtype=np.int32)
-    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    pool, tier, m, slots, dst = stored_pages(tmp_path, n)
     main = threading.get_ident()
     real = disk_module._read_all
     loader_reads = [0]
@@ -742,12 +751,7 @@ def test_an_interrupted_load_stops_its_readers_early(tmp_path: Path, monkeypatch
     """KeyboardInterrupt in the loading thread's own read: the reader threads take no further file, and
     the load raises it once they are done with the file each was reading."""
     n = 64
-    pool = make_pool(num_pages=2 * n + 1)
-    tier = open_disk(tmp_path, pool, n)
-    m = meta(n)
-    slots = np.arange(n, dtype=np.int32)
-    dst = np.arange(n + 1, 2 * n + 1, dtype=np.int32)
-    assert tier.store(pool, np.arange(1, n + 1, dtype=np.int32), slots, **m).all()
+    pool, tier, m, slots, dst = stored_pages(tmp_path, n)
     main = threading.get_ident()
     real = disk_module._read_all
     begun, ended = [0], [0]
