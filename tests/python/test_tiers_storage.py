@@ -369,6 +369,29 @@ def test_caller_mistakes_raise_and_change_nothing(kind: str, tmp_path: Path) -> 
     assert tier.load(pool, i32(0, 1), i32(5, 6), m["keys"]).all()
 
 
+def test_a_budget_beyond_the_filesystem_is_refused_and_one_beyond_its_free_space_warned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capacity no filesystem could hold made the manager count slots free that no file could fill:
+    it never evicted, and once the disk was full the tier stored nothing more, for good."""
+    pool = make_pool()
+    fs = os.statvfs(tmp_path)
+    total = fs.f_blocks * fs.f_frsize
+    with pytest.raises(ConfigError, match=r"holds \d+ bytes in all"):
+        DiskTier(tmp_path / "big", total + 1, pool)
+    DiskTier(tmp_path / "big", 1 << 20, pool).close()  # the refused one released the directory
+    # A budget the filesystem could hold but whose free space is short: a ResourceWarning.
+    real = os.statvfs
+
+    class Full:
+        def __init__(self, st: os.statvfs_result) -> None:
+            self.f_blocks, self.f_frsize, self.f_bavail = st.f_blocks, st.f_frsize, 0
+
+    monkeypatch.setattr(os, "statvfs", lambda p: Full(real(p)))
+    with pytest.warns(ResourceWarning, match="stores past it fail"):
+        DiskTier(tmp_path / "short", 1 << 20, pool).close()
+
+
 def test_construction_errors(tmp_path: Path) -> None:
     pool = make_pool()
     tier = DiskTier(tmp_path / "a", 1 << 20, pool)

@@ -329,8 +329,10 @@ class DiskTier:
     the GPU backend), allocated at the first such call.
 
     Raises:
-        ConfigError: a capacity below one file, a path that is not a usable directory or is in use by
-            another DiskTier, an unknown quantization or quantization of an fp8/int8 pool.
+        ConfigError: a capacity below one file or above the size of the filesystem (a warning,
+            ResourceWarning, when its free space and the tier's files cannot hold every slot), a
+            path that is not a usable directory or is in use by another DiskTier, an unknown
+            quantization or quantization of an fp8/int8 pool.
 
     Calls are serialized by a lock.
     """
@@ -396,9 +398,46 @@ class DiskTier:
         self._whdr = bytearray(self.header_len)  # the header being written
         self._whdr_view = memoryview(self._whdr)
         self._header_check = codec.HeaderCheck(self.geometry, self.payload_len)
+        self._check_room(int(capacity_bytes))
         self._entries = self._scan()
+        self._warn_if_short()
 
     # ------------------------------------------------------------------------------------ paths
+
+    def _check_room(self, capacity_bytes: int) -> None:
+        """A budget larger than the whole filesystem is a mistake: the manager would count slots as
+        free that no file can ever fill, never evict, and stop storing for good once the disk is
+        full. Refused (the directory is closed and unlocked)."""
+        try:
+            fs = os.statvfs(self._dir_fd)
+        except OSError:  # no statistics (an exotic filesystem): nothing to check against
+            return
+        total = fs.f_blocks * fs.f_frsize
+        if total and capacity_bytes > total:
+            self.close()
+            raise ConfigError(
+                f"capacity_bytes: {capacity_bytes} bytes, but the filesystem of {self.path!r} holds "
+                f"{total} bytes in all: give at most what it can hold (and leave room for other users)"
+            )
+
+    def _warn_if_short(self) -> None:
+        """Warn (ResourceWarning) when the free space and this tier's own files cannot hold every
+        slot: stores past the free space fail (counted ``store_failed_no_space``)."""
+        try:
+            fs = os.statvfs(self._dir_fd)
+        except OSError:
+            return
+        have = fs.f_bavail * fs.f_frsize + int(self._used.sum()) * self.file_bytes
+        if have < self.num_slots * self.file_bytes:
+            import warnings
+
+            warnings.warn(
+                f"DiskTier {self.name!r}: {self.num_slots} slots of {self.file_bytes} bytes need "
+                f"{self.num_slots * self.file_bytes} bytes, {self.path!r} has {have} for them now "
+                f"(free space and the tier's files): stores past it fail with no space",
+                ResourceWarning,
+                stacklevel=3,
+            )
 
     def _file(self, slot: int) -> str:
         """A slot file's name in the directory (every path is relative to ``_dir_fd``)."""
