@@ -765,6 +765,7 @@ impl KVCacheManager {
         // and the key of the page before them on the tier's path (None: they start at the root).
         let mut stored_from = None;
         let mut parent = None;
+        let mut landed = None; // the tier node now ending at this op's last page
         if good {
             // The parent copies are locked: the tier still holds the first `tier_first` pages, up
             // to `tier_node`; the earlier stores' pages after them (to `first`) if they succeeded.
@@ -784,6 +785,7 @@ impl KVCacheManager {
                     .tree
                     .extend(s.ns, s.tier_node, below, &path, 0, now)
                     .map_err(internal)?;
+                landed = Some(ins.node);
                 let taken: HashSet<u32> = path[ins.adopted()].iter().map(|&id| id - 1).collect();
                 for (i, &slot) in s.slots.iter().enumerate() {
                     if taken.contains(&slot) {
@@ -812,11 +814,40 @@ impl KVCacheManager {
             tier.release_slot(slot);
         }
         tier.tree.unlock(s.tier_node).map_err(internal)?;
+        if let (Some(node), Some(&last)) = (landed, s.keys.last()) {
+            self.hold_for_continuations(st, s.tier, node, s.first + s.slots.len(), last)?;
+        }
         st.tree.unlock(s.hbm_node).map_err(internal)?;
         if let Some(from) = stored_from {
             record_tier_stored(st, s.tier, s.ns, &s.keys[from..], parent, &s.slots[from..]);
         }
         st.remove_live(s.ns);
+        Ok(())
+    }
+
+    /// Stores in flight that continue the op that just landed (its last page `last`, ending at
+    /// page `end`, now in tier node `node`): they were taken while it was in flight, so their tier
+    /// locks end above it, and making room for other stores could evict the pages they extend
+    /// (their copies were then dropped although stored). Each now locks `node` instead.
+    fn hold_for_continuations(
+        &self,
+        st: &mut State,
+        tier: usize,
+        node: NodeId,
+        end: usize,
+        last: PageKey,
+    ) -> KvResult<()> {
+        let State {
+            tiers, transfers, ..
+        } = st;
+        for (op, _) in transfers.stores.values_mut() {
+            if op.tier == tier && op.first == end && op.parent == last && op.tier_first < end {
+                tiers[tier].tree.lock(node).map_err(internal)?;
+                let old = std::mem::replace(&mut op.tier_node, node);
+                op.tier_first = end;
+                tiers[tier].tree.unlock(old).map_err(internal)?;
+            }
+        }
         Ok(())
     }
 

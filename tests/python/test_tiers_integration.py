@@ -372,3 +372,27 @@ def test_rows_written_for_a_failed_store_op_are_forgotten(tmp_path: Path) -> Non
     assert cache.tier_stats()[disk.name]["num_store_failed_pages"] == 3
     assert disk.stats()["forgets"] == 2 and disk.stats()["slots_used"] == 0
     assert os.listdir(tmp_path / "d") == ["tier.lock"]  # no page file left behind
+
+
+def test_a_store_taken_while_its_parent_was_in_flight_keeps_that_parent_in_the_tier() -> None:
+    """Op B continues op A's last page and was taken while A was in flight (its tier lock ends above
+    A). Once A lands, B holds A's pages: making room for another store must not evict them (B was
+    stored by the tier, then counted failed and dropped)."""
+    pool = make_pool(16)
+    host = HostTier(pool, 3)
+    cache = KVCacheManager(16, PS, lower_tiers=[host], store_policy="all")
+    mover = Mover(cache, pool, [host])
+    a = list(range(1, 2 * PS + 1))
+    cache.add_sequence(1, [*a, 99])  # pages 0, 1: store op A, two slots
+    batch_a = cache.take_transfers()
+    cache.append(1, list(range(100, 100 + PS)))  # page 2 fills: store op B, continues A
+    batch_b = cache.take_transfers()
+    mover.execute(batch_a)  # A lands; every slot is taken (A's two, B's one)
+    cache.add_sequence(2, [500 + i for i in range(PS)] + [7])  # wants a slot: only A's leaf could go
+    assert len(cache.take_transfers().store_ops) == 0  # skipped: no room (A is held for B)
+    assert mover.execute(batch_b).stored == 1
+    t = cache.tier_stats()["host"]
+    assert (t["num_stored_pages"], t["num_store_failed_pages"], t["num_evicted_slots"]) == (3, 0, 0)
+    assert cache.tier_prefix_len("host", [*a, 99, 100, 101, 102]) == 3
+    assert t["num_slots_locked"] == 0 and t["num_slots_in_flight"] == 0
+    cache._check_invariants()
