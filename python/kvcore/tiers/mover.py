@@ -122,7 +122,8 @@ class Mover:
         it once for every namespace, under its public keys, and the namespace's pages after it
         chained from them. So each shared tier is asked first for the public prefix, then for the
         namespace's pages after it: two bounded existence round trips per shared tier (one for a
-        ``"*"`` prompt).
+        ``"*"`` prompt, and one when the cache's index already holds the namespace's own pages after
+        the prompt's public ones).
         """
         added = 0
         for tier in self.tiers:
@@ -131,8 +132,12 @@ class Mover:
                 continue
             public = 0
             if namespace != PUBLIC_NAMESPACE:
-                found, public = self._lookup_in(tier.name, exists, tokens, PUBLIC_NAMESPACE, 0)
-                added += found
+                public = self.cache.tier_prefix_len(tier.name, tokens, PUBLIC_NAMESPACE)
+                # The index holds the namespace's own pages after its public ones: the prompt's
+                # public prefix ends there (a path is public pages, then one namespace's), no probe.
+                if self.cache.tier_prefix_len(tier.name, tokens, namespace) <= public:
+                    found, public = self._lookup_in(tier.name, exists, tokens, PUBLIC_NAMESPACE, 0)
+                    added += found
             added += self._lookup_in(tier.name, exists, tokens, namespace, public)[0]
         return added
 
