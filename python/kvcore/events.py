@@ -8,7 +8,7 @@ instances (llm-d, Dynamo) can index kvcore ones:
 kvcore                                 vLLM (``vllm.distributed.kv_events``)
 =====================================  =========================================================
 ``PageStored(keys, parent_key,         ``BlockStored(block_hashes, parent_block_hash, token_ids,
-namespace, medium, pages)``            block_size, lora_id, medium)``; the namespace plays the
+namespace, medium, pages, tokens)``    block_size, lora_id, medium)``; the namespace plays the
                                        part of vLLM's cache salt (part of every key)
 ``PageRemoved(keys, medium, pages)``   ``BlockRemoved(block_hashes, medium)``
 ``AllCleared(medium)``                 ``AllBlocksCleared()``
@@ -37,6 +37,7 @@ class PageStored(NamedTuple):
     namespace: str | None  # None: the default namespace; "*": the public one
     medium: str  # "hbm"
     pages: npt.NDArray[np.int32]
+    tokens: npt.NDArray[np.uint32]  # [len(keys) * page_size] the pages' token ids (vLLM's token_ids)
 
 
 class PageRemoved(NamedTuple):

@@ -32,6 +32,8 @@ pub enum KvEvent {
         pages: Vec<PageId>,
         /// [`MEDIUM_HBM`] or a lower tier's name.
         medium: String,
+        /// The pages' token ids, `[keys.len() * page_size]` (vLLM's `token_ids`).
+        tokens: Vec<u32>,
     },
     /// Pages left the cache (evicted, or dropped by a reset), or a lower tier.
     Removed {
@@ -101,7 +103,7 @@ impl KVCacheManager {
         }];
         let key_of = st.events.as_ref().map(|e| &e.key_of);
         let key = |p: &PageId| key_of.and_then(|k| k.get(p).copied());
-        for (_, parent, ns, pages) in st.tree.nodes_by_depth() {
+        for (_, parent, ns, pages, tokens) in st.tree.nodes_by_depth() {
             let keys: Vec<PageKey> = pages.iter().filter_map(key).collect();
             if keys.len() != pages.len() {
                 continue; // not possible while events are on (every cached page has its key)
@@ -113,6 +115,7 @@ impl KVCacheManager {
                 namespace: st.namespace_label(ns),
                 pages: pages.to_vec(),
                 medium: MEDIUM_HBM.to_owned(),
+                tokens: tokens.to_vec(),
             });
         }
         for tier in &st.tiers {
@@ -186,6 +189,7 @@ impl KVCacheManager {
             namespace: name,
             pages,
             medium: MEDIUM_HBM.to_owned(),
+            tokens: tokens.to_vec(),
         });
         Ok(())
     }
@@ -210,14 +214,15 @@ impl KVCacheManager {
     }
 
     /// Record that the tree swapped in a sequence's copies (`(position, old, new)` on the path of
-    /// `node`, which ends `end_pages` from the root): each key leaves with its old page and comes
-    /// back with the new one, so that a router's key -> page index follows.
+    /// `node`, which ends `end_pages` from the root and holds `path_tokens`): each key leaves with
+    /// its old page and comes back with the new one, so that a router's key -> page index follows.
     pub(super) fn record_swapped(
         &self,
         st: &mut State,
         node: NodeId,
         end_pages: usize,
         swapped: &[(usize, PageId, PageId)],
+        path_tokens: &[u32],
     ) -> KvResult<()> {
         if st.events.is_none() {
             return Ok(());
@@ -256,12 +261,17 @@ impl KVCacheManager {
                 pages: vec![old],
                 medium: MEDIUM_HBM.to_owned(),
             });
+            let ps = self.page_size;
             events.push(KvEvent::Stored {
                 keys: vec![key],
                 parent,
                 namespace: name,
                 pages: vec![new],
                 medium: MEDIUM_HBM.to_owned(),
+                tokens: path_tokens
+                    .get(pos * ps..(pos + 1) * ps)
+                    .ok_or_else(|| internal_missing("a swapped page's tokens"))?
+                    .to_vec(),
             });
         }
         Ok(())

@@ -752,7 +752,10 @@ impl KVCacheManager {
             if swapped.is_empty() {
                 continue;
             }
-            self.record_swapped(st, node, lock_pages, &swapped)?;
+            if st.events.is_some() {
+                let tokens = st.seqs[&seq_id].tokens[..lock_pages * self.page_size].to_vec();
+                self.record_swapped(st, node, lock_pages, &swapped, &tokens)?;
+            }
             let (old, new): (Vec<PageId>, Vec<PageId>) =
                 swapped.iter().map(|&(_, o, n)| (o, n)).unzip();
             self.alloc.retain_serialized(&new).map_err(internal)?; // the tree's reference moves

@@ -220,13 +220,14 @@ impl Tier {
         out.push(super::KvEvent::AllCleared {
             medium: self.config.name.clone(),
         });
-        for (_, parent, ns, ids) in self.tree.nodes_by_depth() {
+        for (_, parent, ns, ids, tokens) in self.tree.nodes_by_depth() {
             out.push(super::KvEvent::Stored {
                 keys: ids.iter().map(|&id| key(id)).collect(),
                 parent: self.tree.last_page(parent).map(key),
                 namespace: label(ns),
                 pages: ids.iter().map(|&id| id - 1).collect(),
                 medium: self.config.name.clone(),
+                tokens: tokens.to_vec(),
             });
         }
     }
@@ -819,7 +820,17 @@ impl KVCacheManager {
         }
         st.tree.unlock(s.hbm_node).map_err(internal)?;
         if let Some(from) = stored_from {
-            record_tier_stored(st, s.tier, s.ns, &s.keys[from..], parent, &s.slots[from..]);
+            let first = s.first + from;
+            let tokens = &s.tokens[first * ps..(s.first + s.slots.len()) * ps];
+            record_tier_stored(
+                st,
+                s.tier,
+                s.ns,
+                &s.keys[from..],
+                parent,
+                &s.slots[from..],
+                tokens,
+            );
         }
         st.remove_live(s.ns);
         Ok(())
@@ -1458,7 +1469,8 @@ impl KVCacheManager {
         tier.stats.num_marked_pages += slots.len() as u64;
         // The tier's own key of the page before (public when a tenant's pages follow a public prefix).
         let parent = (visible > 0).then(|| tier.keys[(ids[visible - 1] - 1) as usize]);
-        record_tier_stored(st, t, ns, &keys[visible..end], parent, &slots);
+        let marked = &tokens[visible * ps..end * ps];
+        record_tier_stored(st, t, ns, &keys[visible..end], parent, &slots, marked);
         for ns in emptied {
             st.forget_if_unused(ns);
         }
@@ -1565,7 +1577,7 @@ impl KVCacheManager {
                 accepted[i] = true;
                 // The tier's own key of the page before (its slot is the path's previous one).
                 let parent = (depth > 0).then(|| tier.keys[(path_slots[depth - 1] - 1) as usize]);
-                record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot]);
+                record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot], &p.tokens);
             }
             if let Some(kids) = children.get(&p.key) {
                 stack.extend(kids.iter().map(|&c| (c, depth + 1)));
@@ -1602,6 +1614,7 @@ fn record_tier_stored(
     keys: &[PageKey],
     parent: Option<PageKey>,
     slots: &[u32],
+    tokens: &[u32],
 ) {
     if st.events.is_none() || keys.is_empty() {
         return;
@@ -1615,6 +1628,7 @@ fn record_tier_stored(
             namespace,
             pages: slots.to_vec(),
             medium,
+            tokens: tokens.to_vec(),
         });
     }
 }

@@ -414,6 +414,7 @@ impl PyKVCacheManager {
                     namespace,
                     pages,
                     medium,
+                    tokens,
                 } => tuple_attr(
                     py,
                     &PAGE_STORED,
@@ -425,6 +426,7 @@ impl PyKVCacheManager {
                         namespace,
                         medium,
                         page_array(&pages),
+                        PyArray1::from_vec(py, tokens),
                     ),
                 ),
                 KvEvent::Removed {

@@ -77,6 +77,9 @@ pub const DEFAULT_NAMESPACE: Namespace = 0;
 /// The namespace visible from every namespace (prefixes declared public, e.g. system prompts).
 pub const PUBLIC_NAMESPACE: Namespace = u64::MAX;
 
+/// A live node as [`RadixTree::nodes_by_depth`] lists it: `(id, parent, namespace, pages, tokens)`.
+pub type NodeView<'a> = (NodeId, NodeId, Namespace, &'a [PageId], &'a [u32]);
+
 /// The root: an empty path, shared by all namespaces. Never evicted, never freed.
 pub const ROOT: NodeId = 0;
 
@@ -1204,7 +1207,7 @@ impl RadixTree {
 
     /// Every live node but the root as `(node, parent, namespace, pages)`, parents before their
     /// children (by depth): the tree's whole content, for a consumer that must rebuild it.
-    pub fn nodes_by_depth(&self) -> Vec<(NodeId, NodeId, Namespace, &[PageId])> {
+    pub fn nodes_by_depth(&self) -> Vec<NodeView<'_>> {
         let mut depth = vec![u32::MAX; self.nodes.len()];
         depth[ROOT as usize] = 0;
         let mut chain = Vec::new();
@@ -1227,7 +1230,13 @@ impl RadixTree {
             .filter(|&id| self.nodes[id].live)
             .map(|id| {
                 let n = &self.nodes[id];
-                (id as NodeId, n.parent, n.ns, n.pages.as_slice())
+                (
+                    id as NodeId,
+                    n.parent,
+                    n.ns,
+                    n.pages.as_slice(),
+                    n.tokens.as_slice(),
+                )
             })
             .collect();
         out.sort_by_key(|&(id, ..)| (depth[id as usize], id));

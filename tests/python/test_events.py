@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kv_helpers import ref_page_key
 
 import kvcore
 from kvcore import InvalidDTypeError, KVCacheManager
@@ -79,12 +80,28 @@ def test_events_argument_must_be_a_bool() -> None:
         KVCacheManager(8, PS, events="yes")  # type: ignore[arg-type]
 
 
-def _apply(index: dict[str, dict[bytes, int]], events: list[object]) -> None:
-    """A router's index, per medium: key -> page (or slot)."""
+def _check_chain(ev: PageStored, root: bytes, page_size: int) -> None:
+    """A stored run's keys are the documented hash of its parent key, namespace and tokens (checked
+    with the independent implementation of the tests): a router can index them from the tokens."""
+    assert ev.tokens.dtype == np.uint32 and len(ev.tokens) == len(ev.keys) * page_size
+    parent = root if ev.parent_key is None else ev.parent_key
+    for key, i in zip(as_bytes(ev.keys), range(len(ev.keys)), strict=True):
+        page = ev.tokens[i * page_size : (i + 1) * page_size].tolist()
+        parent = ref_page_key(parent, ev.namespace, page)
+        assert key == parent, f"{ev.medium}: a key that its tokens and parent do not give"
+
+
+def _apply(
+    index: dict[str, dict[bytes, int]], events: list[object], chain: tuple[bytes, int] | None = None
+) -> None:
+    """A router's index, per medium: key -> page (or slot); with ``chain`` (root key, page size),
+    every stored key is checked against its tokens."""
     for ev in events:
         if isinstance(ev, AllCleared):
             index.setdefault(ev.medium, {}).clear()
         elif isinstance(ev, PageStored):
+            if chain is not None:
+                _check_chain(ev, *chain)
             idx = index.setdefault(ev.medium, {})
             if ev.parent_key is not None:
                 assert ev.parent_key in idx, "a stored page's parent is not indexed"
@@ -124,7 +141,7 @@ def test_an_overflowing_event_log_is_replaced_by_a_snapshot_of_every_medium() ->
             m.free_sequence(steps)
             mover.run()
         if steps % 50 == 0:
-            _apply(kept_index, kept.take_events())
+            _apply(kept_index, kept.take_events(), (kept.root_key(), 2))
         steps += 1
         assert steps < 200_000
     assert stalled.num_events_dropped > 0 and kept.num_events_dropped == 0
@@ -133,7 +150,7 @@ def test_an_overflowing_event_log_is_replaced_by_a_snapshot_of_every_medium() ->
     assert len(snapshot) < kvcore.MAX_EVENTS
     assert [e.medium for e in snapshot if isinstance(e, AllCleared)] == ["hbm", "host"]
     stalled_index: dict[str, dict[bytes, int]] = {"hbm": {b"stale": 1}, "host": {b"stale": 2}}
-    _apply(stalled_index, snapshot)
+    _apply(stalled_index, snapshot, (stalled.root_key(), 2))
     assert stalled_index == kept_index and kept_index["hbm"] and kept_index["host"]
     # Events go on from the snapshot as usual.
     for m, mover in ((kept, kept_mover), (stalled, stalled_mover)):
