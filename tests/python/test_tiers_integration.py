@@ -399,28 +399,35 @@ def test_a_store_taken_while_its_parent_was_in_flight_keeps_that_parent_in_the_t
 
 
 def test_lookup_probes_the_public_prefix_only_when_the_index_cannot_tell() -> None:
-    """Mover.lookup asks a shared tier for a prompt's public prefix, then for the namespace's pages
-    after it; it skips the first question when the cache's index already holds the namespace's own
-    pages after the public ones (the public prefix ends there), and for a "*" prompt."""
+    """Mover.lookup asks a shared tier for a prompt's public chain and its namespace's chain in one
+    round trip (exists_runs; two exists calls for a tier without it), and only for the namespace's
+    chain when the cache's index already holds the namespace's own pages after the public ones (the
+    public prefix ends there), or for a "*" prompt."""
     pool = make_pool(16)
 
     class Shared(HostTier):
-        calls: list[int]
+        calls: list[list[int]]
 
         def exists(self, keys: np.ndarray) -> int:
-            self.calls.append(len(keys))
+            self.calls.append([len(keys)])
             return 0
 
-    tier = Shared(pool, 8)
-    tier.calls = []
-    cache = KVCacheManager(16, PS, lower_tiers=[tier], store_policy="all")
-    mover = Mover(cache, pool, [tier])
+    class SharedRuns(Shared):
+        def exists_runs(self, runs: list[np.ndarray]) -> list[int]:
+            self.calls.append([len(k) for k in runs])
+            return [0] * len(runs)
+
     prompt = list(range(1, 13))
-    assert mover.lookup(prompt, "a") == 0 and len(tier.calls) == 2  # nothing indexed: both questions
-    tier.calls.clear()
-    assert mover.lookup(prompt, "*") == 0 and len(tier.calls) == 1
-    cache.add_sequence(1, [*prompt, 0], "a")
-    mover.run()  # a's three pages stored and indexed
-    cache.free_sequence(1)
-    tier.calls.clear()
-    assert mover.lookup([*prompt, 5, 6, 7, 8], "a") == 0 and tier.calls == [1]  # only the 4th page
+    for kind, cold in ((Shared, [[1], [3]]), (SharedRuns, [[1, 3]])):
+        tier = kind(pool, 8)
+        tier.calls = []
+        cache = KVCacheManager(16, PS, lower_tiers=[tier], store_policy="all")
+        mover = Mover(cache, pool, [tier])
+        assert mover.lookup(prompt, "a") == 0 and tier.calls == cold  # nothing indexed: both chains
+        tier.calls.clear()
+        assert mover.lookup(prompt, "*") == 0 and tier.calls == [[3]]
+        cache.add_sequence(1, [*prompt, 0], "a")
+        mover.run()  # a's three pages stored and indexed
+        cache.free_sequence(1)
+        tier.calls.clear()
+        assert mover.lookup([*prompt, 5, 6, 7, 8], "a") == 0 and tier.calls == [[1]]  # the 4th page

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kv_helpers import metric_value
 
-from kvcore.exceptions import ConfigError, InvalidArgumentError
+from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError
 from kvcore.pool import KVPool, dtypes
 from kvcore.tiers import HostTier, Mover, RedisTier, codec
 from kvcore.tiers import remote as remote_mod
@@ -479,6 +479,37 @@ def test_exists_counts_leading_keys_in_one_round_trip(
         s["lookups"] == 5 and s["lookup_keys"] == 0 + 4 + 4 + 6 + 3 and s["lookup_hit_keys"] == 4 + 4 + 3 + 3
     )
     assert s["lookup_failed"] == 0
+
+
+def test_exists_runs_asks_several_chains_in_one_round_trip(
+    tier_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mover.lookup asks for a prompt's public chain and its namespace's chain at once: each run's
+    answer is what exists gives it alone (max_lookup_keys per run), in one round trip."""
+    pool = make_pool()
+    tier = tier_factory(pool, max_lookup_keys=6)
+    m = meta(8)
+    held = [0, 1, 2, 4, 5, 6, 7]  # key 3 missing
+    assert tier.store(
+        pool, rng_i32(7, 1), rng_i32(7), **{k: [v[i] for i in held] for k, v in m.items()}
+    ).all()
+    keys = m["keys"]
+    runs = [keys, keys[4:], keys[:0], keys[3:], keys[:2]]
+    want = [tier.exists(k) for k in runs]
+    assert want == [3, 4, 0, 0, 2]
+    sends: list[int] = []
+    orig = remote_mod._Conn.send
+    monkeypatch.setattr(
+        remote_mod._Conn, "send", lambda self, b, dl: (sends.append(len(b)), orig(self, b, dl))
+    )
+    assert tier.exists_runs(runs) == want
+    assert len(sends) == 1  # every run's commands in one send, then the replies
+    assert tier.exists_runs([]) == []
+    for bad in (keys[:, :8], keys.astype(np.float32)):  # refused as exists refuses them
+        with pytest.raises((InvalidDTypeError, InvalidArgumentError)) as alone:
+            tier.exists(bad)
+        with pytest.raises(alone.type):
+            tier.exists_runs([keys, bad])
 
 
 def test_exists_is_not_blocked_by_a_bulk_transfer(tier_factory: Any) -> None:

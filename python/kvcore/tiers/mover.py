@@ -120,41 +120,64 @@ class Mover:
 
         A prompt may start with a public prefix (a system prompt shared as ``"*"``): a cache stores
         it once for every namespace, under its public keys, and the namespace's pages after it
-        chained from them. So each shared tier is asked first for the public prefix, then for the
-        namespace's pages after it: two bounded existence round trips per shared tier (one for a
-        ``"*"`` prompt, and one when the cache's index already holds the namespace's own pages after
-        the prompt's public ones).
+        chained from them. So a shared tier is asked, in one round trip (``exists_runs``, or two
+        ``exists`` calls for a tier without it), for the namespace's chain and for the key of the
+        prompt's next public page; only if that one is there, for the whole public prefix, then for
+        the namespace's pages after it. The public question is skipped for a ``"*"`` prompt, and when
+        the cache's index already holds the namespace's own pages after the prompt's public ones (the
+        public prefix ends there).
         """
         added = 0
         for tier in self.tiers:
-            exists = getattr(tier, "exists", None)
-            if exists is None:
+            if getattr(tier, "exists", None) is None:
                 continue
-            public = 0
-            if namespace != PUBLIC_NAMESPACE:
-                public = self.cache.tier_prefix_len(tier.name, tokens, PUBLIC_NAMESPACE)
-                # The index holds the namespace's own pages after its public ones: the prompt's
-                # public prefix ends there (a path is public pages, then one namespace's), no probe.
-                if self.cache.tier_prefix_len(tier.name, tokens, namespace) <= public:
-                    found, public = self._lookup_in(tier.name, exists, tokens, PUBLIC_NAMESPACE, 0)
-                    added += found
-            added += self._lookup_in(tier.name, exists, tokens, namespace, public)[0]
+            name = tier.name
+            known = self.cache.tier_prefix_len(name, tokens, namespace)
+            if namespace == PUBLIC_NAMESPACE:
+                found = self._ask(tier, [(tokens, namespace, 0, known)])[0]
+                added += self._mark(name, tokens, namespace, known, found)
+                continue
+            # The index's public pages on this path (visible from the namespace: known >= public).
+            public = self.cache.tier_prefix_len(name, tokens, PUBLIC_NAMESPACE)
+            if known > public:  # the namespace's own pages follow them: the public prefix ends there
+                found = self._ask(tier, [(tokens, namespace, public, known)])[0]
+                added += self._mark(name, tokens, namespace, known, found)
+                continue
+            # Most prompts continue no longer public prefix: its next page's key only, beside the
+            # namespace's chain, in the same round trip.
+            ps = self.cache.page_size
+            next_public, found = self._ask(
+                tier,
+                [
+                    (tokens[: (public + 1) * ps], PUBLIC_NAMESPACE, 0, public),
+                    (tokens, namespace, public, known),
+                ],
+            )
+            if next_public:  # a longer public prefix: how long, then the namespace's pages after it
+                more_public = self._ask(tier, [(tokens, PUBLIC_NAMESPACE, 0, public)])[0]
+                added += self._mark(name, tokens, PUBLIC_NAMESPACE, public, more_public)
+                public = self.cache.tier_prefix_len(name, tokens, PUBLIC_NAMESPACE)
+                known = self.cache.tier_prefix_len(name, tokens, namespace)
+                if known < public:  # the public pages did not all get a slot: nothing after them
+                    continue
+                found = self._ask(tier, [(tokens, namespace, public, known)])[0]
+            added += self._mark(name, tokens, namespace, known, found)
         return added
 
-    def _lookup_in(
-        self, tier: str, exists: Any, tokens: Any, namespace: str | None, public: int
-    ) -> tuple[int, int]:
-        """Index the pages of ``tokens`` in ``namespace`` that ``tier`` holds after those it indexes
-        (keyed over ``public`` public pages); (pages newly indexed, leading pages indexed now)."""
-        keys = self.cache.prompt_keys(tokens, namespace, public_pages=public)
-        known = self.cache.tier_prefix_len(tier, tokens, namespace)
-        if known >= len(keys) or known < public:  # all indexed, or the public pages are not (no room)
-            return 0, known
-        found = int(exists(keys[known:]))
-        if not found:
-            return 0, known
-        added = self.cache.mark_tier_pages(tier, tokens, known + found, namespace)
-        return added, self.cache.tier_prefix_len(tier, tokens, namespace)
+    def _ask(self, tier: Any, runs: list[tuple[Any, str | None, int, int]]) -> list[int]:
+        """The leading keys ``tier`` holds of each run ``(tokens, namespace, public pages, known)``:
+        the prompt's keys over that many public pages, from page ``known`` on. One round trip for all
+        the runs with ``exists_runs`` (else one ``exists`` call per run)."""
+        keys = [
+            self.cache.prompt_keys(tokens, ns, public_pages=public)[known:]
+            for tokens, ns, public, known in runs
+        ]
+        many = getattr(tier, "exists_runs", None)
+        return [int(x) for x in many(keys)] if many is not None else [int(tier.exists(k)) for k in keys]
+
+    def _mark(self, tier: str, tokens: Any, namespace: str | None, known: int, found: int) -> int:
+        """Index ``found`` more pages of ``tokens`` after the ``known`` ones ``tier`` indexes."""
+        return self.cache.mark_tier_pages(tier, tokens, known + found, namespace) if found else 0
 
     def run(self, *, stores: bool = True, loads: bool = True) -> MoveResult:
         """Take the cache's queued transfers (stores, loads or both), copy them, and complete every op.

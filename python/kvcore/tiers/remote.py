@@ -1513,14 +1513,27 @@ class RedisTier:
         Raises:
             InvalidDTypeError, InvalidArgumentError: keys that are not a uint8 ``[m, 16]`` array.
         """
-        k = index_array(keys, "keys", dtype=np.uint8, trailing=(16,), what="key bytes")
-        m = min(k.shape[0], self.max_lookup_keys)
+        return self.exists_runs([keys])[0]
+
+    def exists_runs(self, runs: Sequence[Any]) -> list[int]:
+        """:meth:`exists` of several runs of keys (each a uint8 ``[m, 16]`` array: candidate key
+        chains of one prompt) in one pipelined round trip: the leading keys the server holds, per
+        run, each run asked for at most ``max_lookup_keys`` keys.
+
+        Raises:
+            InvalidDTypeError, InvalidArgumentError: a run that is not a uint8 ``[m, 16]`` array.
+        """
+        arrays = [
+            index_array(keys, "keys", dtype=np.uint8, trailing=(16,), what="key bytes") for keys in runs
+        ]
+        sizes = [min(k.shape[0], self.max_lookup_keys) for k in arrays]
         call = _Call()
-        call.add("lookups")
+        call.add("lookups", len(arrays))
+        m = sum(sizes)
         if m == 0:
             self._finish(call)
-            return 0
-        names = self._names(k[:m])
+            return [0] * len(arrays)
+        names = [name for k, n in zip(arrays, sizes, strict=True) for name in self._names(k[:n])]
         found = np.zeros(m, dtype=bool)
         with self._lookup_lock, _ClosePending(call, bulk=False):
             route = self._route(names, call, bulk=False)
@@ -1542,12 +1555,18 @@ class RedisTier:
                     call.touched.add(node)
             self._close_dropped(bulk=False)
         call.add("lookup_keys", m)
-        lead = int(m if found.all() else np.argmin(found))
-        call.add("lookup_hit_keys", lead)
-        if lead < m and (route[lead] < 0 or int(route[lead]) in call.failed):
-            call.add("lookup_failed")  # the answer stops at a key nobody could ask about
+        leads = []
+        at = 0
+        for n in sizes:
+            run = found[at : at + n]
+            lead = int(n if run.all() else np.argmin(run))
+            leads.append(lead)
+            call.add("lookup_hit_keys", lead)
+            if lead < n and (route[at + lead] < 0 or int(route[at + lead]) in call.failed):
+                call.add("lookup_failed")  # the answer stops at a key nobody could ask about
+            at += n
         self._finish(call)
-        return lead
+        return leads
 
     def _lookup_io(
         self,
