@@ -270,12 +270,19 @@ impl Tier {
             .unwrap_or(ids.len())
     }
 
-    /// Whether every page the tier holds of `tokens` (the public pages of a path), seen from
-    /// `ns`, is held by a public node (the pages it lacks are in flight).
-    fn holds_public(&self, ns: Namespace, tokens: &[u32]) -> bool {
+    /// Whether every page of the tier's path of `tokens` seen from `ns` is in the namespace its
+    /// key chains over: the public one for the first `public`, `ns` after them.
+    fn same_namespaces(&self, ns: Namespace, tokens: &[u32], public: usize) -> bool {
+        if ns == PUBLIC_NAMESPACE
+            || (public == 0 && self.tree.num_namespace_nodes(PUBLIC_NAMESPACE) == 0)
+        {
+            return true;
+        }
         let mut path = Vec::new();
         self.tree.peek_prefix_pages_ns(ns, tokens, &mut path);
-        path.iter().all(|&(_, x)| x == PUBLIC_NAMESPACE)
+        path.iter()
+            .enumerate()
+            .all(|(i, &(_, x))| x == if i < public { PUBLIC_NAMESPACE } else { ns })
     }
 
     /// Take `n` free slots, evicting the tier's evictable slots if short; None (nothing taken or
@@ -407,6 +414,9 @@ pub(super) struct StoreOp {
     /// pages from there to `first` are earlier stores' in flight when this one was made).
     tier_node: NodeId,
     tier_first: usize,
+    /// Leading pages of the path keyed in the public namespace (every page for a public op): the
+    /// tier path the op lands on must be in the same namespaces.
+    public: usize,
 }
 
 /// The loads of one admission, in flight: page `first + i` of sequence `seq` comes from slot
@@ -778,7 +788,12 @@ impl KVCacheManager {
                 .tree
                 .peek_len_from(s.ns, s.tier_node, &below[..(s.first - base) * ps])
                 .map_err(internal)?;
-            if have == s.first - base {
+            // The path the pages would join, as the tier holds it now, in the namespaces their
+            // keys chain over (another store may have landed the same tokens in another
+            // namespace meanwhile: pages keyed in one chain never hang below another's).
+            let end = s.first + s.slots.len();
+            if have == s.first - base && tier.same_namespaces(s.ns, &s.tokens[..end * ps], s.public)
+            {
                 // Positions before `first` are cached already: their ids are not read.
                 let mut path: Vec<PageId> = vec![crate::NULL_PAGE; s.first - base];
                 path.extend(s.slots.iter().map(|&slot| slot + 1));
@@ -1167,10 +1182,11 @@ impl KVCacheManager {
                 a += 1;
             }
             // The tier lacks the public pages this namespace's pages continue (not stored, not in
-            // flight), or holds those tokens as the namespace's own pages (keyed in another chain):
-            // nothing of the namespace's keyed after the public pages can land below them.
+            // flight), or holds the path's first pages in other namespaces than HBM does (the
+            // namespace's own copy of public tokens, or the public copy of the namespace's own):
+            // pages keyed in this path's chain cannot land below pages keyed in another.
             if a < public
-                || (public > 0 && visible > 0 && !tier.holds_public(ns, &tokens[..public * ps]))
+                || (visible > 0 && !tier.same_namespaces(ns, &tokens[..visible * ps], public))
             {
                 continue;
             }
@@ -1262,6 +1278,7 @@ impl KVCacheManager {
                 hbm_node,
                 tier_node,
                 tier_first: visible,
+                public: if ns == PUBLIC_NAMESPACE { k } else { public },
             };
             st.transfers.stores.insert(id, (op, false));
             st.transfers.queued.push(id);
@@ -1516,10 +1533,19 @@ impl KVCacheManager {
         let mut free: HashSet<u32> = st.tiers[t].free.iter().copied().collect();
         // Depth-first from the root key: (page index, depth); the path's tokens and slots are
         // kept for the current branch only.
-        let mut stack: Vec<(usize, usize)> = children
-            .get(&self.root_key)
-            .map(|v| v.iter().map(|&i| (i, 0)).collect())
-            .unwrap_or_default();
+        // Siblings in a namespace's own branch go before public ones (the stack pops the last
+        // first): a namespace's own copy of public tokens is restored beside the public copy, not
+        // found as a duplicate of it (which would end its branch).
+        let public_last = |kids: &[usize], depth: usize, stack: &mut Vec<(usize, usize)>| {
+            let public =
+                |i: usize| pages[i].namespace.as_deref() == Some(super::PUBLIC_NAMESPACE_NAME);
+            stack.extend(kids.iter().filter(|&&i| public(i)).map(|&i| (i, depth)));
+            stack.extend(kids.iter().filter(|&&i| !public(i)).map(|&i| (i, depth)));
+        };
+        let mut stack: Vec<(usize, usize)> = Vec::new();
+        if let Some(kids) = children.get(&self.root_key) {
+            public_last(kids, 0, &mut stack);
+        }
         let mut path_tokens: Vec<u32> = Vec::new();
         let mut path_slots: Vec<PageId> = Vec::new();
         let mut path_ns: Vec<Namespace> = Vec::new();
@@ -1562,14 +1588,19 @@ impl KVCacheManager {
             };
             if ins.num_adopted_pages != 1 {
                 // A duplicate of a page restored already (or a namespace that cannot continue
-                // this path): the branch goes on from the copy the tier kept.
+                // this path): the branch goes on from the copy the tier kept, if that copy's
+                // path is in the same namespaces (else its children, keyed in this chain, would
+                // hang below pages keyed in another: a namespace's own copy of public tokens is
+                // not restored beside the public copy, nor what follows it).
                 let mut kept = Vec::new();
-                tier.tree.peek_prefix_pages(ns, &path_tokens, &mut kept);
-                if kept.len() != depth + 1 {
+                tier.tree.peek_prefix_pages_ns(ns, &path_tokens, &mut kept);
+                let same = kept.len() == depth + 1
+                    && kept.iter().zip(&path_ns).all(|(&(_, x), &want)| x == want);
+                if !same {
                     st.forget_if_unused(ns);
                     continue;
                 }
-                path_slots = kept;
+                path_slots = kept.into_iter().map(|(id, _)| id).collect();
             } else {
                 free.remove(&p.slot);
                 tier.keys[p.slot as usize] = p.key;
@@ -1580,7 +1611,7 @@ impl KVCacheManager {
                 record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot], &p.tokens);
             }
             if let Some(kids) = children.get(&p.key) {
-                stack.extend(kids.iter().map(|&c| (c, depth + 1)));
+                public_last(kids, depth + 1, &mut stack);
             }
         }
         let tier = &mut st.tiers[t];

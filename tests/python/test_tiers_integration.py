@@ -431,3 +431,95 @@ def test_lookup_probes_the_public_prefix_only_when_the_index_cannot_tell() -> No
         cache.free_sequence(1)
         tier.calls.clear()
         assert mover.lookup([*prompt, 5, 6, 7, 8], "a") == 0 and tier.calls == [[1]]  # the 4th page
+
+
+def _chained(events: list[object], medium: str) -> None:
+    """Every key a medium's PageStored events report is the documented hash of its parent key, its
+    namespace and its tokens (the tests' own implementation), and its parent is on that medium."""
+    from kv_helpers import ref_page_key
+
+    from kvcore.events import PageStored
+
+    seen: set[bytes] = set()
+    for e in events:
+        if not isinstance(e, PageStored) or e.medium != medium:
+            continue
+        parent = e.parent_key
+        assert parent is None or parent in seen, "a parent that is not on the medium"
+        prev = parent if parent is not None else None
+        for i, key in enumerate(e.keys):
+            page = e.tokens[i * PS : (i + 1) * PS].tolist()
+            want = ref_page_key(prev if prev is not None else _ROOT, e.namespace, page)
+            assert bytes(key) == want, "a key not chained from its parent"
+            prev = bytes(key)
+            seen.add(prev)
+
+
+_ROOT = bytes(KVCacheManager(2, PS).root_key())
+
+
+def test_a_tenants_own_copy_of_public_tokens_is_never_continued_below_the_public_copy(tmp_path: Path) -> None:
+    """HBM holds a tenant's own copy of a system prompt (computed before it was public), the tier the
+    public copy: the tenant's later pages, keyed in its own chain, are not stored below the public
+    pages (an event chain a router cannot follow, a file whose parent has no file), and a restart
+    accepts every file (review)."""
+    pool = make_pool(32)
+    size = 32 * (pool.page_bytes + 8192)
+    disk = DiskTier(tmp_path / "d", size, pool)
+    cache = KVCacheManager(32, PS, lower_tiers=[disk], store_policy="selective", events=True)
+    mover = Mover(cache, pool, [disk])
+    system, x, y = list(range(100, 108)), [7] * 4, [8] * 4
+
+    def admit(sid: int, tokens: list[int], ns: str | None) -> None:
+        assert cache.add_sequence(sid, tokens, ns) is not None
+        mover.run()
+        mover.run()
+        cache.free_sequence(sid)
+
+    admit(1, [*system, *x, 0], None)  # the default namespace's own copy, used once: not stored
+    admit(2, [*system, 1], "*")
+    admit(3, [*system, 2], "*")  # the public copy, hit: stored
+    admit(4, [*system, *x, *y, 3], None)  # hits its own copy: its path is offered
+    events = cache.take_events()
+    _chained(events, disk.name)
+    _chained(events, "hbm")
+    cache._check_invariants()
+    disk.close()
+    disk = DiskTier(tmp_path / "d", size, pool)
+    fresh = KVCacheManager(32, PS, lower_tiers=[disk], store_policy="all", events=True)
+    assert all(fresh.restore_tier(disk.name, disk.entries()))
+    _chained(fresh.take_events(), disk.name)
+
+
+def test_a_restore_keeps_no_page_below_a_copy_in_other_namespaces(tmp_path: Path) -> None:
+    """A tenant's own copy of public tokens, and its pages after it, sit in a directory beside the
+    public copy: the restore accepts both paths, each in its namespaces (it refused the tenant's copy
+    as a duplicate of the public one, then hung the tenant's later pages below the public pages: keys
+    chained from a page not on their path)."""
+    pool = make_pool(32)
+    size = 32 * (pool.page_bytes + 8192)
+    disk = DiskTier(tmp_path / "d", size, pool)
+    cache = KVCacheManager(32, PS, lower_tiers=[disk], store_policy="all")
+    mover = Mover(cache, pool, [disk])
+    system, own = list(range(100, 108)), [7] * 4 + [8] * 4
+    for sid, (ns, tokens) in enumerate([("a", [*system, *own, 1]), ("*", [*system, 2])]):
+        assert cache.add_sequence(sid, tokens, ns) is not None
+        mover.run()
+        cache.free_sequence(sid)
+        cache.evict(100)
+    assert cache.tier_stats()[disk.name]["num_slots_cached"] == 6
+    disk.close()
+    disk = DiskTier(tmp_path / "d", size, pool)
+    entries = disk.entries()
+    fresh = KVCacheManager(32, PS, lower_tiers=[disk], store_policy="all", events=True)
+    accepted = fresh.restore_tier(disk.name, entries)
+    assert len(entries) == 6 and all(accepted)
+    _chained(fresh.take_events(), disk.name)
+    assert fresh.tier_prefix_len(disk.name, [*system, *own], "a") == 4  # the tenant's own path
+    assert fresh.tier_prefix_len(disk.name, system, "*") == 2
+    prompt = [*system, *own, 3]
+    assert fresh.add_sequence(9, prompt, "a") == 16
+    Mover(fresh, pool, [disk]).run(stores=False)
+    assert fresh.is_ready(9) and fresh.hit_tokens(9)[disk.name] == 16
+    assert (fresh.page_keys(9) == kvcore.page_keys(np.array(prompt, np.int32), PS, namespace="a")).all()
+    fresh._check_invariants()
