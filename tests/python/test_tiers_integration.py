@@ -523,3 +523,38 @@ def test_a_restore_keeps_no_page_below_a_copy_in_other_namespaces(tmp_path: Path
     assert fresh.is_ready(9) and fresh.hit_tokens(9)[disk.name] == 16
     assert (fresh.page_keys(9) == kvcore.page_keys(np.array(prompt, np.int32), PS, namespace="a")).all()
     fresh._check_invariants()
+
+
+@pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 1, 1]])
+def test_a_tier_answer_that_is_not_one_bool_per_row_fails_its_rows(answer: object, tmp_path: Path) -> None:
+    """A scalar or length-1 answer broadcast to every row (pages nobody wrote reported loaded); a
+    wrong length failed the ops but kept what the tier wrote. Now the rows fail, what they may have
+    written is dropped, every op is reported, and the mistake is named (review)."""
+    pool = make_pool(16)
+    disk = DiskTier(tmp_path / "d", 8 * (pool.page_bytes + 8192), pool)
+    real = disk.store
+    disk.store = lambda *a: (real(*a), answer)[1]  # type: ignore[method-assign]
+    cache = KVCacheManager(16, PS, lower_tiers=[disk], store_policy="all")
+    assert cache.add_sequence(1, list(range(13))) == 0  # three pages: one store op
+    with pytest.raises(kvcore.ConfigError, match="one bool per row"):
+        Mover(cache, pool, [disk]).run()
+    t = cache.tier_stats()[disk.name]
+    assert t["num_store_failed_pages"] == 3 and t["num_slots_in_flight"] == 0
+    assert os.listdir(tmp_path / "d") == ["tier.lock"]  # what it wrote is dropped
+
+
+def test_an_interrupt_burst_while_failing_an_unreported_batch_loses_nothing(tmp_path: Path) -> None:
+    cache, pool, host = _queued_store_and_load(tmp_path)
+    calls = {"n": 0}
+
+    class Bursty(_InterruptedOnReturn):
+        def complete_transfers(self, *a: object) -> object:
+            calls["n"] += 1
+            if calls["n"] <= 3:  # the first tries are cut short by more interrupts
+                raise KeyboardInterrupt
+            return self._cache.complete_transfers(*a)
+
+    with pytest.raises(KeyboardInterrupt):
+        Mover(Bursty(cache), pool, [host]).run()
+    assert calls["n"] == 4
+    _nothing_held(cache)

@@ -20,6 +20,9 @@ from kvcore.manager import PUBLIC_NAMESPACE, TransferBatch
 
 __all__ = ["MoveResult", "Mover", "Tier"]
 
+# Tries at failing a batch that an interrupt left unreported, each cut short by a new interrupt.
+_FAIL_ATTEMPTS = 100
+
 
 class Tier(Protocol):
     """What the mover needs of a lower tier (``HostTier``, ``DiskTier`` implement it)."""
@@ -201,13 +204,20 @@ class Mover:
 
     def _fail_unreported(self, batch: TransferBatch) -> None:
         """Fail a batch's ops if nothing reported them (an interrupt before ``execute``'s ``finally``
-        did); a batch reported already is refused whole by the cache, which changes nothing."""
+        did); a batch reported already is refused whole by the cache, which changes nothing. Tried
+        again when another interrupt cuts it short (a burst of signals), a bounded number of times."""
         ops = np.concatenate([np.unique(batch.store_ops), batch.load_ops]).astype(np.int64)
-        if len(ops):
+        if not len(ops):
+            return
+        for attempt in range(_FAIL_ATTEMPTS):
             try:
                 self.cache.complete_transfers(ops, False)
+                return
             except InvalidArgumentError:
-                pass  # reported (complete_transfers is all or nothing)
+                return  # reported (complete_transfers is all or nothing)
+            except BaseException:  # interrupted again before the call: try once more
+                if attempt == _FAIL_ATTEMPTS - 1:
+                    raise
 
     def _forget_orphans(self, batch: TransferBatch, written: npt.NDArray[np.bool_]) -> None:
         """Drop the rows a tier wrote for store ops that failed as a whole (another row of the op
@@ -234,28 +244,43 @@ class Mover:
         """
         store_ok = np.zeros(len(batch.store_ops), dtype=bool)
         load_ok = np.zeros(len(batch.load_ops), dtype=bool)
+        unknown = np.zeros(len(batch.store_ops), dtype=bool)  # rows a tier may have written, unsaid
         error: Exception | None = None
         try:
             for t, tier in enumerate(self.tiers):
                 rows = np.flatnonzero(batch.store_tiers == t)
                 if len(rows):
                     try:
-                        store_ok[rows] = tier.store(
-                            self.pool,
-                            batch.store_pages[rows],
-                            batch.store_slots[rows],
-                            batch.store_keys[rows],
-                            batch.store_parent_keys[rows],
-                            batch.store_tokens[rows],
-                            [batch.store_namespaces[i] for i in rows],
+                        store_ok[rows] = _row_results(
+                            tier.name,
+                            "store",
+                            tier.store(
+                                self.pool,
+                                batch.store_pages[rows],
+                                batch.store_slots[rows],
+                                batch.store_keys[rows],
+                                batch.store_parent_keys[rows],
+                                batch.store_tokens[rows],
+                                [batch.store_namespaces[i] for i in rows],
+                            ),
+                            len(rows),
                         )
-                    except Exception as e:  # its rows stay failed
+                    except Exception as e:  # its rows fail, and whatever it wrote of them is dropped
+                        unknown[rows] = True
                         error = error or e
                 rows = np.flatnonzero(batch.load_tiers == t)
                 if len(rows):
                     try:
-                        load_ok[rows] = tier.load(
-                            self.pool, batch.load_slots[rows], batch.load_pages[rows], batch.load_keys[rows]
+                        load_ok[rows] = _row_results(
+                            tier.name,
+                            "load",
+                            tier.load(
+                                self.pool,
+                                batch.load_slots[rows],
+                                batch.load_pages[rows],
+                                batch.load_keys[rows],
+                            ),
+                            len(rows),
                         )
                     except Exception as e:
                         error = error or e
@@ -267,7 +292,7 @@ class Mover:
                 if len(ops):
                     where = np.searchsorted(ops, batch.store_ops)
                     np.logical_and.at(op_ok, where, store_ok)
-                    self._forget_orphans(batch, store_ok & ~op_ok[where])
+                    self._forget_orphans(batch, (store_ok & ~op_ok[where]) | unknown)
             finally:
                 self.cache.complete_transfers(
                     np.concatenate([ops, batch.load_ops]).astype(np.int64),
@@ -281,3 +306,14 @@ class Mover:
             loaded=int(load_ok.sum()),
             load_failed=int(len(load_ok) - load_ok.sum()),
         )
+
+
+def _row_results(tier: str, what: str, result: Any, n: int) -> npt.NDArray[np.bool_]:
+    """A tier's answer for ``n`` rows: a bool per row, nothing else (a scalar or a length-1 array
+    would broadcast to every row: pages nobody wrote reported loaded)."""
+    ok = np.asarray(result)
+    if ok.shape != (n,) or ok.dtype != np.bool_:
+        raise ConfigError(
+            f"tier {tier!r}: {what} returned {ok.dtype} of shape {ok.shape}, expected one bool per row ({n},)"
+        )
+    return ok
