@@ -447,17 +447,23 @@ def test_urls_parse() -> None:
 # ------------------------------------------------------------------------------------------ exists
 
 
-def test_exists_counts_leading_keys_in_one_round_trip(
-    tier_factory: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _all_keys_but_the_fourth(tier_factory: Any) -> tuple[Any, np.ndarray]:
+    """A tier asked for at most 6 keys at once, holding 7 of 8 pages (the fourth missing): (tier,
+    the 8 keys)."""
     pool = make_pool()
     tier = tier_factory(pool, max_lookup_keys=6)
     m = meta(8)
-    held = [0, 1, 2, 4, 5, 6, 7]  # key 3 missing
+    held = [0, 1, 2, 4, 5, 6, 7]
     assert tier.store(
         pool, rng_i32(7, 1), rng_i32(7), **{k: [v[i] for i in held] for k, v in m.items()}
     ).all()
-    keys = m["keys"]
+    return tier, m["keys"]
+
+
+def test_exists_counts_leading_keys_in_one_round_trip(
+    tier_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tier, keys = _all_keys_but_the_fourth(tier_factory)
     assert tier.exists(keys[:0]) == 0
     assert tier.exists(keys[4:]) == 4 == tier.exists(keys[4:8])
     sends: list[int] = []
@@ -486,14 +492,7 @@ def test_exists_runs_asks_several_chains_in_one_round_trip(
 ) -> None:
     """Mover.lookup asks for a prompt's public chain and its namespace's chain at once: each run's
     answer is what exists gives it alone (max_lookup_keys per run), in one round trip."""
-    pool = make_pool()
-    tier = tier_factory(pool, max_lookup_keys=6)
-    m = meta(8)
-    held = [0, 1, 2, 4, 5, 6, 7]  # key 3 missing
-    assert tier.store(
-        pool, rng_i32(7, 1), rng_i32(7), **{k: [v[i] for i in held] for k, v in m.items()}
-    ).all()
-    keys = m["keys"]
+    tier, keys = _all_keys_but_the_fourth(tier_factory)
     runs = [keys, keys[4:], keys[:0], keys[3:], keys[:2]]
     want = [tier.exists(k) for k in runs]
     assert want == [3, 4, 0, 0, 2]
