@@ -217,10 +217,17 @@ class KVCacheManager:
     def tier_prefix_len(self, tier: str, tokens: _Tokens, namespace: str | None = None) -> int:
         """Leading full pages of ``tokens`` that lower tier ``tier`` indexes (no side effects)."""
     def mark_tier_pages(
-        self, tier: str, tokens: _Tokens, num_pages: int, namespace: str | None = None
+        self,
+        tier: str,
+        tokens: _Tokens,
+        num_pages: int,
+        namespace: str | None = None,
+        *,
+        public_pages: int | None = None,
     ) -> int:
         """Index the first ``num_pages`` pages of ``tokens`` in ``tier`` because the tier holds them
-        (a shared tier); returns the pages newly indexed."""
+        (a shared tier); returns the pages newly indexed. ``public_pages``: the keys asked chained
+        over that many public pages (nothing is indexed if the tier's path here is otherwise)."""
     def tier_stats(self) -> dict[str, dict[str, int]]:
         """``{tier name: {counter: value}}``: occupancy and counters of each lower tier."""
     def restore_tier(

@@ -1410,12 +1410,17 @@ impl KVCacheManager {
     /// entries take free slots (evicting the tier's evictable ones). Returns how many pages were
     /// indexed; `InvalidArgument` (nothing changed) for an unknown tier or more pages than
     /// `tokens` holds.
+    ///
+    /// With `public_pages` (the keys the tier was asked for chain over that many public pages, as
+    /// `prompt_keys(.., public_pages)` computes them), nothing is indexed unless the tier's path
+    /// here is in those namespaces: the keys indexed are then exactly the ones asked.
     pub fn mark_tier_pages(
         &self,
         tier_name: &str,
         tokens: &[u32],
         num_pages: usize,
         namespace: Option<&str>,
+        public_pages: Option<usize>,
         now: u64,
     ) -> KvResult<usize> {
         let ps = self.page_size;
@@ -1451,6 +1456,14 @@ impl KVCacheManager {
                 .take_while(|&&(_, x)| x == PUBLIC_NAMESPACE)
                 .count()
         };
+        // The caller asked the tier for keys over another public prefix than the path this
+        // namespace sees here (its own copy of public tokens): those keys are not these pages'.
+        if let Some(asked) = public_pages.filter(|_| ns != PUBLIC_NAMESPACE) {
+            if asked != public {
+                st.forget_if_unused(ns);
+                return Ok(0);
+            }
+        }
         self.extend_keys(st, ns, tokens, num_pages, &mut keys, public)?;
         let mut emptied = Vec::new();
         let mut evicted = Vec::new();
@@ -1546,14 +1559,17 @@ impl KVCacheManager {
         if let Some(kids) = children.get(&self.root_key) {
             public_last(kids, 0, &mut stack);
         }
-        let mut path_tokens: Vec<u32> = Vec::new();
+        // The current branch: per depth, the slot id (+1) and namespace of its page, and the tier
+        // node ending there. Each page joins the tier below its parent's node (not found again from
+        // the root: a namespace's own copy of public tokens and the public copy are two branches).
         let mut path_slots: Vec<PageId> = Vec::new();
         let mut path_ns: Vec<Namespace> = Vec::new();
+        let mut path_nodes: Vec<NodeId> = Vec::new();
         while let Some((i, depth)) = stack.pop() {
             let p = &pages[i];
-            path_tokens.truncate(depth * ps);
             path_slots.truncate(depth);
             path_ns.truncate(depth);
+            path_nodes.truncate(depth);
             let ns = match p.namespace.as_deref() {
                 None => crate::radix::DEFAULT_NAMESPACE,
                 Some(name) => {
@@ -1577,30 +1593,30 @@ impl KVCacheManager {
                 st.forget_if_unused(ns);
                 continue;
             }
-            path_tokens.extend_from_slice(&p.tokens);
-            path_slots.push(p.slot + 1);
-            path_ns.push(ns);
+            let below = path_nodes.last().copied().unwrap_or(ROOT);
             let tier = &mut st.tiers[t];
             // A refused insert changes nothing: the entry is rejected like any other bad one.
-            let Ok(ins) = tier.tree.insert(ns, &path_tokens, &path_slots, 0, now) else {
+            let Ok(ins) = tier
+                .tree
+                .extend(ns, below, &p.tokens, &[p.slot + 1], 0, now)
+            else {
+                st.forget_if_unused(ns);
+                continue;
+            };
+            let mut kept = Vec::with_capacity(1);
+            tier.tree.path_pages(ins.node, 1, &mut kept);
+            let Some(&(slot_id, kept_ns)) = kept.first() else {
                 st.forget_if_unused(ns);
                 continue;
             };
             if ins.num_adopted_pages != 1 {
-                // A duplicate of a page restored already (or a namespace that cannot continue
-                // this path): the branch goes on from the copy the tier kept, if that copy's
-                // path is in the same namespaces (else its children, keyed in this chain, would
-                // hang below pages keyed in another: a namespace's own copy of public tokens is
-                // not restored beside the public copy, nor what follows it).
-                let mut kept = Vec::new();
-                tier.tree.peek_prefix_pages_ns(ns, &path_tokens, &mut kept);
-                let same = kept.len() == depth + 1
-                    && kept.iter().zip(&path_ns).all(|(&(_, x), &want)| x == want);
-                if !same {
+                // A duplicate of a page restored already below the same parent: the branch goes on
+                // from the copy the tier kept, if it is in the same namespace (else its children,
+                // keyed in this chain, would hang below a page keyed in another).
+                if kept_ns != ns {
                     st.forget_if_unused(ns);
                     continue;
                 }
-                path_slots = kept.into_iter().map(|(id, _)| id).collect();
             } else {
                 free.remove(&p.slot);
                 tier.keys[p.slot as usize] = p.key;
@@ -1610,6 +1626,9 @@ impl KVCacheManager {
                 let parent = (depth > 0).then(|| tier.keys[(path_slots[depth - 1] - 1) as usize]);
                 record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot], &p.tokens);
             }
+            path_slots.push(slot_id);
+            path_ns.push(ns);
+            path_nodes.push(ins.node);
             if let Some(kids) = children.get(&p.key) {
                 public_last(kids, depth + 1, &mut stack);
             }

@@ -1170,7 +1170,7 @@ impl PyKVCacheManager {
     /// Index the first `num_pages` full pages of `tokens` in lower tier `tier` without a transfer,
     /// because the tier says it holds them (a shared tier another instance filled). Returns the
     /// pages newly indexed. A page the tier does not hold after all fails its load.
-    #[pyo3(signature = (tier, tokens, num_pages, namespace = None))]
+    #[pyo3(signature = (tier, tokens, num_pages, namespace = None, *, public_pages = None))]
     fn mark_tier_pages(
         &self,
         py: Python<'_>,
@@ -1178,13 +1178,15 @@ impl PyKVCacheManager {
         tokens: &Bound<'_, PyAny>,
         num_pages: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
+        public_pages: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<usize> {
         let tier = str_arg(tier, "tier")?;
         let (ids, namespace) = lookup_args(tokens, namespace)?;
         let n = count_arg(num_pages, "num_pages")?;
+        let public = opt_count(public_pages, "public_pages")?;
         let now = self.now(py)?;
         Ok(self.run(py, n >= LONG_PAGES, |m| {
-            m.mark_tier_pages(&tier, ids.as_slice(), n, namespace.as_deref(), now)
+            m.mark_tier_pages(&tier, ids.as_slice(), n, namespace.as_deref(), public, now)
         })?)
     }
 

@@ -145,3 +145,39 @@ def test_a_public_system_prompt_and_a_tenants_pages_after_it_are_found_by_anothe
     assert mover_b.lookup([*system, *own, 54], "b") == 0  # the public pages are indexed already
     # The loaded public pages are public in B's HBM too: tenant b shares them, and never sees a's page.
     assert b.peek_hit_tokens(prompt, "b") == {"hbm": 8, "remote": 0}
+
+
+def test_a_lookup_never_indexes_a_key_the_shared_tier_was_not_asked_for(
+    redis_url: str, redis_prefix: str
+) -> None:
+    """A's index holds tenant a's own copy of a system prompt and the public copy; B stored a's page
+    after the public copy. A's lookup asked for a's page keyed over the public copy, then indexed the
+    answer along a's own copy, a key Redis never held: the admission's load failed and the slot went
+    bad (review). Now nothing is indexed there, and no load fails."""
+    from kvcore.pool import KVPool
+    from kvcore.tiers import Mover, RedisTier
+
+    def instance() -> tuple[kvcore.KVCacheManager, Mover]:
+        pool = KVPool(num_layers=1, num_pages=16, num_kv_heads=1, head_dim=8, page_size=4, kv_dtype="fp16")
+        remote = RedisTier(redis_url, pool, num_slots=64, prefix=redis_prefix.rstrip(":"), timeout_s=2.0)
+        cache = kvcore.KVCacheManager(16, 4, fingerprint=b"fp", lower_tiers=[remote], store_policy="all")
+        return cache, Mover(cache, pool, [remote])
+
+    (a, mover_a), (b, mover_b) = instance(), instance()
+    system, own = list(range(100, 108)), [7] * 4
+    assert a.add_sequence(1, [*system, 1], "a") == 0  # a's own copy of the system prompt
+    mover_a.run()
+    a.free_sequence(1)
+    a.evict(100)
+    assert b.add_sequence(1, [*system, 1], "*") == 0
+    assert b.add_sequence(2, [*system, *own, 2], "a") == 8  # a's page after the public copy
+    mover_b.run()
+    assert mover_a.lookup([*system, 1], "*") == 2  # A indexes the public copy too
+    prompt = [*system, *own, 3]
+    mover_a.lookup(prompt, "a")
+    hit = a.add_sequence(5, prompt, "a")
+    assert hit is not None
+    result = mover_a.run(stores=False)
+    assert result.load_failed == 0 and a.tier_stats()["remote"]["num_slots_bad"] == 0
+    assert a.hit_tokens(5)["remote"] == hit
+    a._check_invariants()

@@ -558,3 +558,48 @@ def test_an_interrupt_burst_while_failing_an_unreported_batch_loses_nothing(tmp_
         Mover(Bursty(cache), pool, [host]).run()
     assert calls["n"] == 4
     _nothing_held(cache)
+
+
+def test_a_restore_keeps_the_indexed_branch_beside_a_stale_own_copy(tmp_path: Path) -> None:
+    """Files a reset left (it forgets, it does not erase) hold tenant b's own copy of a system
+    prompt; the tier then indexed the public copy and b's pages after it. A restart restores both
+    branches, each below its own parent: b's hit is what it was (the stale copy won and b's pages
+    after the public copy were refused: 12 tokens became 8; review)."""
+    pool = make_pool(32)
+    size = 16 * (pool.page_bytes + 8192)
+    disk = DiskTier(tmp_path / "d", size, pool)
+    cache = KVCacheManager(32, PS, lower_tiers=[disk], store_policy="all")
+    mover = Mover(cache, pool, [disk])
+    system, x, y = list(range(100, 104)), [7] * 4, [8] * 4
+    assert cache.add_sequence(1, [*system, *x, 0], "b") == 0  # b's own copy
+    cache.free_sequence(1)
+    mover.run()
+    cache.evict(100)
+    for i in range(4):  # other pages after them: the slots a reset frees first are not b's
+        assert cache.add_sequence(50 + i, [60 + i] * 8 + [0], "z") == 0
+        cache.free_sequence(50 + i)
+        mover.run()
+        cache.evict(100)
+    cache.reset_prefix_cache()
+    assert cache.add_sequence(2, [*system, 0], "*") == 0
+    cache.append(2, [1])
+    mover.run()
+    assert cache.add_sequence(3, [*system, *x, *y, 0], "b") == 4  # over the public copy
+    cache.append(3, [1])
+    mover.run()
+    for sid in (2, 3):
+        cache.free_sequence(sid)
+    mover.run()
+    cache.evict(100)
+    prompt = [*system, *x, *y, 0]
+    assert cache.peek_hit_tokens(prompt, "b") == {"hbm": 0, "disk": 12}
+    disk.close()
+    disk = DiskTier(tmp_path / "d", size, pool)
+    fresh = KVCacheManager(32, PS, lower_tiers=[disk], store_policy="all", events=True)
+    entries = disk.entries()
+    assert any(e.namespace == "b" and e.tokens.tolist() == system for e in entries)  # the stale copy
+    accepted = fresh.restore_tier(disk.name, entries)
+    assert all(a for e, a in zip(entries, accepted, strict=True) if e.namespace != "z")
+    assert fresh.peek_hit_tokens(prompt, "b") == {"hbm": 0, "disk": 12}
+    _chained(fresh.take_events(), disk.name)
+    fresh._check_invariants()

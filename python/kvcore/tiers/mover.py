@@ -144,7 +144,7 @@ class Mover:
             public = self.cache.tier_prefix_len(name, tokens, PUBLIC_NAMESPACE)
             if known > public:  # the namespace's own pages follow them: the public prefix ends there
                 found = self._ask(tier, [(tokens, namespace, public, known)])[0]
-                added += self._mark(name, tokens, namespace, known, found)
+                added += self._mark(name, tokens, namespace, known, found, public)
                 continue
             # Most prompts continue no longer public prefix: its next page's key only, beside the
             # namespace's chain, in the same round trip.
@@ -161,10 +161,8 @@ class Mover:
                 added += self._mark(name, tokens, PUBLIC_NAMESPACE, public, more_public)
                 public = self.cache.tier_prefix_len(name, tokens, PUBLIC_NAMESPACE)
                 known = self.cache.tier_prefix_len(name, tokens, namespace)
-                if known < public:  # the public pages did not all get a slot: nothing after them
-                    continue
                 found = self._ask(tier, [(tokens, namespace, public, known)])[0]
-            added += self._mark(name, tokens, namespace, known, found)
+            added += self._mark(name, tokens, namespace, known, found, public)
         return added
 
     def _ask(self, tier: Any, runs: list[tuple[Any, str | None, int, int]]) -> list[int]:
@@ -178,9 +176,14 @@ class Mover:
         many = getattr(tier, "exists_runs", None)
         return [int(x) for x in many(keys)] if many is not None else [int(tier.exists(k)) for k in keys]
 
-    def _mark(self, tier: str, tokens: Any, namespace: str | None, known: int, found: int) -> int:
-        """Index ``found`` more pages of ``tokens`` after the ``known`` ones ``tier`` indexes."""
-        return self.cache.mark_tier_pages(tier, tokens, known + found, namespace) if found else 0
+    def _mark(
+        self, tier: str, tokens: Any, namespace: str | None, known: int, found: int, public: int = 0
+    ) -> int:
+        """Index ``found`` more pages of ``tokens`` after the ``known`` ones ``tier`` indexes, keyed
+        over ``public`` public pages as they were asked (nothing if the tier's path is otherwise)."""
+        if not found:
+            return 0
+        return self.cache.mark_tier_pages(tier, tokens, known + found, namespace, public_pages=public)
 
     def run(self, *, stores: bool = True, loads: bool = True) -> MoveResult:
         """Take the cache's queued transfers (stores, loads or both), copy them, and complete every op.

@@ -146,7 +146,7 @@ _STAT_NAMES = (
     "load_failed_other",  # as store_failed_other
     "checksum_mismatches",  # header or payload checksums that failed
     "deleted",  # corrupt values deleted
-    "lookups",  # exists() calls
+    "lookups",  # runs of keys asked: one per exists() call, one per run of exists_runs()
     "lookup_keys",  # keys asked (at most max_lookup_keys per call)
     "lookup_hit_keys",  # leading keys found
     "lookup_failed",  # exists() calls that could not ask every key they needed
