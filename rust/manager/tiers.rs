@@ -270,21 +270,6 @@ impl Tier {
             .unwrap_or(ids.len())
     }
 
-    /// Whether every page of the tier's path of `tokens` seen from `ns` is in the namespace its
-    /// key chains over: the public one for the first `public`, `ns` after them.
-    fn same_namespaces(&self, ns: Namespace, tokens: &[u32], public: usize) -> bool {
-        if ns == PUBLIC_NAMESPACE
-            || (public == 0 && self.tree.num_namespace_nodes(PUBLIC_NAMESPACE) == 0)
-        {
-            return true;
-        }
-        let mut path = Vec::new();
-        self.tree.peek_prefix_pages_ns(ns, tokens, &mut path);
-        path.iter()
-            .enumerate()
-            .all(|(i, &(_, x))| x == if i < public { PUBLIC_NAMESPACE } else { ns })
-    }
-
     /// Take `n` free slots, evicting the tier's evictable slots if short; None (nothing taken or
     /// evicted) if even that is not enough.
     fn take_slots(
@@ -784,16 +769,20 @@ impl KVCacheManager {
             // whole path: a long sequence stored page by page stays one long tier node).
             let base = s.tier_first;
             let below = &s.tokens[base * ps..];
-            let have = tier
+            // What the tier holds below its locked node of the pages up to the op's last one, and
+            // whether it is in the namespaces their keys chain over (another store may have landed
+            // the same tokens in another namespace meanwhile: pages keyed in one chain never hang
+            // below another's). Above the node, the path was checked when the op was taken.
+            let (have, have_public) = tier
                 .tree
-                .peek_len_from(s.ns, s.tier_node, &below[..(s.first - base) * ps])
+                .peek_from_public(s.ns, s.tier_node, below)
                 .map_err(internal)?;
-            // The path the pages would join, as the tier holds it now, in the namespaces their
-            // keys chain over (another store may have landed the same tokens in another
-            // namespace meanwhile: pages keyed in one chain never hang below another's).
-            let end = s.first + s.slots.len();
-            if have == s.first - base && tier.same_namespaces(s.ns, &s.tokens[..end * ps], s.public)
-            {
+            let want_public = if s.ns == PUBLIC_NAMESPACE {
+                have
+            } else {
+                s.public.saturating_sub(base).min(have)
+            };
+            if have >= s.first - base && have_public == want_public {
                 // Positions before `first` are cached already: their ids are not read.
                 let mut path: Vec<PageId> = vec![crate::NULL_PAGE; s.first - base];
                 path.extend(s.slots.iter().map(|&slot| slot + 1));
@@ -1169,7 +1158,14 @@ impl KVCacheManager {
         let mut emptied = Vec::new();
         for t in 0..st.tiers.len() {
             let tier = &st.tiers[t];
-            let visible = tier.usable_prefix(ns, &tokens[..n * ps]);
+            // The usable prefix, and its pages that public nodes hold (one lookup without bad slots).
+            let (visible, visible_public) = if tier.num_bad == 0 {
+                tier.tree.peek_prefix_public(ns, &tokens[..n * ps])
+            } else {
+                let visible = tier.usable_prefix(ns, &tokens[..n * ps]);
+                let path = &tokens[..visible * ps];
+                (visible, tier.tree.peek_prefix_public(ns, path).1)
+            };
             // A bad slot ends the usable prefix but still holds its place: nothing to store there.
             if visible < n && tier.tree.peek_prefix_len(ns, &tokens[..(visible + 1) * ps]) > visible
             {
@@ -1185,9 +1181,8 @@ impl KVCacheManager {
             // flight), or holds the path's first pages in other namespaces than HBM does (the
             // namespace's own copy of public tokens, or the public copy of the namespace's own):
             // pages keyed in this path's chain cannot land below pages keyed in another.
-            if a < public
-                || (visible > 0 && !tier.same_namespaces(ns, &tokens[..visible * ps], public))
-            {
+            let same = ns == PUBLIC_NAMESPACE || visible_public == public.min(visible);
+            if a < public || !same {
                 continue;
             }
             let bw = tier.config.bandwidth_gbps;

@@ -426,6 +426,46 @@ impl RadixTree {
         self.find(ns, tokens).total
     }
 
+    /// [`peek_prefix_len`](Self::peek_prefix_len), and how many of those leading pages public
+    /// nodes hold (a path is public pages from the root, then one namespace's): one lookup and a
+    /// walk of the found path's nodes, not of its pages.
+    pub fn peek_prefix_public(&self, ns: Namespace, tokens: &[u32]) -> (usize, usize) {
+        let found = self.find(ns, tokens);
+        let total = found.total;
+        let mut public = 0;
+        self.each_matched(found, |n, matched| {
+            if n.ns == PUBLIC_NAMESPACE {
+                public += matched;
+            }
+        });
+        (total, public)
+    }
+
+    /// [`peek_len_from`](Self::peek_len_from), and how many of the pages found below `node`
+    /// public nodes hold. A lookup below `node` and a walk of the nodes it found.
+    pub fn peek_from_public(
+        &self,
+        ns: Namespace,
+        node: NodeId,
+        tokens: &[u32],
+    ) -> KvResult<(usize, usize)> {
+        self.check_node(node)?;
+        let found = self.find_from(ns, node, tokens);
+        let (mut left, mut public) = (found.total, 0);
+        let (mut id, mut matched) = (found.node, found.in_node);
+        while left > 0 && id != node && id != ROOT {
+            let n = &self.nodes[id as usize];
+            let m = matched.min(left);
+            if n.ns == PUBLIC_NAMESPACE {
+                public += m;
+            }
+            left -= m;
+            id = n.parent;
+            matched = self.nodes[id as usize].pages.len();
+        }
+        Ok((found.total, public))
+    }
+
     /// Pages of `tokens` cached below `node` (continuing its path), as [`extend`](Self::extend)
     /// would find them, without touching anything. Err(InvalidArgument) if `node` is not live.
     pub fn peek_len_from(&self, ns: Namespace, node: NodeId, tokens: &[u32]) -> KvResult<usize> {
@@ -1259,6 +1299,9 @@ impl RadixTree {
     /// Leading pages of the path to the end of `node` that public nodes hold (a path is public
     /// pages from the root, then one namespace's). A walk of the path's nodes, not of its pages.
     pub fn public_pages(&self, node: NodeId) -> usize {
+        if self.num_public_nodes == 0 {
+            return 0;
+        }
         let mut total = 0;
         let mut id = node;
         while id != ROOT {

@@ -133,3 +133,44 @@ fn a_floor_keeps_a_namespace_last_in_eviction_order() {
     t.set_floor(quiet, 0).unwrap();
     assert_eq!(t.floor(quiet), None);
 }
+
+#[test]
+fn peek_prefix_public_counts_the_public_pages_of_the_path_found() {
+    let mut t = RadixTree::new(2, EvictionPolicy::Lru).unwrap();
+    let tokens: Vec<u32> = (0..12).collect();
+    let public = t
+        .insert(PUBLIC_NAMESPACE, &tokens[..6], &[1, 2, 3], 0, 0)
+        .unwrap();
+    t.extend(7, public.node, &tokens[6..10], &[4, 5], 0, 0)
+        .unwrap();
+    assert_eq!(t.peek_prefix_public(7, &tokens), (5, 3));
+    assert_eq!(t.peek_prefix_public(7, &tokens[..4]), (2, 2)); // inside the public node
+    assert_eq!(t.peek_prefix_public(8, &tokens), (3, 3)); // another namespace sees the public pages
+    assert_eq!(t.peek_prefix_public(PUBLIC_NAMESPACE, &tokens), (3, 3));
+    // An insert from the root continues the public pages: namespace 9's fourth page hangs below.
+    t.insert(9, &tokens[..8], &[6, 7, 8, 9], 0, 0).unwrap();
+    assert_eq!(t.peek_prefix_public(9, &tokens), (4, 3));
+    // A namespace's own branch from the root, made before the public copy (as a restore makes it):
+    // the longer path, and no public page on it.
+    let mut t = RadixTree::new(2, EvictionPolicy::Lru).unwrap();
+    t.insert(10, &tokens[..10], &[10, 11, 12, 13, 14], 0, 0)
+        .unwrap();
+    t.insert(PUBLIC_NAMESPACE, &tokens[..6], &[1, 2, 3], 0, 0)
+        .unwrap();
+    assert_eq!(t.peek_prefix_public(10, &tokens), (5, 0));
+    assert_eq!(t.peek_prefix_public(11, &tokens), (3, 3));
+}
+
+#[test]
+fn peek_from_public_counts_the_public_pages_found_below_a_node() {
+    let mut t = RadixTree::new(2, EvictionPolicy::Lru).unwrap();
+    let tokens: Vec<u32> = (0..12).collect();
+    let a = t.insert(PUBLIC_NAMESPACE, &tokens[..4], &[1, 2], 0, 0).unwrap().node;
+    let b = t.extend(PUBLIC_NAMESPACE, a, &tokens[4..8], &[3, 4], 0, 0).unwrap().node;
+    t.extend(7, b, &tokens[8..10], &[5], 0, 0).unwrap();
+    assert_eq!(t.peek_from_public(7, ROOT, &tokens).unwrap(), (5, 4));
+    assert_eq!(t.peek_from_public(7, a, &tokens[4..]).unwrap(), (3, 2));
+    assert_eq!(t.peek_from_public(7, b, &tokens[8..]).unwrap(), (1, 0));
+    assert_eq!(t.peek_from_public(7, b, &tokens[..2]).unwrap(), (0, 0)); // nothing there
+    assert!(t.peek_from_public(7, 999, &tokens).is_err());
+}
