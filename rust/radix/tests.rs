@@ -165,8 +165,14 @@ fn peek_prefix_public_counts_the_public_pages_of_the_path_found() {
 fn peek_from_public_counts_the_public_pages_found_below_a_node() {
     let mut t = RadixTree::new(2, EvictionPolicy::Lru).unwrap();
     let tokens: Vec<u32> = (0..12).collect();
-    let a = t.insert(PUBLIC_NAMESPACE, &tokens[..4], &[1, 2], 0, 0).unwrap().node;
-    let b = t.extend(PUBLIC_NAMESPACE, a, &tokens[4..8], &[3, 4], 0, 0).unwrap().node;
+    let a = t
+        .insert(PUBLIC_NAMESPACE, &tokens[..4], &[1, 2], 0, 0)
+        .unwrap()
+        .node;
+    let b = t
+        .extend(PUBLIC_NAMESPACE, a, &tokens[4..8], &[3, 4], 0, 0)
+        .unwrap()
+        .node;
     t.extend(7, b, &tokens[8..10], &[5], 0, 0).unwrap();
     assert_eq!(t.peek_from_public(7, ROOT, &tokens).unwrap(), (5, 4));
     assert_eq!(t.peek_from_public(7, a, &tokens[4..]).unwrap(), (3, 2));
