@@ -525,7 +525,7 @@ def test_a_restore_keeps_no_page_below_a_copy_in_other_namespaces(tmp_path: Path
     fresh._check_invariants()
 
 
-@pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 1, 1]])
+@pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 2, 1]])
 def test_a_tier_answer_that_is_not_one_bool_per_row_fails_its_rows(answer: object, tmp_path: Path) -> None:
     """A scalar or length-1 answer broadcast to every row (pages nobody wrote reported loaded); a
     wrong length failed the ops but kept what the tier wrote. Now the rows fail, what they may have
@@ -603,3 +603,13 @@ def test_a_restore_keeps_the_indexed_branch_beside_a_stale_own_copy(tmp_path: Pa
     assert fresh.peek_hit_tokens(prompt, "b") == {"hbm": 0, "disk": 12}
     _chained(fresh.take_events(), disk.name)
     fresh._check_invariants()
+
+
+def test_a_tier_may_answer_0_1_integers(tmp_path: Path) -> None:
+    pool = make_pool(16)
+    host = HostTier(pool, 8)
+    real = host.store
+    host.store = lambda *a: np.asarray(real(*a), dtype=np.uint8)  # type: ignore[method-assign]
+    cache = KVCacheManager(16, PS, lower_tiers=[host], store_policy="all")
+    assert cache.add_sequence(1, list(range(13))) == 0
+    assert Mover(cache, pool, [host]).run().stored == 3

@@ -312,9 +312,11 @@ class Mover:
 
 
 def _row_results(tier: str, what: str, result: Any, n: int) -> npt.NDArray[np.bool_]:
-    """A tier's answer for ``n`` rows: a bool per row, nothing else (a scalar or a length-1 array
-    would broadcast to every row: pages nobody wrote reported loaded)."""
+    """A tier's answer for ``n`` rows: a bool (or a 0/1 integer) per row, nothing else (a scalar or
+    a length-1 array would broadcast to every row: pages nobody wrote reported loaded)."""
     ok = np.asarray(result)
+    if ok.shape == (n,) and ok.dtype.kind in "iu" and bool(((ok == 0) | (ok == 1)).all()):
+        ok = ok.astype(bool)
     if ok.shape != (n,) or ok.dtype != np.bool_:
         raise ConfigError(
             f"tier {tier!r}: {what} returned {ok.dtype} of shape {ok.shape}, expected one bool per row ({n},)"
