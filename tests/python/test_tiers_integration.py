@@ -613,3 +613,44 @@ def test_a_tier_may_answer_0_1_integers(tmp_path: Path) -> None:
     cache = KVCacheManager(16, PS, lower_tiers=[host], store_policy="all")
     assert cache.add_sequence(1, list(range(13))) == 0
     assert Mover(cache, pool, [host]).run().stored == 3
+
+
+def test_a_public_prefix_longer_than_one_question_is_reached_without_asking_in_vain() -> None:
+    """With max_lookup_keys below the public prefix's length, a lookup indexes what one question
+    reaches and stops there: it no longer asks for the tenant's pages keyed over a public prefix it
+    has not seen the end of (keys that cannot exist); the next lookups go on from there."""
+    pool = make_pool(32)
+
+    class Shared(HostTier):
+        max_lookup_keys = 2
+        held: set[bytes]
+        calls: list[int]
+
+        def exists(self, keys: np.ndarray) -> int:
+            self.calls.append(len(keys))
+            n = 0
+            for k in keys[: self.max_lookup_keys]:
+                if bytes(k) not in self.held:
+                    break
+                n += 1
+            return n
+
+    tier = Shared(pool, 32)
+    cache = KVCacheManager(32, PS, lower_tiers=[tier], store_policy="all")
+    system, own = list(range(100, 120)), [7] * 4  # five public pages, then one of tenant a
+    prompt = np.array([*system, *own, 0], np.int32)
+    public = kvcore.page_keys(prompt[:20], PS, namespace="*")
+    tenant = kvcore.page_keys(prompt[:24], PS, namespace="a", public_pages=5)
+    tier.held = {bytes(k) for k in [*public, tenant[5]]}
+    mover = Mover(cache, pool, [tier])
+    reached, questions = [], []
+    for _ in range(4):
+        tier.calls = []
+        mover.lookup(prompt, "a")
+        reached.append(cache.tier_prefix_len(tier.name, prompt, "a"))
+        questions.append(len(tier.calls))
+    assert reached == [2, 4, 6, 6]  # two public pages a question, then the tenant's page
+    # The next public key with the tenant's chain, then the public run: no tenant question over a
+    # public prefix cut short (it made one more each time); the third lookup reaches its end.
+    assert questions[:2] == [3, 3] and questions[2] == 4
+    assert cache.tier_prefix_len(tier.name, prompt, "*") == 5

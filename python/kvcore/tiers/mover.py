@@ -159,6 +159,9 @@ class Mover:
             if next_public:  # a longer public prefix: how long, then the namespace's pages after it
                 more_public = self._ask(tier, [(tokens, PUBLIC_NAMESPACE, 0, public)])[0]
                 added += self._mark(name, tokens, PUBLIC_NAMESPACE, public, more_public)
+                cap = getattr(tier, "max_lookup_keys", None)
+                if cap is not None and more_public >= cap:
+                    continue  # it may go on past what one question reaches: the next lookup asks on
                 public = self.cache.tier_prefix_len(name, tokens, PUBLIC_NAMESPACE)
                 known = self.cache.tier_prefix_len(name, tokens, namespace)
                 found = self._ask(tier, [(tokens, namespace, public, known)])[0]
