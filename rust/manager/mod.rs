@@ -1140,10 +1140,9 @@ impl KVCacheManager {
             self.extend_keys(st, ns, tokens, hit.num_pages, &mut keys, public)?;
             self.offer_stores(
                 st,
-                ns,
-                hit.node,
+                (ns, hit.node),
                 tokens,
-                &keys,
+                (&keys, public),
                 hit.num_pages,
                 tiers::Trigger::Pinned,
                 now,
@@ -1413,7 +1412,7 @@ impl KVCacheManager {
                 } else {
                     st.tree.cut_path(node, n).map_err(internal)?
                 };
-                self.offer_stores(st, ns, node, &tokens, &keys, n, trigger, now)
+                self.offer_stores(st, (ns, node), &tokens, (&keys, public), n, trigger, now)
             });
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.tokens = tokens;

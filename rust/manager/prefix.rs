@@ -142,7 +142,8 @@ impl KVCacheManager {
             let mut keys = Vec::with_capacity(pages.len());
             let public = st.tree.public_pages(ins.node);
             self.extend_keys(st, ns, tokens, pages.len(), &mut keys, public)?;
-            self.offer_stores(st, ns, ins.node, tokens, &keys, pages.len(), trigger, now)?;
+            let path = (ns, ins.node);
+            self.offer_stores(st, path, tokens, (&keys, public), pages.len(), trigger, now)?;
         }
         st.forget_if_unused(ns);
         Ok(ins.num_adopted_pages)

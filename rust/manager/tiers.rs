@@ -1120,10 +1120,9 @@ impl KVCacheManager {
     pub(super) fn offer_stores(
         &self,
         st: &mut State,
-        ns: Namespace,
-        node: NodeId,
+        (ns, node): (Namespace, NodeId),
         tokens: &[u32],
-        keys: &[PageKey],
+        (keys, public): (&[PageKey], usize),
         n: usize,
         trigger: Trigger,
         now: u64,
@@ -1131,23 +1130,23 @@ impl KVCacheManager {
         if st.tiers.is_empty() || n == 0 {
             return Ok(());
         }
-        // A namespace's path over a public prefix: the public pages are stored as the public
-        // namespace's (under their public keys, once for every tenant), the namespace's own pages
-        // after them, in the tier as in HBM.
+        // A namespace's path over a public prefix (`public` pages, held by public nodes, as its
+        // `keys` were computed): the public pages are stored as the public namespace's (under their
+        // public keys, once for every tenant), the namespace's own pages after them, in the tier
+        // as in HBM.
         let public = if ns == PUBLIC_NAMESPACE {
             0
         } else {
-            st.tree.public_pages(node).min(n)
+            public.min(n)
         };
         if public > 0 {
             let public_node = st.tree.cut_path(node, public).map_err(internal)?;
             let public_keys = &keys[..public];
             self.offer_stores(
                 st,
-                PUBLIC_NAMESPACE,
-                public_node,
+                (PUBLIC_NAMESPACE, public_node),
                 tokens,
-                public_keys,
+                (public_keys, public),
                 public,
                 trigger,
                 now,
@@ -1443,13 +1442,10 @@ impl KVCacheManager {
         let public = if visible == 0 || ns == PUBLIC_NAMESPACE {
             0
         } else {
-            let mut path = Vec::new();
             st.tiers[t]
                 .tree
-                .peek_prefix_pages_ns(ns, &tokens[..visible * ps], &mut path);
-            path.iter()
-                .take_while(|&&(_, x)| x == PUBLIC_NAMESPACE)
-                .count()
+                .peek_prefix_public(ns, &tokens[..visible * ps])
+                .1
         };
         // The caller asked the tier for keys over another public prefix than the path this
         // namespace sees here (its own copy of public tokens): those keys are not these pages'.
