@@ -6,6 +6,7 @@
 //! - [`radix`]: the page-granular, ref-counted radix tree for prefix sharing, with namespaces (F3, F4).
 //! - [`eviction`]: the eviction index over evictable leaves (LRU, LFU, priority + LRU) (F5).
 //! - [`manager`]: the scheduler-facing KV-cache manager: sequences, page tables, copy-on-write.
+//! - [`mrc`]: online miss-ratio curves (SHARDS over page keys): hit rate against cache size.
 //! - [`keys`]: page keys, the 128-bit identity of a full page's K/V (SHA-256, chained).
 //! - [`error`]: the one error type every fallible call returns.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -15,6 +16,7 @@ pub mod error;
 pub mod eviction;
 pub mod keys;
 pub mod manager;
+pub mod mrc;
 pub mod radix;
 pub mod remote;
 pub(crate) mod shared_copy;

@@ -1,13 +1,13 @@
 """Type stubs of the native module (checked against the built module by ``mypy.stubtest``)."""
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Protocol, TypeAlias, final
+from typing import Any, Protocol, TypeAlias, final
 
 import numpy as np
 import numpy.typing as npt
 
 from kvcore.events import KVEvent
-from kvcore.manager import BatchLayout, PageTable, PrefixHit, PrefixMatch, TransferBatch
+from kvcore.manager import BatchLayout, MissRatioCurve, PageTable, PrefixHit, PrefixMatch, TransferBatch
 
 __all__ = [
     "MAX_EVENTS",
@@ -138,10 +138,13 @@ class KVCacheManager:
         store_policy: str = "selective",
         store_options: dict[str, float] | None = None,
         groups: Sequence[int | None] | None = None,
+        miss_ratio_curve: bool | int | None = None,
     ) -> KVCacheManager:
         """``groups``: one entry per KV-cache group of layers, each with its own page table per
         sequence: ``None`` for full attention, an int ``W`` for a sliding window of ``W`` tokens (pages
-        that leave the window are released). All groups share the pool; default: one full group."""
+        that leave the window are released). All groups share the pool; default: one full group.
+        ``miss_ratio_curve``: ``True`` (8,192 sampled pages) or a number of pages to sample builds the
+        online hit-rate-against-size curve (:meth:`miss_ratio_curve`); off by default."""
     @classmethod
     def for_model(
         cls, model: object, num_pages: int, page_size: int | None = None, **kwargs: object
@@ -345,6 +348,14 @@ class KVCacheManager:
         """
     def stats(self) -> CacheStats: ...
     def metrics_text(self) -> str: ...
+    def miss_ratio_curve(
+        self, sizes: npt.NDArray[np.integer[Any]] | Sequence[int] | None = None
+    ) -> MissRatioCurve | None:
+        """The prompt-token hit rate an LRU cache of each size (pages) would have had on the
+        admissions seen (default sizes: HBM x 1/8 .. 16, HBM plus each lower tier, the largest reuse
+        distance); None if the manager was built without ``miss_ratio_curve``."""
+    def reset_miss_ratio_curve(self) -> bool:
+        """Forget what the curve has seen (it counts again from the next admission); False if off."""
     def seq_len(self, seq_id: int) -> int: ...
     def seq_pages(self, seq_id: int, *, group: int | None = None) -> npt.NDArray[np.int32]: ...
     def cached_pages(self) -> npt.NDArray[np.int32]: ...

@@ -18,6 +18,7 @@ __all__ = [
     "PUBLIC_NAMESPACE",
     "BatchLayout",
     "CacheStats",
+    "MissRatioCurve",
     "PageTable",
     "PrefixHit",
     "PrefixMatch",
@@ -83,6 +84,30 @@ class PrefixHit(NamedTuple):
     num_tokens: int
     group_tokens: list[int]
     reason: str
+
+
+class MissRatioCurve(NamedTuple):
+    """What more (or less) cache would have bought (:meth:`KVCacheManager.miss_ratio_curve`).
+
+    ``hit_rate[i]`` is the share of prompt tokens an LRU cache of ``sizes_pages[i]`` pages would
+    have found cached, over the admissions since the curve started (or was reset): the manager's own
+    ``stats().hit_rate`` at its real size, without running the workload again at each size. Built
+    online with SHARDS (a hash-sampled set of at most ``max_samples`` pages, ``sample_rate`` of all
+    pages; 1.0 means exact) from the pages each admission looks up (deepest first, as the tree uses
+    them) and the pages that fill as sequences grow. The real cache differs from that model where
+    pages are not LRU-evictable: live sequences' pages, TTL pins, priorities, tenant quotas, window
+    groups. ``max_distance_pages`` is the largest reuse distance seen: a larger cache buys nothing more
+    on this workload.
+    """
+
+    sizes_pages: npt.NDArray[np.int64]
+    hit_rate: npt.NDArray[np.float64]
+    sample_rate: float
+    num_samples: int
+    max_samples: int
+    lookup_pages: int
+    prompt_tokens: int
+    max_distance_pages: int
 
 
 def _group_windows(model: object) -> list[int | None]:

@@ -25,6 +25,9 @@ Series (prefix ``kvcore``; fields in ``docs/api.md``):
   ``kvcore_preemptions_total{kind}`` (swap / recompute), ``kvcore_preemption_tax``,
   ``kvcore_computed_tokens_total``, ``kvcore_recomputed_tokens_total``, ``kvcore_pressure_level``,
   ``kvcore_pressure_responses_total{response,signal}``;
+- with ``miss_ratio_curve=`` on: ``kvcore_mrc_hit_rate{size_pages}``, the prompt-token hit rate an LRU
+  cache of that many pages would have had (HBM x 1/8 .. 16, HBM plus each lower tier, the largest
+  reuse distance), and ``kvcore_mrc_sample_rate``;
 - ``kvcore_tenant_pages{tenant,default_namespace}``: pages held by each tenant's running requests, only
   with ``tenant_labels=True``: namespace names are the tenants' own, and never leave kvcore unless asked.
   The default namespace (``None``) is ``tenant="",default_namespace="true"``; every named namespace,
@@ -42,7 +45,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
-from kvcore.manager import CacheStats
+from kvcore.manager import CacheStats, MissRatioCurve
 
 __all__ = ["KVCoreCollector", "metrics_text", "serve"]
 
@@ -80,6 +83,24 @@ def _cache_families(stats: CacheStats, prefix: str) -> Iterator[Metric]:
         yield CounterMetricFamily(f"{prefix}_{name.removeprefix('num_')}", help_text, getattr(stats, name))
     yield GaugeMetricFamily(
         f"{prefix}_prefix_hit_rate", "Cached fraction of looked-up prompt tokens.", stats.hit_rate
+    )
+
+
+def _mrc_families(curve: MissRatioCurve | None, prefix: str) -> Iterator[Metric]:
+    if curve is None:
+        return
+    fam = GaugeMetricFamily(
+        f"{prefix}_mrc_hit_rate",
+        "Prompt-token hit rate an LRU cache of size_pages pages would have had (miss-ratio curve).",
+        labels=["size_pages"],
+    )
+    for size, rate in zip(curve.sizes_pages.tolist(), curve.hit_rate.tolist(), strict=True):
+        fam.add_metric([str(size)], rate)
+    yield fam
+    yield GaugeMetricFamily(
+        f"{prefix}_mrc_sample_rate",
+        "Share of pages the miss-ratio curve samples (1: exact).",
+        curve.sample_rate,
     )
 
 
@@ -249,6 +270,7 @@ class KVCoreCollector:
 
     def collect(self) -> Iterator[Metric]:
         yield from _cache_families(self.cache.stats(), self.prefix)
+        yield from _mrc_families(self.cache.miss_ratio_curve(), self.prefix)
         tiers = self.cache.tier_stats() if self.cache.tier_names else {}
         storage = self.mover.storage_stats() if self.mover is not None else None
         yield from _tier_families(tiers, storage, self.prefix)
@@ -269,10 +291,15 @@ def metrics_text(
     prefix: str = "kvcore",
     tiers: Mapping[str, Mapping[str, int]] | None = None,
     storage: Mapping[str, Mapping[str, int]] | None = None,
+    mrc: MissRatioCurve | None = None,
 ) -> str:
-    """Render ``stats`` (and the lower tiers' ``tiers`` / ``storage`` counters, if given) in the
-    Prometheus text format, as ``prometheus_client`` writes it."""
-    families = [*_cache_families(stats, prefix), *_tier_families(tiers or {}, storage, prefix)]
+    """Render ``stats`` (and the lower tiers' ``tiers`` / ``storage`` counters and the miss-ratio
+    curve ``mrc``, if given) in the Prometheus text format, as ``prometheus_client`` writes it."""
+    families = [
+        *_cache_families(stats, prefix),
+        *_mrc_families(mrc, prefix),
+        *_tier_families(tiers or {}, storage, prefix),
+    ]
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Snapshot(families))  # type: ignore[arg-type]
     return generate_latest(registry).decode("utf-8")

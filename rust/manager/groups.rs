@@ -573,6 +573,12 @@ impl KVCacheManager {
         st.stats.prefix_hit_tokens += (hit * ps) as u64;
         let mut tables = tables.into_iter();
         let pages = tables.next().unwrap_or_default();
+        let mrc = if st.mrc.is_some() {
+            let public = st.tree.public_pages(matched.node);
+            self.mrc_lookup(st, namespace, public, &prompt)
+        } else {
+            Default::default()
+        };
         let seq = Sequence {
             ns,
             priority,
@@ -590,6 +596,7 @@ impl KVCacheManager {
             keys: keys[..hit.min(keys.len())].to_vec(),
             bounds: Some(Box::new(bounds)),
             copies: Vec::new(),
+            mrc,
         };
         st.seqs.insert(seq_id, seq);
         // A streaming sequence admitted past its recent window releases the middle of its hit

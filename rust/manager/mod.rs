@@ -50,6 +50,7 @@ use crate::PageId;
 mod copies;
 mod events;
 mod groups;
+mod mrc;
 mod namespace;
 mod page_table;
 mod prefix;
@@ -58,6 +59,7 @@ mod tiers;
 
 pub use events::{KvEvent, MAX_EVENTS, MEDIUM_HBM};
 pub use groups::{HitReason, PrefixHit, MAX_GROUPS};
+pub use mrc::MrcReport;
 use namespace::UNSEEN_NAMESPACE;
 pub use page_table::{BatchLayout, PageTable};
 pub use prefix::PrefixMatch;
@@ -149,6 +151,8 @@ struct Sequence {
     /// same prefix): once the sequence's copies are computed, the tree takes them and frees its
     /// own (see [`adopt_copies`](KVCacheManager::adopt_copies)).
     copies: Vec<(usize, usize)>,
+    /// Where its miss-ratio curve keys stand (unused when the curve is off).
+    mrc: mrc::MrcCursor,
 }
 
 impl Sequence {
@@ -205,6 +209,10 @@ struct State {
     transfers: tiers::Transfers,
     /// The KV-cache groups and the cache of the non-primary groups' pages.
     groups: groups::Groups,
+    /// The miss-ratio curve, when on ([`KVCacheManager::set_miss_ratio_curve`]).
+    mrc: Option<Box<crate::mrc::MissRatioCurve>>,
+    /// Scratch for the curve's page keys.
+    mrc_keys: Vec<u64>,
 }
 
 /// The KV-cache manager. Every method takes `&self`; see the module docs for concurrency.
@@ -310,6 +318,8 @@ impl KVCacheManager {
                 store_policy: config.store_policy,
                 transfers: tiers::Transfers::default(),
                 groups,
+                mrc: None,
+                mrc_keys: Vec::new(),
             }),
         })
     }
@@ -497,6 +507,12 @@ impl KVCacheManager {
         for &t in &plan {
             hit_tokens[1 + t as usize] += ps;
         }
+        let mrc = if st.mrc.is_some() {
+            let public = st.tree.public_pages(hit.node);
+            self.mrc_lookup(st, namespace, public, prompt)
+        } else {
+            mrc::MrcCursor::default()
+        };
         // The sequence starts with the matched prefix cached and its node locked (the lock taken
         // above becomes the sequence's); its own full pages join the tree like appended ones.
         st.seqs.insert(
@@ -519,6 +535,7 @@ impl KVCacheManager {
                 extra: Vec::new(),
                 bounds: None,
                 copies: Vec::new(),
+                mrc,
             },
         );
         if hit.num_pages > 0 {
@@ -830,6 +847,7 @@ impl KVCacheManager {
             r.1 = r.1.min(full);
             r.0 < r.1
         });
+        self.mrc_truncate(st, seq_id, full)?;
         self.release_table(st, &released)
     }
 
@@ -994,9 +1012,10 @@ impl KVCacheManager {
                     let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
                     seq.num_inserted_pages = full;
                 }
-                return Ok(());
+                return self.mrc_fill(st, seq_id, full);
             }
         }
+        self.mrc_fill(st, seq_id, full)?;
         let State {
             tree,
             seqs,
@@ -1104,6 +1123,7 @@ impl KVCacheManager {
         st.tree.unlock(seq.node).map_err(internal)?;
         self.release_sequence_pages(st, &seq)?;
         st.remove_live(seq.ns);
+        Self::mrc_release(st, &seq.mrc);
         Ok(())
     }
 

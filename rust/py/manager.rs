@@ -24,6 +24,7 @@ static BATCH_LAYOUT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_MATCH: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static PREFIX_HIT: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 static GROUP_WINDOWS: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
+static MISS_RATIO_CURVE: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
 
 /// `groups=`: a list of windows (`None` for full attention, an int of tokens for a window).
 fn groups_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Option<usize>>> {
@@ -113,6 +114,30 @@ fn call_attr<'py>(
 /// Calls whose work grows past these (tokens, pages, sequences in a batch) run detached from the
 /// interpreter: other Python threads keep running meanwhile (a transfer-completion thread is not
 /// stalled by the scheduler's large evictions, resets or tables).
+/// Pages a miss-ratio curve tracks with `miss_ratio_curve=True` (about 0.5 MB).
+const DEFAULT_MRC_SAMPLES: usize = 8192;
+/// The most pages a miss-ratio curve may track (about 250 MB).
+const MAX_MRC_SAMPLES: usize = 1 << 22;
+
+/// `miss_ratio_curve=`: `None`/`False` (off), `True` (the default bound) or a number of pages.
+fn mrc_arg(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<usize>> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(None);
+    };
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Ok(bool_arg(obj, "miss_ratio_curve")?.then_some(DEFAULT_MRC_SAMPLES));
+    }
+    let n = count_arg(obj, "miss_ratio_curve")?;
+    if !(1..=MAX_MRC_SAMPLES).contains(&n) {
+        return Err(KvError::InvalidArgument(format!(
+            "miss_ratio_curve must be True, False or the number of pages to sample, in \
+             1..={MAX_MRC_SAMPLES}, got {n}"
+        ))
+        .into());
+    }
+    Ok(Some(n))
+}
+
 const LONG_TOKENS: usize = 8192;
 const LONG_PAGES: usize = 1024;
 const LONG_BATCH: usize = 64;
@@ -243,8 +268,8 @@ fn seconds_to_micros(seconds: f64, name: &str) -> PyResult<u64> {
 impl PyKVCacheManager {
     #[new]
     #[pyo3(
-        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None, lower_tiers = None, store_policy = None, store_options = None, groups = None),
-        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False, lower_tiers=None, store_policy='selective', store_options=None, groups=None)"
+        signature = (num_pages, page_size = None, eviction = Arg::Missing, *, pin_budget_pages = None, clock = None, fingerprint = None, events = None, lower_tiers = None, store_policy = None, store_options = None, groups = None, miss_ratio_curve = None),
+        text_signature = "(num_pages, page_size=None, eviction='lru', *, pin_budget_pages=None, clock=None, fingerprint=None, events=False, lower_tiers=None, store_policy='selective', store_options=None, groups=None, miss_ratio_curve=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -260,6 +285,7 @@ impl PyKVCacheManager {
         store_policy: Option<&Bound<'_, PyAny>>,
         store_options: Option<&Bound<'_, PyAny>>,
         groups: Option<&Bound<'_, PyAny>>,
+        miss_ratio_curve: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let eviction = eviction.or("lru".into(), |e| str_arg(e, "eviction"))?;
         let policy: EvictionPolicy = eviction.parse().map_err(|_| {
@@ -290,6 +316,7 @@ impl PyKVCacheManager {
             store_policy: super::tiers::store_policy(store_policy, store_options)?,
             groups: groups_arg(groups)?,
         };
+        let mrc = mrc_arg(miss_ratio_curve)?;
         let clock = clock.filter(|c| !c.bind(py).is_none());
         if let Some(clock) = &clock {
             if !clock.bind(py).is_callable() {
@@ -298,6 +325,9 @@ impl PyKVCacheManager {
         }
         // Large pools are built detached: other Python threads keep running meanwhile.
         let inner = super::detach(py, || KVCacheManager::new(config))?;
+        if mrc.is_some() {
+            inner.set_miss_ratio_curve(mrc);
+        }
         Ok(Self {
             tier_names: inner.tier_names(),
             inner,
@@ -1278,14 +1308,67 @@ impl PyKVCacheManager {
     fn metrics_text(&self, py: Python<'_>) -> PyResult<String> {
         let stats = Bound::new(py, self.stats(py)?)?;
         let tiers = self.tier_stats(py)?;
+        let mrc = self.miss_ratio_curve(py, None)?;
         call_attr(
             py,
             &METRICS_TEXT,
             "kvcore.metrics",
             "metrics_text",
-            (stats, "kvcore", tiers),
+            (stats, "kvcore", tiers, py.None(), mrc),
         )?
         .extract()
+    }
+
+    /// `MissRatioCurve(sizes_pages, hit_rate, ...)`: the prompt-token hit rate an LRU cache of each
+    /// size (pages; default: HBM x 1/8 .. 16, HBM plus the lower tiers, the largest reuse distance)
+    /// would have had on the admissions seen, or None if the curve is off (`miss_ratio_curve=`).
+    #[pyo3(signature = (sizes = None))]
+    fn miss_ratio_curve<'py>(
+        &self,
+        py: Python<'py>,
+        sizes: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Option<Bound<'py, PyAny>>> {
+        let sizes: Option<Vec<u64>> = match sizes.filter(|s| !s.is_none()) {
+            Some(s) => Some(
+                counts_arg(s, "sizes")?
+                    .into_iter()
+                    .map(|n| n as u64)
+                    .collect(),
+            ),
+            None => None,
+        };
+        let Some(r) = self.run(py, false, |m| m.miss_ratio_curve(sizes.as_deref())) else {
+            return Ok(None);
+        };
+        let sizes: Vec<i64> = r
+            .sizes
+            .iter()
+            .map(|&n| n.min(i64::MAX as u64) as i64)
+            .collect();
+        let items = (
+            PyArray1::from_vec(py, sizes),
+            PyArray1::from_vec(py, r.hit_rates),
+            r.sample_rate,
+            r.num_samples,
+            r.max_samples,
+            r.lookup_pages,
+            r.prompt_tokens,
+            r.max_distance,
+        );
+        tuple_attr(
+            py,
+            &MISS_RATIO_CURVE,
+            "kvcore.manager",
+            "MissRatioCurve",
+            items,
+        )
+        .map(Some)
+    }
+
+    /// Forget what the miss-ratio curve has seen (it counts again from the next admission);
+    /// False if it is off.
+    fn reset_miss_ratio_curve(&self, py: Python<'_>) -> bool {
+        self.run(py, false, |m| m.reset_miss_ratio_curve())
     }
 
     /// Tokens of `seq_id`.

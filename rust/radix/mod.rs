@@ -60,8 +60,8 @@ use std::ops::Range;
 use crate::error::{KvError, KvResult};
 use crate::eviction::{EvictKey, EvictionIndex, EvictionPolicy};
 use crate::{PageId, NULL_PAGE};
-pub(crate) use hash::FxBuildHasher;
-use hash::{child_key, hash_page, random_seed};
+use hash::{child_key, random_seed};
+pub(crate) use hash::{hash_page, FxBuildHasher};
 
 /// A node of the tree: a slab index. [`ROOT`] (0) is the one root, shared by every namespace;
 /// it holds no pages, and `lock`/`unlock` on it do nothing. A match of zero pages returns it.

@@ -158,6 +158,7 @@ class ReplayConfig:
     remote_lookup_keys: int = DEFAULT_REMOTE_LOOKUP_KEYS  # most pages one lookup asks the store about, >= 1
     store_policy: str = STORE_POLICIES[0]  # one of STORE_POLICIES (unused without a tier)
     page_bytes: int | None = None  # K/V bytes of one page, >= 1; None: DEFAULT_TOKEN_BYTES * page_size
+    miss_ratio_curve: bool | int | None = None  # the manager's miss_ratio_curve= (None: off)
 
     def __post_init__(self) -> None:
         for name in ("capacity_pages", "page_size", "decode_chunk", "remote_lookup_keys"):
@@ -221,7 +222,12 @@ def _manager(cfg: ReplayConfig) -> KVCacheManager:
     """
     tiers = cfg.lower_tiers
     if not tiers:
-        return KVCacheManager(cfg.capacity_pages + 1, page_size=cfg.page_size, eviction=cfg.policy)
+        return KVCacheManager(
+            cfg.capacity_pages + 1,
+            page_size=cfg.page_size,
+            eviction=cfg.policy,
+            miss_ratio_curve=cfg.miss_ratio_curve,
+        )
     options: dict[str, float] | None = None
     if cfg.store_policy == "value":
         options = {"page_bytes": float(cfg.page_nbytes)}
@@ -234,6 +240,7 @@ def _manager(cfg: ReplayConfig) -> KVCacheManager:
         lower_tiers=tiers,
         store_policy=cfg.store_policy,
         store_options=options,
+        miss_ratio_curve=cfg.miss_ratio_curve,
     )
 
 
