@@ -219,6 +219,11 @@ impl Groups {
         self.by_key.get(&(g as u8, *key)).copied()
     }
 
+    /// Group `g`'s cached page for `key`, or the null page.
+    pub(super) fn page_of(&self, g: usize, key: &PageKey) -> PageId {
+        self.lookup(g, key).unwrap_or(NULL_PAGE)
+    }
+
     /// Take up to `n` evictable pages, least recently used first, out of the cache (the caller
     /// releases the cache's reference on each).
     fn take_lru(&mut self, n: usize, out: &mut Vec<PageId>) {
@@ -492,10 +497,13 @@ impl KVCacheManager {
             let w = st.groups.windows[g];
             let start = bounds.start(w);
             let limit = bounds.limit(w, ps, bounds.computed).max(start).min(hit);
-            bounds.cursor[g] = limit;
             if !st.groups.mapped(g) {
+                // The tree's group takes the whole match (its path is locked): the pages it no
+                // longer needs are released from its table by `drop_bounded`, from `start` on.
+                bounds.cursor[g] = start;
                 continue;
             }
+            bounds.cursor[g] = limit;
             t.resize(hit, NULL_PAGE);
             for (i, slot) in t.iter_mut().enumerate() {
                 if i >= start && i < limit {
@@ -827,6 +835,13 @@ impl KVCacheManager {
         let st = &mut *guard;
         let ps = self.page_size;
         let seq = super::ready(&st.seqs, seq_id)?;
+        if st.groups.windows.iter().all(|w| w.is_some()) {
+            return Err(KvError::InvalidArgument(
+                "compact: every KV-cache group is a sliding window (their pages leave the window by \
+                 themselves); compaction releases full-attention pages"
+                    .into(),
+            ));
+        }
         let table = &seq.pages;
         let kept: Vec<usize> = (0..table.len())
             .filter(|&i| table[i] != NULL_PAGE)
@@ -856,7 +871,9 @@ impl KVCacheManager {
             ));
         }
         let sinks = sink_tokens.div_ceil(ps);
-        let n = seq.slots;
+        // Tokens computed (known and slotted): draft slots past them are not (a later append may
+        // reject them).
+        let n = seq.computable();
         let recent_from = n.saturating_sub(recent_tokens.max(1)) / ps;
         let mut candidates: Vec<usize> = kept
             .iter()

@@ -372,10 +372,18 @@ impl KVCacheManager {
         };
         let ps = self.page_size;
         let table = seq.table(g);
-        if num_tokens > 0 && table[start / ps] == NULL_PAGE {
+        // Every page of the range, not only the first: a range may span a released middle.
+        let pages = if num_tokens == 0 {
+            &[][..]
+        } else {
+            &table[start / ps..(start + num_tokens - 1) / ps + 1]
+        };
+        if let Some(i) = pages.iter().position(|&p| p == NULL_PAGE) {
+            let token = (start / ps + i) * ps;
             return Err(KvError::InvalidArgument(format!(
-                "sequence {seq_id}: token {start}'s page was released (outside the window, or \
-                 compacted), it has no slot"
+                "sequence {seq_id}: token {}'s page was released (outside the window, or \
+                 compacted), it has no slot",
+                token.max(start)
             )));
         }
         // No overflow: new() checks num_pages * page_size fits i64.

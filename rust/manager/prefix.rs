@@ -35,9 +35,15 @@ impl KVCacheManager {
         let mut pages = Vec::new();
         let mut n = guard.tree.peek_prefix_pages(ns, tokens, &mut pages);
         if guard.groups.active() {
-            // The hit every group allows; the pages are the primary group's (none when every
-            // group is windowed: its pages live in the group cache).
-            n = self.peek_group_hit(&guard, ns, tokens).0;
+            // The hit every group allows; the pages are the primary group's. A windowed primary's
+            // live in its group cache, which may no longer hold the pages a hit does not need
+            // (before its window): those are the null page.
+            let (hit, keys, _, _) = self.peek_group_hit(&guard, ns, tokens);
+            n = hit;
+            if guard.groups.primary_windowed() {
+                pages.clear();
+                pages.extend(keys[..n].iter().map(|k| guard.groups.page_of(0, k)));
+            }
             pages.truncate(n);
         }
         PrefixMatch {

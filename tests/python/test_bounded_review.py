@@ -1,0 +1,98 @@
+"""Bounded caches (F8), hostile review of 2026-12-02: each test failed before its fix."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvcore import InvalidArgumentError, KVCacheManager
+
+PS = 4
+
+
+@pytest.mark.parametrize("groups", [None, [8, None]])
+def test_a_streaming_sequence_admitted_over_a_hit_releases_the_hit_pages_between_sinks_and_recent(
+    groups: list[int | None] | None,
+) -> None:
+    """It kept every hit page (40 keys read instead of 12: not StreamingLLM, memory unbounded)."""
+    m = KVCacheManager(200, PS, groups=groups)
+    prompt = list(range(1, 42))
+    m.add_sequence(1, prompt)
+    m.append(1, [7])
+    m.free_sequence(1)  # 40 tokens cached
+    sinks, recent = 4, 8
+    assert m.add_sequence(2, [*prompt, 3, 4], sink_tokens=sinks, recent_tokens=recent) == 40
+    m.append(2, [9])  # 44 tokens, 43 computed
+    full = len(m.groups) - 1
+    table = m.seq_pages(2, group=full).tolist()
+    # The model: sink pages, and pages holding one of the last `recent` keys of the next query.
+    computed = 43
+    want = [i for i in range(len(table)) if i < -(-sinks // PS) or (i + 1) * PS - 1 >= computed + 1 - recent]
+    assert [i for i, p in enumerate(table) if p] == want
+    assert len(m.positions([2], group=full)) == sum(
+        min(PS, 44 - i * PS) for i in want
+    )  # what the kernels read
+    m.free_sequence(2)
+    s = m.stats()
+    assert s.num_pages_in_use == 0 and s.num_sequences == 0
+
+
+def test_slot_mapping_refuses_a_range_over_released_pages() -> None:
+    """Only the first page of the range was checked: slots on the null page 0 came back."""
+    m = KVCacheManager(100, PS)
+    m.add_sequence(1, list(range(1, 30)), sink_tokens=4, recent_tokens=8)
+    m.append(1, [5])
+    with pytest.raises(InvalidArgumentError, match="released"):
+        m.slot_mapping(1, 30, start=0)
+    slots = m.slot_mapping(1, 4, start=0)  # the sink page alone is fine
+    assert np.all(slots // PS != 0)
+    m2 = KVCacheManager(100, PS)
+    m2.add_sequence(2, list(range(1, 30)))
+    m2.append(2, [5])
+    assert m2.compact(2, [5, 0, 5, 5, 5, 5, 5, 5], 7) == 1
+    with pytest.raises(InvalidArgumentError, match="token 4's page"):
+        m2.slot_mapping(2, 12, start=0)
+    assert np.all(m2.slot_mapping(2, 22, start=8) // PS != 0)
+
+
+def test_compact_with_draft_slots_keeps_the_window_the_next_query_reads() -> None:
+    """compact counted reserved draft slots as computed: the next append released a window page
+    its own query needed."""
+    window, k = 8, 3
+    m = KVCacheManager(200, PS, groups=[window, None])
+    m.add_sequence(1, list(range(1, 30)))
+    m.append(1, [5], num_lookahead=k)
+    scores = [1.0] * len(m.seq_pages(1, group=1))
+    scores[1] = 0.0
+    assert m.compact(1, scores, len(scores) - 1) == 1
+    m.append(1, [6])  # every draft rejected: the bonus token sits at position 30
+    table = m.seq_pages(1, group=0).tolist()
+    q = 30
+    assert all(table[t // PS] != 0 for t in range(q - window + 1, q + 1))
+
+
+def test_compact_on_a_window_only_manager_is_refused() -> None:
+    """It reported 9 pages released, released none, and made the sequence private."""
+    m = KVCacheManager(200, PS, groups=[8])
+    m.add_sequence(1, list(range(1, 42)))
+    before = m.seq_pages(1).tolist()
+    with pytest.raises(InvalidArgumentError, match="sliding window"):
+        m.compact(1, [1.0] * len(before), 2)
+    assert m.seq_pages(1).tolist() == before
+    m.append(1, [7])
+    m.free_sequence(1)
+    assert m.peek_prefix_len(list(range(1, 42))) == 40  # not made private
+
+
+def test_match_prefix_on_a_window_only_manager_gives_its_pages() -> None:
+    """PrefixMatch(num_tokens=40, pages=[]): the count and the pages disagreed."""
+    prompt = list(range(1, 42))
+    m = KVCacheManager(200, PS, groups=[8])
+    m.add_sequence(1, prompt)
+    m.append(1, [7])
+    m.free_sequence(1)
+    pm = m.match_prefix(prompt)
+    assert pm.num_tokens == len(pm.pages) * PS == 40
+    assert np.all(pm.pages[-2:] != 0)  # the window's pages before the hit point
+    assert m.add_sequence(2, prompt) == 40
+    assert m.seq_pages(2)[8:10].tolist() == pm.pages[8:10].tolist()  # the very pages it takes
