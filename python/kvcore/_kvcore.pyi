@@ -244,9 +244,11 @@ class KVCacheManager:
         """Slots for the next ``num_tokens`` prompt tokens; False (nothing changed) if no room."""
     def page_keys(self, seq_id: int) -> npt.NDArray[np.uint8]:
         """``[num_full_pages, 16]`` page keys of the sequence's full pages (see docs/api.md)."""
-    def take_events(self) -> list[KVEvent]:
+    def take_events(self, sink: list[KVEvent] | None = None) -> list[KVEvent]:
         """KV events since the last call, in order (empty unless built with ``events=True``); past
-        ``MAX_EVENTS`` of them, per medium ``AllCleared(medium)`` then its content as ``PageStored``."""
+        ``MAX_EVENTS`` of them, per medium ``AllCleared(medium)`` then its content as ``PageStored``.
+        Exactly once: events a call could not build (an interrupt) come back in the next call;
+        ``sink``: a list they are appended to inside the call (which then returns ``[]``)."""
     @property
     def num_events_dropped(self) -> int:
         """Events dropped because the log was full (replaced by a snapshot), since construction."""

@@ -51,11 +51,24 @@ pub enum KvEvent {
 /// Past it the log is dropped and the next call returns the cache's whole content instead.
 pub const MAX_EVENTS: usize = 1 << 17;
 
+/// What a snapshot needs of a windowed primary group's cached page (no tree node holds it).
+#[derive(Debug)]
+struct GroupPage {
+    /// Insertion order: parents before their children.
+    order: u64,
+    parent: Option<PageKey>,
+    namespace: Option<String>,
+    tokens: Vec<u32>,
+}
+
 /// The event log and the key of every cached page (only while events are on).
 #[derive(Debug, Default)]
 pub(super) struct Events {
     log: Vec<KvEvent>,
     key_of: HashMap<PageId, PageKey>,
+    /// The cached pages of a windowed primary group (every group windowed).
+    group_pages: HashMap<PageId, GroupPage>,
+    next_group_order: u64,
     /// The log overflowed since the last take: it holds nothing, and the next take is a snapshot.
     overflowed: bool,
     /// Events dropped by overflows, ever.
@@ -118,10 +131,52 @@ impl KVCacheManager {
                 tokens: tokens.to_vec(),
             });
         }
+        if let Some(events) = st.events.as_ref() {
+            let mut group: Vec<(&PageId, &GroupPage)> = events.group_pages.iter().collect();
+            group.sort_unstable_by_key(|(_, g)| g.order);
+            for (&page, g) in group {
+                if let Some(&k) = events.key_of.get(&page) {
+                    out.push(KvEvent::Stored {
+                        keys: vec![k],
+                        parent: g.parent,
+                        namespace: g.namespace.clone(),
+                        pages: vec![page],
+                        medium: MEDIUM_HBM.to_owned(),
+                        tokens: g.tokens.clone(),
+                    });
+                }
+            }
+        }
         for tier in &st.tiers {
             tier.snapshot_events(|ns| st.namespace_label(ns), &mut out);
         }
         out
+    }
+
+    /// Put back the events of a [`take_events`](Self::take_events) call whose caller could not
+    /// take them (an exception while they were converted): they come first in the next call,
+    /// before what was recorded since. If the log overflowed meanwhile, the next call's snapshot
+    /// covers them (they count as dropped).
+    pub fn restore_events(&self, taken: Vec<KvEvent>) {
+        if taken.is_empty() {
+            return;
+        }
+        let mut guard = self.state.lock();
+        let Some(events) = guard.events.as_mut() else {
+            return;
+        };
+        if events.overflowed {
+            events.dropped += taken.len() as u64;
+            return;
+        }
+        let mut log = taken;
+        log.append(&mut events.log);
+        if log.len() > MAX_EVENTS {
+            events.dropped += log.len() as u64;
+            events.overflowed = true;
+        } else {
+            events.log = log;
+        }
     }
 
     /// Events dropped because the log was full (see [`MAX_EVENTS`]), since the manager was built.
@@ -194,22 +249,66 @@ impl KVCacheManager {
         Ok(())
     }
 
-    /// Record that `pages` left the tree.
+    /// Record that those of `pages` that were announced left the cache (the tree's, or a windowed
+    /// primary group's; other pages are skipped).
     pub(super) fn record_removed(&self, st: &mut State, pages: &[PageId]) {
         let Some(events) = st.events.as_mut() else {
             return;
         };
-        if pages.is_empty() {
+        let (mut keys, mut kept) = (Vec::new(), Vec::new());
+        for p in pages {
+            if let Some(k) = events.key_of.remove(p) {
+                keys.push(k);
+                kept.push(*p);
+                events.group_pages.remove(p);
+            }
+        }
+        if kept.is_empty() {
             return;
         }
-        let keys = pages
-            .iter()
-            .filter_map(|p| events.key_of.remove(p))
-            .collect();
         events.push(KvEvent::Removed {
             keys,
+            pages: kept,
+            medium: MEDIUM_HBM.to_owned(),
+        });
+    }
+
+    /// Record that a windowed primary group cached `pages` (keys `keys`, after the page keyed
+    /// `parent`), holding `tokens` in namespace `ns`.
+    pub(super) fn record_group_stored(
+        &self,
+        st: &mut State,
+        keys: &[PageKey],
+        parent: Option<PageKey>,
+        pages: &[PageId],
+        tokens: &[u32],
+        ns: Namespace,
+    ) {
+        let name = st.namespace_label(ns);
+        let Some(events) = st.events.as_mut() else {
+            return;
+        };
+        let ps = tokens.len() / pages.len().max(1);
+        for (i, (&p, &k)) in pages.iter().zip(keys).enumerate() {
+            events.key_of.insert(p, k);
+            events.next_group_order += 1;
+            events.group_pages.insert(
+                p,
+                GroupPage {
+                    order: events.next_group_order,
+                    parent: if i == 0 { parent } else { Some(keys[i - 1]) },
+                    namespace: name.clone(),
+                    tokens: tokens[i * ps..(i + 1) * ps].to_vec(),
+                },
+            );
+        }
+        events.push(KvEvent::Stored {
+            keys: keys.to_vec(),
+            parent,
+            namespace: name,
             pages: pages.to_vec(),
             medium: MEDIUM_HBM.to_owned(),
+            tokens: tokens.to_vec(),
         });
     }
 
@@ -280,7 +379,7 @@ impl KVCacheManager {
     /// Record a reset that left nothing cached.
     pub(super) fn record_cleared(&self, st: &mut State) {
         if let Some(events) = st.events.as_mut() {
-            if st.tree.num_cached_pages() == 0 {
+            if st.tree.num_cached_pages() == 0 && events.group_pages.is_empty() {
                 events.key_of.clear();
                 events.push(KvEvent::AllCleared {
                     medium: MEDIUM_HBM.to_owned(),

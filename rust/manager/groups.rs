@@ -326,6 +326,8 @@ impl KVCacheManager {
     pub(super) fn evict_group_pages(&self, st: &mut State, n: usize) -> KvResult<usize> {
         let mut out = Vec::new();
         st.groups.take_lru(n, &mut out);
+        // Only a windowed primary's pages were announced (the others' events are the tree's).
+        self.record_removed(st, &out);
         self.release(st, &out)?;
         Ok(out.len())
     }
@@ -732,6 +734,10 @@ impl KVCacheManager {
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.tokens = tokens;
         let mut adopt = Vec::new();
+        // A windowed primary's newly cached pages (`(index, page)`): its KV events (the tree,
+        // which reports the primary group otherwise, holds nothing then).
+        let announce = st.events.is_some() && st.groups.primary_windowed();
+        let mut announced: Vec<(usize, PageId)> = Vec::new();
         for g in 0..st.groups.num_groups() {
             if !st.groups.mapped(g) {
                 continue;
@@ -762,9 +768,26 @@ impl KVCacheManager {
                 );
                 st.groups.by_key.insert((g as u8, keys[i]), page);
                 adopt.push(page);
+                if announce && g == 0 {
+                    announced.push((i, page));
+                }
             }
         }
         self.alloc.retain_serialized(&adopt).map_err(internal)?;
+        // One event per run of consecutive pages.
+        let mut runs = announced.chunk_by(|a, b| b.0 == a.0 + 1).peekable();
+        if runs.peek().is_some() {
+            let seq = &st.seqs[&seq_id];
+            let tokens = seq.tokens.clone();
+            for run in runs {
+                let (first, last) = (run[0].0, run[run.len() - 1].0 + 1);
+                let pages: Vec<PageId> = run.iter().map(|&(_, p)| p).collect();
+                let parent = first.checked_sub(1).map(|j| keys[j]);
+                let ps = self.page_size;
+                let run_tokens = &tokens[first * ps..last * ps];
+                self.record_group_stored(st, &keys[first..last], parent, &pages, run_tokens, ns);
+            }
+        }
         let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.keys = keys;
         Ok(())

@@ -538,7 +538,12 @@ impl KVCacheManager {
         let ns = st
             .known_namespace(namespace)
             .unwrap_or(super::namespace::UNSEEN_NAMESPACE);
-        let hbm = st.tree.peek_prefix_len(ns, tokens);
+        // With KV-cache groups (no lower tiers then), the hit every group allows, as an admission.
+        let hbm = if st.groups.active() {
+            self.peek_group_hit(&st, ns, tokens).0
+        } else {
+            st.tree.peek_prefix_len(ns, tokens)
+        };
         let mut out = vec![0; 1 + st.tiers.len()];
         out[0] = hbm * self.page_size;
         if !st.tiers.is_empty() {

@@ -9,7 +9,7 @@ use std::time::Instant;
 use numpy::{PyArray1, PyArray2, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PySlice, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyList, PySlice, PyTuple};
 
 use super::convert::{
     bool_arg, bytes_arg, count_arg, counts_arg, float_arg, floats_arg, int_arg, int_value,
@@ -243,6 +243,75 @@ impl PyKVCacheManager {
     }
 }
 
+/// A `sink=` argument: None, or a list (anything else: `InvalidArgumentError`).
+fn list_sink<'a, 'py>(
+    sink: Option<&'a Bound<'py, PyAny>>,
+    what: &str,
+) -> PyResult<Option<&'a Bound<'py, PyList>>> {
+    match sink.filter(|s| !s.is_none()) {
+        None => Ok(None),
+        Some(s) => Ok(Some(s.cast::<PyList>().map_err(|_| {
+            KvError::InvalidArgument(format!(
+                "{what}: sink must be a list, got {}",
+                s.get_type()
+                    .name()
+                    .map_or_else(|_| "?".into(), |n| n.to_string())
+            ))
+        })?)),
+    }
+}
+
+/// One KV event as its `kvcore.events` NamedTuple.
+fn event_object<'py>(py: Python<'py>, event: &KvEvent) -> PyResult<Bound<'py, PyAny>> {
+    let key_list = |keys: &[crate::keys::PageKey]| -> Vec<Bound<'py, PyBytes>> {
+        keys.iter().map(|k| PyBytes::new(py, k)).collect()
+    };
+    let page_array = |pages: &[crate::PageId]| {
+        PyArray1::from_vec(py, pages.iter().map(|&p| p as i32).collect::<Vec<i32>>())
+    };
+    match event {
+        KvEvent::Stored {
+            keys,
+            parent,
+            namespace,
+            pages,
+            medium,
+            tokens,
+        } => tuple_attr(
+            py,
+            &PAGE_STORED,
+            "kvcore.events",
+            "PageStored",
+            (
+                key_list(keys),
+                parent.map(|k| PyBytes::new(py, &k)),
+                namespace.as_deref(),
+                medium.as_str(),
+                page_array(pages),
+                PyArray1::from_slice(py, tokens),
+            ),
+        ),
+        KvEvent::Removed {
+            keys,
+            pages,
+            medium,
+        } => tuple_attr(
+            py,
+            &PAGE_REMOVED,
+            "kvcore.events",
+            "PageRemoved",
+            (key_list(keys), medium.as_str(), page_array(pages)),
+        ),
+        KvEvent::AllCleared { medium } => tuple_attr(
+            py,
+            &ALL_CLEARED,
+            "kvcore.events",
+            "AllCleared",
+            (medium.as_str(),),
+        ),
+    }
+}
+
 /// `{"hbm": hit[0], tier name: hit[1 + t], ...}`.
 fn hit_dict<'py>(py: Python<'py>, names: &[String], hit: &[usize]) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -428,53 +497,33 @@ impl PyKVCacheManager {
     /// `kvcore.events`); empty when the manager was built without `events=True`. More than
     /// `kvcore.MAX_EVENTS` events between two calls are dropped (the log is bounded): the next call
     /// returns, per medium, `AllCleared(medium)` then its whole content as `PageStored` instead.
-    fn take_events<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyAny>>> {
+    /// Exactly once: if building the events raises (an interrupt), they are put back for the next
+    /// call; with `sink` (a list) they are appended to it inside the call, so that an interrupt
+    /// as the call returns cannot lose them either (the call then returns an empty list).
+    #[pyo3(signature = (sink = None))]
+    fn take_events<'py>(
+        &self,
+        py: Python<'py>,
+        sink: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyList>> {
+        let sink = list_sink(sink, "take_events")?;
         let log = self.run(py, false, |m| m.take_events());
-        let key_list = |keys: &[crate::keys::PageKey]| -> Vec<Bound<'py, PyBytes>> {
-            keys.iter().map(|k| PyBytes::new(py, k)).collect()
-        };
-        let page_array = |pages: &[crate::PageId]| {
-            PyArray1::from_vec(py, pages.iter().map(|&p| p as i32).collect::<Vec<i32>>())
-        };
-        log.into_iter()
-            .map(|event| match event {
-                KvEvent::Stored {
-                    keys,
-                    parent,
-                    namespace,
-                    pages,
-                    medium,
-                    tokens,
-                } => tuple_attr(
-                    py,
-                    &PAGE_STORED,
-                    "kvcore.events",
-                    "PageStored",
-                    (
-                        key_list(&keys),
-                        parent.map(|k| PyBytes::new(py, &k)),
-                        namespace,
-                        medium,
-                        page_array(&pages),
-                        PyArray1::from_vec(py, tokens),
-                    ),
-                ),
-                KvEvent::Removed {
-                    keys,
-                    pages,
-                    medium,
-                } => tuple_attr(
-                    py,
-                    &PAGE_REMOVED,
-                    "kvcore.events",
-                    "PageRemoved",
-                    (key_list(&keys), medium, page_array(&pages)),
-                ),
-                KvEvent::AllCleared { medium } => {
-                    tuple_attr(py, &ALL_CLEARED, "kvcore.events", "AllCleared", (medium,))
-                }
-            })
-            .collect()
+        let built = (|| -> PyResult<Bound<'py, PyList>> {
+            let out = PyList::empty(py);
+            for event in &log {
+                out.append(event_object(py, event)?)?;
+            }
+            if let Some(sink) = sink {
+                // One list.extend: all or nothing.
+                sink.call_method1("extend", (&out,))?;
+                return Ok(PyList::empty(py));
+            }
+            Ok(out)
+        })();
+        if built.is_err() {
+            self.inner.restore_events(log);
+        }
+        built
     }
 
     /// The cache's root page key (16 bytes): the parent of every first page.
@@ -1049,17 +1098,7 @@ impl PyKVCacheManager {
     ) -> PyResult<Bound<'py, PyAny>> {
         let stores = stores.or(true, |b| bool_arg(b, "stores"))?;
         let loads = loads.or(true, |b| bool_arg(b, "loads"))?;
-        let sink = match sink.filter(|s| !s.is_none()) {
-            None => None,
-            Some(s) => Some(s.cast::<pyo3::types::PyList>().map_err(|_| {
-                KvError::InvalidArgument(format!(
-                    "take_transfers: sink must be a list, got {}",
-                    s.get_type()
-                        .name()
-                        .map_or_else(|_| "?".into(), |n| n.to_string())
-                ))
-            })?),
-        };
+        let sink = list_sink(sink, "take_transfers")?;
         let batch = self.run(py, false, |m| m.take_transfers(stores, loads));
         let ops: Vec<u64> = {
             let mut ops: Vec<u64> = batch.stores.iter().map(|r| r.op).collect();

@@ -96,3 +96,19 @@ def test_match_prefix_on_a_window_only_manager_gives_its_pages() -> None:
     assert np.all(pm.pages[-2:] != 0)  # the window's pages before the hit point
     assert m.add_sequence(2, prompt) == 40
     assert m.seq_pages(2)[8:10].tolist() == pm.pages[8:10].tolist()  # the very pages it takes
+
+
+@pytest.mark.parametrize("groups", [[8, None], [8]])
+def test_peek_hit_tokens_is_what_an_admission_would_find_with_groups(groups: list[int | None]) -> None:
+    """It read the tree alone: 40 HBM tokens where a hybrid admission found 0 (its window pages
+    evicted), 0 where a window-only admission found 40."""
+    prompt = list(range(1, 42))
+    m = KVCacheManager(200, PS, groups=groups)
+    m.add_sequence(1, prompt)
+    m.append(1, [7])
+    m.free_sequence(1)
+    assert m.peek_hit_tokens(prompt) == {"hbm": m.peek_prefix_len(prompt)} == {"hbm": 40}
+    m.evict(3)  # the least recently used: group caches and tree in proportion
+    want = m.peek_prefix_len(prompt)
+    assert m.peek_hit_tokens(prompt) == {"hbm": want}
+    assert m.add_sequence(2, prompt) == want
