@@ -187,6 +187,9 @@ pub struct TierStats {
     /// Pages indexed because the tier said it holds them (`mark_tier_pages`: a shared tier
     /// another instance filled).
     pub num_marked_pages: u64,
+    /// Bad slots dropped after their load failed, with the pages after them in their leaf (a
+    /// later store or lookup may put them back).
+    pub num_dropped_bad_slots: u64,
 }
 
 /// One lower tier: its slot pool and index.
@@ -934,6 +937,10 @@ impl KVCacheManager {
             .take()
             .ok_or_else(|| internal(unknown(seq_id)))?;
         let valid = loading.failed_at.min(loading.end);
+        if valid < loading.end {
+            self.drop_bad_slots(st, seq_id, loading.end)?;
+        }
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
         seq.num_committed = valid * ps;
         for h in seq.hit.iter_mut().skip(1) {
             *h = 0;
@@ -962,6 +969,46 @@ impl KVCacheManager {
         self.cache_full_pages(st, seq_id, valid, now)?;
         if auto_cache {
             self.cache_full_pages(st, seq_id, full_pages, now)?;
+        }
+        Ok(())
+    }
+
+    /// A load of `seq_id`'s admission failed: in each tier, the first bad slot on its path (of
+    /// `end` pages) is dropped with what follows it, when they sit in an evictable leaf. Its copy
+    /// is gone or unreadable, and a bad slot that kept its place blocked the path for good: the
+    /// recomputed page was never stored there again, and a lookup that found the page in a shared
+    /// store could not index it (until eviction, which free slots never need). A bad slot with
+    /// children or locks keeps its place until it is evicted.
+    fn drop_bad_slots(&self, st: &mut State, seq_id: SeqId, end: usize) -> KvResult<()> {
+        let ps = self.page_size;
+        let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        let ns = seq.ns;
+        let tokens = seq.tokens[..(end * ps).min(seq.tokens.len())].to_vec();
+        let mut emptied = Vec::new();
+        for t in 0..st.tiers.len() {
+            let tier = &mut st.tiers[t];
+            if tier.num_bad == 0 {
+                continue;
+            }
+            let usable = tier.usable_prefix(ns, &tokens);
+            if tier.tree.peek_prefix_len(ns, &tokens) <= usable {
+                continue; // no bad slot on this path
+            }
+            let Some(ids) = tier.tree.drop_leaf_from(ns, &tokens, usable) else {
+                continue;
+            };
+            let mut dropped = Vec::with_capacity(ids.len());
+            for id in ids {
+                let slot = id - 1;
+                dropped.push((slot, tier.keys[slot as usize]));
+                tier.release_slot(slot);
+            }
+            tier.stats.num_dropped_bad_slots += dropped.len() as u64;
+            tier.tree.take_emptied_namespaces(&mut emptied);
+            record_tier_removed(st, t, &dropped);
+        }
+        for ns in emptied {
+            st.forget_if_unused(ns);
         }
         Ok(())
     }

@@ -1281,6 +1281,7 @@ impl PyKVCacheManager {
             d.set_item("num_evicted_slots", t.num_evicted_slots)?;
             d.set_item("num_restored_pages", t.num_restored_pages)?;
             d.set_item("num_marked_pages", t.num_marked_pages)?;
+            d.set_item("num_dropped_bad_slots", t.num_dropped_bad_slots)?;
             out.set_item(t.name, d)?;
         }
         Ok(out)

@@ -849,6 +849,39 @@ impl RadixTree {
         num_pages - remaining
     }
 
+    /// Drops the pages of `tokens`' match (visible from `ns`) from its page `from` on, when they
+    /// all sit in the match's deepest node and that node is an evictable leaf (no child, lock or
+    /// pin); the pages after the match in that node go too. Returns the pages dropped, deepest
+    /// first (the caller frees each), or None (nothing changed). A lower tier drops so the copy of
+    /// a page whose load failed: a later store, or a lookup that finds it, can put it back.
+    pub fn drop_leaf_from(
+        &mut self,
+        ns: Namespace,
+        tokens: &[u32],
+        from: usize,
+    ) -> Option<Vec<PageId>> {
+        let found = self.find(ns, tokens);
+        let v = found.node;
+        if found.total <= from || v == ROOT {
+            return None;
+        }
+        let n = &self.nodes[v as usize];
+        let start = found.total - found.in_node; // pages of the path before `v`
+        if from < start || n.num_children != 0 || n.class() != Class::Evictable {
+            return None;
+        }
+        let mut out = Vec::new();
+        if from == start {
+            let parent = n.parent;
+            self.leave_index(v);
+            self.nodes[parent as usize].num_children -= 1;
+            self.drop_node(v, &mut out);
+        } else {
+            self.trim_leaf(v, from - start, &mut out);
+        }
+        Some(out)
+    }
+
     /// The next victim with quotas, with the pages it may give: the first leaf in eviction order
     /// whose namespace is above its ceiling (down to it), else the first whose namespace is above
     /// its floor or has no quota (down to the floor), else the index's front (nothing else is

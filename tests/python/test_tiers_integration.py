@@ -133,7 +133,7 @@ def test_a_reopened_disk_tier_warms_a_new_manager_with_the_same_fingerprint_only
         disk2.close()
 
 
-def test_a_flipped_byte_is_a_counted_miss_the_file_goes_and_nothing_wrong_is_read(tmp_path: Path) -> None:
+def test_a_flipped_byte_is_a_counted_miss_stored_again_and_nothing_wrong_is_read(tmp_path: Path) -> None:
     cache, pool, host, disk, engine = setup(tmp_path, host=1)
     prompt = list(range(1, 22))
     engine.run(prompt, None)
@@ -156,12 +156,17 @@ def test_a_flipped_byte_is_a_counted_miss_the_file_goes_and_nothing_wrong_is_rea
     hit = engine.run(prompt, None)  # checks every page it reports as hit byte for byte
     assert hit == {"hbm": 0, "host": 0, "disk": 8}  # pages 0 and 1; page 2 failed, recomputed
     assert disk2.stats()["checksum_mismatches"] == 1
-    assert not path.exists()
+    # (The file may be back: the slot was dropped and the recomputed page stored in it again.)
     assert cache.tier_stats()["disk"]["num_load_failed_pages"] == 1
     text = engine.mover.metrics_text()
     assert metric_value(text, "kvcore_tier_storage_checksum_mismatches_total", tier="disk") == 1
     assert metric_value(text, "kvcore_tier_load_failed_pages_total", tier="disk") == 1
-    assert metric_value(text, "kvcore_tier_slots", tier="disk", state="bad") == 1
+    # The bad copy is dropped (with the pages behind it in its run), so it can be stored again:
+    # the recomputed pages were, and the next run reads them, checked byte for byte.
+    assert cache.tier_stats()["disk"]["num_slots_bad"] == 0
+    assert cache.tier_stats()["disk"]["num_dropped_bad_slots"] >= 1
+    cache.evict(1 << 20)
+    assert sum(engine.run(prompt, None).values()) == 20  # every full page of the prompt
     disk2.close()
 
 
@@ -264,6 +269,10 @@ def _queued_store_and_load(tmp_path: Path) -> tuple[KVCacheManager, KVPool, Host
 
 
 def _nothing_held(cache: KVCacheManager) -> None:
+    # Transfers queued since (the stores of pages recomputed after failed loads) are not lost ones:
+    # run them (failed) first.
+    while b := cache.take_transfers():
+        cache.complete_transfers(np.unique(b.store_ops).tolist() + b.load_ops.tolist(), False)
     t = cache.tier_stats()["host"]
     assert t["num_slots_in_flight"] == 0 and t["num_slots_locked"] == 0
     cache.free_sequence(2)

@@ -100,22 +100,58 @@ def test_promotion_queues_loads_and_the_sequence_is_ready_once_they_complete() -
     m._check_invariants()
 
 
-def test_a_failed_load_cuts_the_hit_before_it_and_marks_the_slot_bad() -> None:
-    m = tiered()
+def test_a_failed_load_cuts_the_hit_before_it_and_its_copy_is_stored_again() -> None:
+    """A failed load's slot was marked bad and kept its place for good: the recomputed page was
+    never stored to that tier again (review: one transient remote failure lost a prefix for good)."""
+    m = tiered(events=True)
     demote(m, 1, PROMPT)
+    m.take_events()
     m.add_sequence(2, PROMPT)
     b = m.take_transfers()
     ok = [True, False, True]
     m.complete_transfers(b.load_ops, ok)
     assert m.is_ready(2)
     assert m.hit_tokens(2) == {"hbm": 0, "host": 4, "disk": 0}
-    assert m.tier_stats()["host"]["num_slots_bad"] == 1
-    assert m.tier_stats()["host"]["num_load_failed_pages"] == 1
+    host = m.tier_stats()["host"]
+    assert host["num_load_failed_pages"] == 1
+    # The bad copy went, with the page below it in its run (unusable behind it): announced.
+    assert host["num_slots_bad"] == 0 and host["num_dropped_bad_slots"] == 2
+    assert host["num_slots_cached"] == 1
+    removed = [e for e in m.take_events() if isinstance(e, kvcore.events.PageRemoved)]
+    assert [(e.medium, len(e.keys)) for e in removed] == [("host", 2)]
+    # The recomputed pages are stored there again.
+    b = complete_all(m)
+    assert sorted(b.store_tiers.tolist()) == [0, 0]
     m.free_sequence(2)
     m.evict(1 << 20)
-    # The host copy of page 1 is bad: the match continues from the disk copies instead.
     m.add_sequence(3, PROMPT)
-    assert m.hit_tokens(3) == {"hbm": 0, "host": 4, "disk": 8}
+    assert m.hit_tokens(3) == {"hbm": 0, "host": 12, "disk": 0}
+    complete_all(m)
+    assert m.is_ready(3)
+    m._check_invariants()
+
+
+def test_a_bad_slot_with_pages_below_it_keeps_its_place() -> None:
+    """A failed load's slot that other stored pages continue (not a leaf) stays bad: the match
+    stops before it and continues from another tier."""
+    m = tiered(policy="all")
+    demote(m, 1, PROMPT)
+    longer = PROMPT[:12] + list(range(50, 59))  # continues the 3 pages with 2 more
+    m.add_sequence(2, longer)
+    while complete_all(m):  # its loads, then the stores of its new pages
+        pass
+    m.free_sequence(2)
+    m.evict(1 << 20)
+    assert m.tier_stats()["host"]["num_slots_cached"] == 5
+    m.add_sequence(3, PROMPT)
+    b = m.take_transfers()
+    m.complete_transfers(b.load_ops, [True, False, True])
+    host = m.tier_stats()["host"]
+    assert host["num_slots_bad"] == 1 and host["num_dropped_bad_slots"] == 0
+    m.free_sequence(3)
+    m.evict(1 << 20)
+    m.add_sequence(4, PROMPT)
+    assert m.hit_tokens(4) == {"hbm": 0, "host": 4, "disk": 8}
     m._check_invariants()
 
 
@@ -568,3 +604,22 @@ def test_a_store_completed_before_its_parents_waits_for_it(parent_ok: bool) -> N
     cache.evict(100)
     assert cache.peek_hit_tokens(prompt)["host"] == (8 if parent_ok else 0)
     cache._check_invariants()
+
+
+def test_a_shared_tier_page_whose_load_failed_is_indexed_again_by_a_lookup() -> None:
+    """A transient failure (a paused server) marked the slot bad: the page the store still held was
+    never indexed again (mark_tier_pages stopped at the bad slot), so the prefix was lost for good."""
+    m = KVCacheManager(32, PS, lower_tiers=[("remote", 64)], store_policy="all")
+    demote(m, 1, PROMPT)
+    m.add_sequence(2, PROMPT)
+    b = m.take_transfers(stores=False)
+    m.complete_transfers(b.load_ops, [True, False, True])
+    complete_all(m, ok=False)  # the stores of its recomputed pages fail too (the server is paused)
+    m.free_sequence(2)
+    m.evict(1 << 20)
+    assert m.tier_prefix_len("remote", PROMPT) == 1  # pages
+    # The store still holds pages 1 and 2 (a lookup asked it): they are indexed again.
+    assert m.mark_tier_pages("remote", PROMPT, 3) == 2
+    m.add_sequence(3, PROMPT)
+    assert m.hit_tokens(3) == {"hbm": 0, "remote": 12}
+    m._check_invariants()
