@@ -36,7 +36,7 @@ use std::collections::{BTreeSet, HashMap};
 use super::{internal, unknown, KVCacheManager, SeqId, Sequence, State};
 use crate::error::{KvError, KvResult};
 use crate::keys::{page_key, PageKey};
-use crate::radix::{FxBuildHasher, Namespace};
+use crate::radix::{FxBuildHasher, Namespace, PUBLIC_NAMESPACE};
 use crate::{PageId, NULL_PAGE};
 
 /// Most KV-cache groups of one manager.
@@ -85,6 +85,10 @@ pub struct PrefixHit {
 struct Entry {
     group: u8,
     key: PageKey,
+    /// The namespace it is keyed in (kept interned while it has cached pages).
+    ns: Namespace,
+    /// Pinned until then (0: not pinned): not evictable meanwhile, even with no user.
+    pin_until: u64,
     /// Live sequences holding the page in their table.
     users: u32,
     /// Recency stamp while evictable (`users == 0`).
@@ -103,6 +107,14 @@ pub(super) struct Groups {
     /// Evictable entries, least recently used first.
     lru: BTreeSet<(u64, PageId)>,
     clock: u64,
+    /// Cached pages per namespace (a windowed primary has no tree to keep a name interned).
+    ns_pages: HashMap<Namespace, usize, FxBuildHasher>,
+    /// Namespaces whose last cached page went (for the manager to forget if unused).
+    emptied: Vec<Namespace>,
+    /// `(until, page)` of pinned entries.
+    pins: BTreeSet<(u64, PageId)>,
+    /// Pinned entries no sequence holds (cached, not evictable: the stats' pinned pages).
+    pinned_idle: usize,
 }
 
 /// A sequence's bounded-cache state (absent for the unbounded common case).
@@ -198,9 +210,13 @@ impl Groups {
         if let Some(e) = self.entries.get_mut(&page) {
             e.users = e.users.saturating_sub(1);
             if e.users == 0 {
-                self.clock += 1;
-                e.stamp = self.clock;
-                self.lru.insert((e.stamp, page));
+                if e.pin_until > 0 {
+                    self.pinned_idle += 1;
+                } else {
+                    self.clock += 1;
+                    e.stamp = self.clock;
+                    self.lru.insert((e.stamp, page));
+                }
             }
         }
     }
@@ -209,7 +225,11 @@ impl Groups {
     fn on_retain(&mut self, page: PageId) {
         if let Some(e) = self.entries.get_mut(&page) {
             if e.users == 0 {
-                self.lru.remove(&(e.stamp, page));
+                if e.pin_until > 0 {
+                    self.pinned_idle -= 1;
+                } else {
+                    self.lru.remove(&(e.stamp, page));
+                }
             }
             e.users += 1;
         }
@@ -217,6 +237,73 @@ impl Groups {
 
     fn lookup(&self, g: usize, key: &PageKey) -> Option<PageId> {
         self.by_key.get(&(g as u8, *key)).copied()
+    }
+
+    /// Pin cached `page` until `until` (a later expiry extends it; `until == 0` unpins it).
+    fn pin_page(&mut self, page: PageId, until: u64) {
+        let Some(e) = self.entries.get_mut(&page) else {
+            return;
+        };
+        if until > 0 && until <= e.pin_until {
+            return;
+        }
+        let (was, idle) = (e.pin_until, e.users == 0);
+        e.pin_until = until;
+        if was > 0 {
+            self.pins.remove(&(was, page));
+        }
+        if until > 0 {
+            self.pins.insert((until, page));
+        }
+        if idle {
+            match (was > 0, until > 0) {
+                (false, true) => {
+                    self.lru.remove(&(e.stamp, page));
+                    self.pinned_idle += 1;
+                }
+                (true, false) => {
+                    self.pinned_idle -= 1;
+                    self.clock += 1;
+                    e.stamp = self.clock;
+                    self.lru.insert((e.stamp, page));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Release the pins expired at `now` (they become ordinary LRU pages).
+    pub(super) fn expire_pins(&mut self, now: u64) {
+        while let Some(&(until, page)) = self.pins.first() {
+            if until > now {
+                break;
+            }
+            self.pin_page(page, 0);
+        }
+    }
+
+    /// Shorten every pin to end by `limit` at the latest; returns how many were shortened.
+    pub(super) fn cap_pins(&mut self, limit: u64) -> usize {
+        let late: Vec<PageId> = self
+            .pins
+            .range((limit.saturating_add(1), 0)..)
+            .map(|&(_, p)| p)
+            .collect();
+        for &page in &late {
+            self.pin_page(page, 0);
+            self.pin_page(page, limit.max(1));
+        }
+        late.len()
+    }
+
+    /// Cached pages pinned with no user (counted as pinned in the stats).
+    pub(super) fn num_pinned_idle(&self) -> usize {
+        self.pinned_idle
+    }
+
+    /// Whether `ns` has cached pages in a group cache.
+    pub(super) fn holds_namespace(&self, ns: Namespace) -> bool {
+        self.ns_pages.contains_key(&ns)
     }
 
     /// Group `g`'s cached page for `key`, or the null page.
@@ -233,6 +320,13 @@ impl Groups {
             };
             if let Some(e) = self.entries.remove(&page) {
                 self.by_key.remove(&(e.group, e.key));
+                if let Some(n) = self.ns_pages.get_mut(&e.ns) {
+                    *n -= 1;
+                    if *n == 0 {
+                        self.ns_pages.remove(&e.ns);
+                        self.emptied.push(e.ns);
+                    }
+                }
             }
             out.push(page);
         }
@@ -329,6 +423,9 @@ impl KVCacheManager {
         // Only a windowed primary's pages were announced (the others' events are the tree's).
         self.record_removed(st, &out);
         self.release(st, &out)?;
+        for ns in std::mem::take(&mut st.groups.emptied) {
+            st.forget_if_unused(ns);
+        }
         Ok(out.len())
     }
 
@@ -389,6 +486,17 @@ impl KVCacheManager {
                 HitReason::PrimaryMiss
             };
             return (candidates, keys, vec![candidates * ps], reason);
+        }
+        if groups.primary_windowed() && lookup_ns != PUBLIC_NAMESPACE {
+            // No tree to say where a public prefix ends: the longest prefix whose last page the
+            // first group holds under its public key (a key chains every page before it), then
+            // the namespace's own pages chained from it, as a tree path runs.
+            self.chain_keys(st, PUBLIC_NAMESPACE, lookup, candidates, &[], &mut keys);
+            let public = (1..=keys.len())
+                .rev()
+                .find(|&p| groups.lookup(0, &keys[p - 1]).is_some())
+                .unwrap_or(0);
+            keys.truncate(public);
         }
         self.chain_keys(st, lookup_ns, lookup, candidates, &path, &mut keys);
         let n = keys.len();
@@ -451,6 +559,33 @@ impl KVCacheManager {
         (best, keys, per_group, reason)
     }
 
+    /// Pin (`until > 0`) or unpin (`until == 0`), in each group cache, the pages a hit of `tokens`'
+    /// cached prefix needs (the last `ceil(W / page_size)` pages before it for a window, all for a
+    /// full group): TTL pins on a grouped manager keep the hit, not only the tree's pages. Returns
+    /// the prefix pages whose hit they keep.
+    pub(super) fn pin_group_pages(
+        &self,
+        st: &mut State,
+        ns: Namespace,
+        tokens: &[u32],
+        until: u64,
+    ) -> usize {
+        let ps = self.page_size;
+        let (hit, keys, _, _) = self.peek_group_hit(st, ns, tokens);
+        for g in 0..st.groups.num_groups() {
+            if !st.groups.mapped(g) {
+                continue;
+            }
+            let need = st.groups.windows[g].map_or(hit, |w| w.div_ceil(ps).min(hit));
+            for key in &keys[hit - need..hit] {
+                if let Some(page) = st.groups.lookup(g, key) {
+                    st.groups.pin_page(page, until);
+                }
+            }
+        }
+        hit
+    }
+
     /// Admission on a manager with KV-cache groups, or of a streaming sequence; see
     /// [`add_sequence_with`](Self::add_sequence_with).
     #[allow(clippy::too_many_arguments)]
@@ -472,6 +607,7 @@ impl KVCacheManager {
         let lookup_ns = known.unwrap_or(super::namespace::UNSEEN_NAMESPACE);
         let lookup = &prompt[..len - 1];
         st.tree.expire_pins(now);
+        st.groups.expire_pins(now);
         let (hit, keys, per_group, reason) = self.peek_group_hit(st, lookup_ns, lookup);
         let slots = match reserve {
             None => len,
@@ -762,10 +898,13 @@ impl KVCacheManager {
                     Entry {
                         group: g as u8,
                         key: keys[i],
+                        ns,
+                        pin_until: 0,
                         users: owners,
                         stamp: 0,
                     },
                 );
+                *st.groups.ns_pages.entry(ns).or_insert(0) += 1;
                 st.groups.by_key.insert((g as u8, keys[i]), page);
                 adopt.push(page);
                 if announce && g == 0 {

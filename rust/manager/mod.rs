@@ -1145,8 +1145,15 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         // A name never interned owns no node: it can pin only public prefixes, and interns nothing.
         let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
-        let pinned = guard.tree.pin(ns, tokens, ttl, now)?;
+        let mut pinned = guard.tree.pin(ns, tokens, ttl, now)?;
         let st = &mut *guard;
+        if st.groups.active() {
+            st.groups.expire_pins(now);
+            let kept = self.pin_group_pages(st, ns, tokens, now.saturating_add(ttl).max(1));
+            if st.groups.primary_windowed() {
+                pinned = kept;
+            }
+        }
         if pinned > 0 && ns != UNSEEN_NAMESPACE && st.store_policy.may_store(tiers::Trigger::Pinned)
         {
             let ps = self.page_size;
@@ -1282,14 +1289,27 @@ impl KVCacheManager {
     /// Shorten every pin that would outlive `now + max_ttl` to expire then; returns the pins
     /// shortened (a pressure controller's "shorter TTLs").
     pub fn cap_pins(&self, max_ttl: u64, now: u64) -> usize {
-        self.state.lock().tree.cap_pins(max_ttl, now)
+        let mut guard = self.state.lock();
+        let capped = guard.tree.cap_pins(max_ttl, now);
+        guard.groups.expire_pins(now);
+        capped + guard.groups.cap_pins(now.saturating_add(max_ttl))
     }
 
     /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
     pub fn unpin(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
         let mut guard = self.state.lock();
-        match guard.known_namespace(namespace) {
-            Some(ns) => guard.tree.unpin(ns, tokens),
+        let st = &mut *guard;
+        match st.known_namespace(namespace) {
+            Some(ns) => {
+                let unpinned = st.tree.unpin(ns, tokens);
+                if st.groups.active() {
+                    let kept = self.pin_group_pages(st, ns, tokens, 0);
+                    if st.groups.primary_windowed() {
+                        return kept;
+                    }
+                }
+                unpinned
+            }
             None => 0,
         }
     }
@@ -1314,10 +1334,11 @@ impl KVCacheManager {
     pub fn stats(&self, now: u64) -> CacheStats {
         let mut guard = self.state.lock();
         guard.tree.expire_pins(now);
+        guard.groups.expire_pins(now);
         let total = self.alloc.num_pages() - 1;
         let free = self.alloc.num_free();
         let cached = guard.tree.num_evictable_pages() + guard.groups.num_evictable();
-        let pinned = guard.tree.num_pinned_pages();
+        let pinned = guard.tree.num_pinned_pages() + guard.groups.num_pinned_idle();
         CacheStats {
             num_pages_total: total,
             num_pages_in_use: total.saturating_sub(free + cached + pinned),
@@ -1387,6 +1408,7 @@ impl KVCacheManager {
             return true;
         }
         st.tree.expire_pins(now);
+        st.groups.expire_pins(now);
         let short = n.saturating_sub(self.alloc.num_free());
         let evictable = st.tree.num_evictable_pages() + st.groups.num_evictable();
         if short > evictable || self.evict_locked(st, short, now).is_err() {
@@ -1443,6 +1465,7 @@ impl KVCacheManager {
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
         // The group caches give their share, in proportion to what each side holds evictable,
         // and whatever the tree cannot give.
+        st.groups.expire_pins(now);
         let from_groups = st.groups.num_evictable();
         if from_groups == 0 {
             return self.evict_tree(st, num_pages, now);

@@ -67,6 +67,7 @@ impl State {
     pub(super) fn forget_if_unused(&mut self, ns: Namespace) {
         if self.namespace_seqs.contains_key(&ns)
             || self.tree.num_namespace_nodes(ns) > 0
+            || self.groups.holds_namespace(ns)
             || self
                 .tiers
                 .iter()

@@ -163,6 +163,7 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         st.tree.clear_pins();
+        st.groups.expire_pins(u64::MAX);
         let dropped = self.evict_locked(st, usize::MAX, now)?;
         // The lower tiers' copies go too (weights changed, or a cache declared stale), except
         // those a transfer in flight still holds.

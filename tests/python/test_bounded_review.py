@@ -112,3 +112,87 @@ def test_peek_hit_tokens_is_what_an_admission_would_find_with_groups(groups: lis
     want = m.peek_prefix_len(prompt)
     assert m.peek_hit_tokens(prompt) == {"hbm": want}
     assert m.add_sequence(2, prompt) == want
+
+
+def test_a_window_only_manager_keeps_a_tenants_prefix_and_shares_public_ones() -> None:
+    """Every group windowed (Mistral): a named tenant's prefix was never hit again once its last
+    sequence ended (its name was forgotten while the group cache held its pages), and a public
+    prefix was invisible from every other namespace."""
+    prompt = list(range(1, 42))
+    m = KVCacheManager(200, PS, groups=[8])
+    m.add_sequence(1, prompt, "tenant-a")
+    m.append(1, [7])
+    m.free_sequence(1)
+    assert m.num_namespaces() == 1  # kept: its pages are cached
+    assert m.add_sequence(2, [*prompt, 5], "tenant-a") == 40
+    m.free_sequence(2)
+    assert m.peek_prefix_len(prompt, "tenant-b") == 0  # never another tenant's
+    system = list(range(100, 141))
+    m.add_sequence(3, system, "*")
+    m.append(3, [7])
+    m.free_sequence(3)
+    for ns in (None, "tenant-b", "never-seen"):
+        assert m.peek_prefix_len(system, ns) == 40
+    # A tenant's own pages after the public prefix chain from it, and hit for that tenant only.
+    mine = [*system[:40], *range(200, 221)]
+    assert m.add_sequence(4, mine, "tenant-b") == 40
+    m.append(4, [7])
+    m.free_sequence(4)
+    assert m.peek_prefix_len(mine, "tenant-b") == 60
+    assert m.peek_prefix_len(mine, "tenant-a") == 40
+    m.reset_prefix_cache()
+    assert m.num_namespaces() == 0  # forgotten once nothing is cached
+
+
+@pytest.mark.parametrize("groups", [[8, None], [8]])
+def test_a_ttl_pin_keeps_a_grouped_managers_hit_until_it_expires(groups: list[int | None]) -> None:
+    """pin() protected the tree's pages only: the window group's pages were evicted anyway (hybrid:
+    the hit fell to 0) and a window-only manager pinned nothing."""
+    t = [0.0]
+    prompt = list(range(1, 42))
+    m = KVCacheManager(200, PS, groups=groups, clock=lambda: t[0])
+
+    def split_ok() -> None:
+        s = m.stats()
+        assert (
+            s.num_pages_in_use + s.num_pages_cached + s.num_pages_pinned + s.num_pages_free
+            == s.num_pages_total
+        )
+
+    m.add_sequence(1, prompt)
+    m.append(1, [7])
+    m.free_sequence(1)
+    assert m.pin(prompt, 100) == 10
+    split_ok()
+    assert m.stats().num_pages_pinned >= 2  # at least the window's two pages
+    m.evict(10**6)
+    assert m.peek_prefix_len(prompt) == 40
+    split_ok()
+    # A sequence using the pinned pages, then leaving: they stay pinned.
+    assert m.add_sequence(2, prompt) == 40
+    m.free_sequence(2)
+    m.evict(10**6)
+    assert m.peek_prefix_len(prompt) == 40
+    t[0] = 101.0  # expired: ordinary LRU pages again
+    split_ok()
+    assert m.stats().num_pages_pinned == 0
+    m.evict(10**6)
+    assert m.peek_prefix_len(prompt) == 0
+    split_ok()
+    # unpin and cap_pins release them too.
+    m.add_sequence(3, prompt)
+    m.append(3, [7])
+    m.free_sequence(3)
+    m.pin(prompt, 100)
+    assert m.unpin(prompt) > 0
+    m.evict(10**6)
+    assert m.peek_prefix_len(prompt) == 0
+    m.add_sequence(4, prompt)
+    m.append(4, [7])
+    m.free_sequence(4)
+    m.pin(prompt, 1000)
+    assert m.cap_pins(5) > 0
+    t[0] = 107.0
+    m.evict(10**6)
+    assert m.peek_prefix_len(prompt) == 0
+    assert m.stats().num_pages_free == 199

@@ -693,14 +693,17 @@ def test_a_tenants_window_group_pages_are_never_cached_under_a_public_key() -> N
     prompt = list(range(1, 14))
     m.add_sequence(1, prompt, namespace="*")
     m.free_sequence(1)
-    m.pin(prompt, 100, namespace="*")
-    m.evict(1000)  # the pinned tree pages stay, the window group's pages go
-    m.add_sequence(2, prompt, namespace="a")  # computes its own window pages over the public path
+    m.add_sequence(9, prompt[:8] + [99] * 5, namespace="*")  # the first two pages, still in use
+    m.evict(1000)  # the tree keeps pages 0-1 (in use), the window group's page 2 goes
+    m.free_sequence(9)
+    public = set(m.cached_pages().tolist())
+    # Each tenant computes its own window page 2 over the public path: never shared.
+    m.add_sequence(2, prompt, namespace="a")
     m.add_sequence(3, prompt, namespace="b")
-    a_pages = set(m.seq_pages(2, group=0).tolist()) - {0}
-    b_pages = set(m.seq_pages(3, group=0).tolist()) - {0}
-    assert a_pages and b_pages
-    assert not a_pages & b_pages
+    a_own = set(m.seq_pages(2, group=0).tolist()) - {0} - public
+    b_own = set(m.seq_pages(3, group=0).tolist()) - {0} - public
+    assert a_own and b_own
+    assert not a_own & b_own
     m._check_invariants()
 
 
