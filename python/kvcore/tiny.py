@@ -207,6 +207,14 @@ class TinyEngine:
                 f"token {int(toks[i])} of request {int(plan.request_ids[row])} (position "
                 f"{int(plan.positions[i])}) is outside the model's vocabulary of {vocab} tokens"
             )
+        if plan.batch_size and np.any(plan.page_table.kv_indices == 0):
+            # A released page (window, StreamingLLM, compaction): the plan's one table is not a
+            # full-attention context. Refused before anything is written.
+            raise InvalidArgumentError(
+                "TinyEngine runs full attention over one page table; this plan's table holds released "
+                "pages (a manager with sliding-window groups, streaming or compacted sequences): build "
+                "each group's table with KVCacheManager.batch_layout(..., group=g) instead"
+            )
         if plan.copies.shape[0]:
             K.copy_pages(self.pool, plan.copies)
         out: dict[int, int] = {}

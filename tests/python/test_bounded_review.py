@@ -196,3 +196,22 @@ def test_a_ttl_pin_keeps_a_grouped_managers_hit_until_it_expires(groups: list[in
     m.evict(10**6)
     assert m.peek_prefix_len(prompt) == 0
     assert m.stats().num_pages_free == 199
+
+
+def test_the_tiny_engine_refuses_a_plan_over_released_pages() -> None:
+    """It ran its kernels over the null page 0 (InvalidPageError mid-step, after writing K/V)."""
+    from kvcore.scheduler import Request, Scheduler
+    from kvcore.tiny import TinyDecoder, TinyEngine
+
+    model = TinyDecoder(1, "fp16")
+    m = KVCacheManager(200, PS, groups=[8, None])
+    pool = TinyEngine.make_pool(model, 200, PS)
+    eng = TinyEngine(model, pool)
+    s = Scheduler(m, max_num_batched_tokens=64)
+    s.submit(Request(1, list(range(1, 30)), 10), 0.0)
+    with pytest.raises(InvalidArgumentError, match="released pages"):
+        for step in range(40):
+            plan = s.step(float(step))
+            before = pool.data.copy()
+            s.update(plan, eng.forward(plan))
+    assert np.array_equal(before, pool.data)  # refused before anything was written
