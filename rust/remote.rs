@@ -223,8 +223,18 @@ impl RespClient {
     /// Read `CLUSTER SLOTS` from the first node that answers and rebuild the slot map (new
     /// nodes are added).
     fn refresh_slots(&mut self) -> Result<(), String> {
+        self.refresh_slots_avoiding(&[])
+    }
+
+    /// [`refresh_slots`](Self::refresh_slots), asking first the nodes not in `avoid` (nodes
+    /// that just failed: a dead master's connect timeout is paid last, if at all).
+    fn refresh_slots_avoiding(&mut self, avoid: &[usize]) -> Result<(), String> {
         let mut last = String::from("no node answered");
-        for i in 0..self.nodes.len() {
+        let order: Vec<usize> = (0..self.nodes.len())
+            .filter(|i| !avoid.contains(i))
+            .chain(avoid.iter().copied())
+            .collect();
+        for i in order {
             match self.slots_from(i) {
                 Ok(ranges) => {
                     let mut slots = vec![u16::MAX; 16384];
@@ -401,8 +411,11 @@ impl RespClient {
                 }
             }
         }
-        if moved && self.cluster {
-            let _ = self.refresh_slots();
+        // A MOVED or ASK, or a node that failed (a master killed: its replica may be promoted, and
+        // a dead node never answers MOVED): the next call uses the cluster's map as it is now.
+        let failed: Vec<usize> = (0..dead.len()).filter(|&n| dead[n].is_some()).collect();
+        if (moved || !failed.is_empty()) && self.cluster {
+            let _ = self.refresh_slots_avoiding(&failed);
         }
         out
     }
