@@ -16,9 +16,11 @@ Series (prefix ``kvcore``; fields in ``docs/api.md``):
 - ``kvcore_prefix_query_tokens_total``, ``kvcore_prefix_hit_tokens_total``, ``kvcore_prefix_hit_rate``:
   hit rates in tokens; ``kvcore_evicted_pages_total``, ``kvcore_cow_copies_total``,
   ``kvcore_refused_total``;
-- per lower tier: ``kvcore_tier_slots{tier,state}``, ``kvcore_tier_*_total{tier}`` (stored, loaded,
-  failed, hit tokens, evictions, restores), ``kvcore_tier_store_skipped_pages_total{tier,reason}``, and
-  with a mover the storage's own stats ``kvcore_tier_storage_*{tier}``: counters ending ``_total``
+- per lower tier: ``kvcore_tier_slots{tier,state}`` (cached / in_flight / free; they sum to the tier's
+  slots), ``kvcore_tier_slots_bad{tier}`` and ``kvcore_tier_slots_locked{tier}`` (subsets of the cached
+  slots, so families of their own), ``kvcore_tier_*_total{tier}`` (stored, loaded, failed, hit tokens,
+  evictions, restores, bad slots dropped), ``kvcore_tier_store_skipped_pages_total{tier,reason}``,
+  and with a mover the storage's own stats ``kvcore_tier_storage_*{tier}``: counters ending ``_total``
   (``kvcore_tier_storage_stores_total``), levels as gauges (``kvcore_tier_storage_bytes``);
 - with a scheduler: ``kvcore_requests{state}`` (running / waiting / loading),
   ``kvcore_requests_rejected_total{reason}``, ``kvcore_requests_finished_total{reason}``,
@@ -65,6 +67,18 @@ _TIER_COUNTERS = (
     ("hit_tokens", "hit_tokens", "Prompt tokens admitted from the tier."),
     ("num_evicted_slots", "evicted_slots", "Slots evicted to make room."),
     ("num_restored_pages", "restored_pages", "Pages restored from a previous run."),
+    (
+        "num_dropped_bad_slots",
+        "dropped_bad_slots",
+        "Slots dropped after their load failed (with the slots after them in their run).",
+    ),
+)
+
+
+# Overlapping subsets of a tier's slots, exported apart from the cached / in_flight / free split.
+_TIER_SLOT_SUBSETS = (
+    ("bad", "Cached slots of each lower tier whose load failed (invisible to lookups; evicted in time)."),
+    ("locked", "Slots of each lower tier locked by loads in flight or stores below them (not evictable)."),
 )
 
 
@@ -115,13 +129,20 @@ def _tier_families(
         labels=["tier", "state"],
     )
     for name, t in tiers.items():
-        for state in ("cached", "in_flight", "free", "bad", "locked"):
+        for state in ("cached", "in_flight", "free"):
             slots.add_metric([name, state], t[f"num_slots_{state}"])
     yield slots
+    # Bad and locked slots are subsets of the cached ones: each has a family of its own, so that
+    # ``sum by (tier)`` over ``tier_slots`` stays the tier's slots (as ``pages`` sums to the pool).
+    for state, help_text in _TIER_SLOT_SUBSETS:
+        subset = GaugeMetricFamily(f"{prefix}_tier_slots_{state}", help_text, labels=["tier"])
+        for name, t in tiers.items():
+            subset.add_metric([name], t[f"num_slots_{state}"])
+        yield subset
     for key, metric, help_text in _TIER_COUNTERS:
         fam = CounterMetricFamily(f"{prefix}_tier_{metric}", help_text, labels=["tier"])
         for name, t in tiers.items():
-            fam.add_metric([name], t[key])
+            fam.add_metric([name], t.get(key, 0))  # a hand-made dict may predate a counter
         yield fam
     skipped = CounterMetricFamily(
         f"{prefix}_tier_store_skipped_pages",

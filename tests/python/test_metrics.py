@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 
 import kvcore
-from kvcore.metrics import KVCoreCollector, serve
+from kvcore.metrics import KVCoreCollector, metrics_text, serve
+from kvcore.pool import KVPool
 from kvcore.scheduler import OutputLengthEstimator, Request, Scheduler, SwapCost
 from kvcore.tiers import HostTier, Mover
 from kvcore.tiny import TinyDecoder, TinyEngine
@@ -121,3 +122,40 @@ def test_serve_answers_on_loopback() -> None:
     finally:
         server.shutdown()
         server.server_close()
+
+
+def test_tier_slots_sum_to_the_tiers_slots_and_bad_and_locked_have_families_of_their_own() -> None:
+    """``kvcore_tier_slots{tier,state}`` is a partition (cached / in_flight / free), as ``kvcore_pages``
+    is: ``sum by (tier)`` is the tier's slots. Bad and locked slots, subsets of the cached ones, are
+    families of their own (they used to be states of the split too: 11 of an 8-slot tier)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    pool = KVPool(num_layers=1, num_pages=16, num_kv_heads=1, head_dim=8, page_size=4, kv_dtype="fp16")
+    host = HostTier(pool, 8)
+    m = kvcore.KVCacheManager(16, 4, lower_tiers=[host], store_policy="all")
+    mover = Mover(m, pool, [host])
+    prompt = list(range(13))
+    m.add_sequence(1, prompt)
+    mover.run()
+    m.free_sequence(1)
+    m.evict(100)
+    m.add_sequence(2, prompt)  # hits the host tier: its loads, taken, lock the slots until they run
+    m.take_transfers(stores=False)
+    live = m.tier_stats()["host"]
+    assert live["num_slots_locked"] > 0 and live["num_slots_cached"] > 0
+    bad = {**live, "num_slots_bad": 1}  # a cached slot whose load failed (the manager may drop it at once)
+    for tiers, text in (
+        (live, scrape(KVCoreCollector(m, mover=mover))),
+        (bad, metrics_text(m.stats(), tiers={"host": bad}, storage=mover.storage_stats())),
+    ):
+        families = list(text_string_to_metric_families(text))
+        names = [f.name for f in families]
+        assert len(names) == len(set(names))  # no family twice, none clashing with the storage families
+        slots = {f.name: f for f in families}["kvcore_tier_slots"]
+        by_state = {s.labels["state"]: s.value for s in slots.samples if s.labels["tier"] == "host"}
+        assert by_state == {st: tiers[f"num_slots_{st}"] for st in ("cached", "in_flight", "free")}
+        assert sum(by_state.values()) == tiers["num_slots"] == 8  # like kvcore_pages: a partition
+        for st in ("bad", "locked"):
+            assert metric_value(text, f"kvcore_tier_slots_{st}", tier="host") == tiers[f"num_slots_{st}"]
+        assert metric_value(text, "kvcore_tier_storage_num_slots", tier="host") == 8
+    assert metric_value(text, "kvcore_tier_slots_bad", tier="host") == 1

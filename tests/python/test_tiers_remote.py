@@ -11,6 +11,8 @@ MOVED to anywhere) come from small fake servers on 127.0.0.1 (:class:`FakeServer
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -24,6 +26,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from kv_helpers import metric_value
+from redis_servers import RedisClusterServers, require_redis_server
 
 from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError
 from kvcore.pool import KVPool, dtypes
@@ -743,8 +746,8 @@ def test_an_interrupted_store_leaves_no_stale_replies(
 def test_an_interrupted_cluster_exists_leaves_no_node_with_stale_replies(
     redis_cluster_nodes: list[str], redis_prefix: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """exists() sends to every node before it reads any reply: KeyboardInterrupt while it reads the
-    first node's leaves the other nodes' replies unread as well, and their connections are closed too."""
+    """exists() asks every node at once: KeyboardInterrupt in one node's exchange stops the others'
+    (whose replies may not all be read), and every node's lookup connection is closed."""
     n = 30  # the keys spread over the three nodes (all on one with probability 3^-29)
     pool = make_pool(num_pages=n + 1)
     tier = RedisTier(redis_cluster_nodes, pool, prefix=redis_prefix)
@@ -763,7 +766,88 @@ def test_an_interrupted_cluster_exists_leaves_no_node_with_stale_replies(
     tier.close()
 
 
+def interrupt_in(monkeypatch: pytest.MonkeyPatch, main: bool) -> None:
+    """The first ``_Conn._recv_into`` in the main thread (``main``), else in any other (a worker of a
+    call's exchanges with several nodes), raises KeyboardInterrupt; the others run."""
+    real = remote_mod._Conn._recv_into
+    done = [False]
+
+    def interrupted(self: Any, *a: Any) -> Any:
+        if not done[0] and (threading.current_thread() is threading.main_thread()) == main:
+            done[0] = True
+            raise KeyboardInterrupt
+        return real(self, *a)
+
+    monkeypatch.setattr(remote_mod._Conn, "_recv_into", interrupted)
+
+
+def test_a_cluster_load_interrupted_in_a_worker_leaves_no_stale_replies(
+    redis_cluster_nodes: list[str], redis_prefix: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load's exchanges with several nodes run at once, in worker threads but the first: an
+    exception in a worker (KeyboardInterrupt from a signal handler's equivalent) goes on to the caller
+    once every exchange has ended, and every bulk connection is closed first: the next load reads no
+    reply of the interrupted one as its own (valid pages would look corrupt and be deleted)."""
+    n = 30
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = RedisTier(redis_cluster_nodes, pool, prefix=redis_prefix)
+    m = meta(n)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()  # every node's bulk connection made
+    want = pool.data[:, :, 1 : n + 1].copy()
+    assert len(tier._nodes) == 3 and all(nd.bulk.sock is not None for nd in tier._nodes)
+    interrupt_in(monkeypatch, main=False)
+    with pytest.raises(KeyboardInterrupt):
+        tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"])
+    assert all(nd.bulk.sock is None for nd in tier._nodes)
+    monkeypatch.undo()
+    pool.data[:, :, n + 1 :] = 0
+    assert tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"]).all()
+    assert np.array_equal(pool.data[:, :, n + 1 :].view(np.uint8), want.view(np.uint8))
+    s = tier.stats()
+    assert s["load_failed"] == s["deleted"] == s["checksum_mismatches"] == 0
+    assert tier.exists(m["keys"]) == n  # nothing deleted
+    tier.close()
+
+
+def test_an_interrupt_cuts_the_exchanges_with_stalled_nodes_short(
+    private_cluster: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KeyboardInterrupt in the caller's thread while a worker waits on a stalled node: the call ends
+    within one socket wait (the worker's next wait fails at once), not after the whole exchange, and
+    leaves no connection open whose replies nobody read."""
+    addrs = private_cluster.addresses
+    n = 30
+    pool = make_pool(num_pages=4 * n + 1)
+    tier = RedisTier(addrs, pool, timeout_s=TIMEOUT, down_after=100)
+    m = meta(2 * n)
+    assert tier.store(pool, rng_i32(2 * n, 1), rng_i32(2 * n), **m).all()
+    want = pool.data[:, :, 1 : 2 * n + 1].copy()
+    last = max(tier._node_index.values())  # not the first node: its exchange is the caller thread's
+    node = next(nd for nd in private_cluster.nodes if nd.address == tier._nodes[last].name)
+    interrupt_in(monkeypatch, main=True)
+    with stalled([node]):
+        t = time.perf_counter()
+        with pytest.raises(KeyboardInterrupt):
+            tier.load(pool, rng_i32(n), rng_i32(n, 2 * n + 1), m["keys"][:n])
+        assert time.perf_counter() - t < TIMEOUT + SLACK
+        assert all(nd.bulk.sock is None for nd in tier._nodes)
+    monkeypatch.undo()
+    pool.data[:, :, 2 * n + 1 :] = 0
+    assert tier.load(pool, rng_i32(2 * n), rng_i32(2 * n, 2 * n + 1), m["keys"]).all()
+    assert np.array_equal(pool.data[:, :, 2 * n + 1 :].view(np.uint8), want.view(np.uint8))
+    assert tier.stats()["deleted"] == 0
+    tier.close()
+
+
 # ------------------------------------------------------------------------------------------ cluster
+
+
+@pytest.fixture
+def private_cluster_5() -> Iterator[RedisClusterServers]:
+    """A fresh 5-master cluster of this test's own."""
+    require_redis_server()
+    with RedisClusterServers(5) as cluster:
+        yield cluster
 
 
 def cluster_node_of(tier: RedisTier, key: np.ndarray, addresses: list[str]) -> int:
@@ -841,6 +925,73 @@ def test_cluster_node_down_fails_only_its_keys(private_cluster: Any) -> None:
     assert tier.stats()["store_failed_down"] == (~want).sum()
     lead = int(np.argmin(want)) if not want.all() else n
     assert tier.exists(m["keys"]) == lead  # the first key on the dead node ends the prefix
+    tier.close()
+
+
+@contextlib.contextmanager
+def stalled(nodes: list[Any]) -> Iterator[None]:
+    """The servers ``nodes`` stopped (SIGSTOP: a GC-like pause; the kernel still accepts connections
+    and buffers what is sent), and continued at the end."""
+    for nd in nodes:
+        os.kill(nd.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        for nd in nodes:
+            os.kill(nd.pid, signal.SIGCONT)
+
+
+def test_stalled_masters_cost_one_timeout_however_many(private_cluster_5: Any) -> None:
+    """With masters stalled, a call waits on them at once, not one after another: about timeout_s
+    (x 2 or 3 with the map re-read first), not one timeout_s more per stalled master (5 masters,
+    timeout_s 0.2: an exists() on new connections took 1.0 s, a load 1.4 s), and the rows of the
+    master that answers succeed, whichever node it is in the map (its replies used to be read last,
+    once the deadline had passed: missed)."""
+    cluster = private_cluster_5
+    addrs = cluster.addresses
+    for node in cluster.nodes:  # so that the one left does not leave the cluster for the stalled ones
+        node.cli("CONFIG", "SET", "cluster-node-timeout", "60000")
+    n = 64
+    pool = make_pool(num_pages=2 * n + 1)
+    tier = RedisTier(addrs, pool, timeout_s=TIMEOUT, down_after=100, prefix="stall")
+    m = meta(n)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+    assert tier.exists(m["keys"]) == n  # every lookup connection made, and kept
+    want = pool.data[:, :, 1 : n + 1].copy()
+    index = [tier._node_index[a] for a in addrs]
+    owner = np.array(
+        [index.index(int(tier._slots[remote_mod._key_slot(tier.redis_key(k))])) for k in m["keys"]]
+    )
+    assert set(owner.tolist()) == set(range(5))
+    live = owner == 4
+    runs = [m["keys"][live], np.stack([m["keys"][np.argmax(owner == i)] for i in range(4)])]  # every node
+    with stalled(cluster.nodes[:4]):  # four of five
+        found, dt = timed(tier.exists_runs, runs)  # on the kept connections
+        assert found == [live.sum(), 0] and dt < TIMEOUT + SLACK
+        found, dt = timed(tier.exists_runs, runs)  # the map re-read; new connections, hand-shakes at once
+        assert found == [live.sum(), 0] and dt < 3 * TIMEOUT + SLACK
+        pool.data[:, :, n + 1 :] = 0
+        ok, dt = timed(tier.load, pool, rng_i32(n), rng_i32(n, n + 1), m["keys"])
+        assert ok.tolist() == live.tolist() and dt < 3 * TIMEOUT + SLACK
+        got, exp = pool.data[:, :, n + 1 :][:, :, live], want[:, :, live]
+        assert np.array_equal(got.view(np.uint8), exp.view(np.uint8))
+        s = tier.stats()
+        assert s["load_failed_timeout"] == (~live).sum() and s["lookup_failed"] == 2
+        assert s["timeouts"] >= 3 * 4  # each call timed out on every stalled node
+        with stalled(cluster.nodes[4:]):  # all five
+            for call in (
+                lambda: tier.exists(m["keys"]),
+                lambda: tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"]),
+                lambda: tier.store(pool, rng_i32(n, 1), rng_i32(n), **m),
+            ):
+                out, dt = timed(call)
+                assert not np.any(out) and dt < 3 * TIMEOUT + SLACK
+    s = tier.stats()
+    assert s["store_failed_timeout"] == n and s["load_failed_connection"] == 0
+    cluster.wait_state("ok")  # the nodes, stalled longer than their node timeout, see each other again
+    assert tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"]).all()
+    assert np.array_equal(pool.data[:, :, n + 1 :].view(np.uint8), want.view(np.uint8))
+    assert tier.exists(m["keys"]) == n
     tier.close()
 
 
@@ -1024,6 +1175,97 @@ def test_cluster_nodes_are_the_masters_of_the_last_table(fake_server: Any) -> No
     assert len(tier._nodes) == 1 and tier._nodes[0].name == a.address
     assert tier.exists(m["keys"]) == 0
     assert b.wait_open(0) and b.accepted == 2  # ... the lookup one at the end of the next exists()
+    tier.close()
+
+
+def test_ask_is_followed_once_to_a_node_of_the_table_only(fake_server: Any) -> None:
+    """``-ASK slot host:port`` (a slot being migrated): the row is sent once more, ``ASKING`` first, to
+    the node named if the table lists it, and never further (an ASK back is not followed: no loop);
+    one to an address off the table connects nowhere. The slot map is never changed nor re-read for it
+    (unlike MOVED). Real migrations: test_remote_ask.py."""
+    state: dict[int, Any] = {}
+
+    def served(cmd: bytes, slot: int) -> bytes:  # every key is there, but no value is a page
+        return b"+OK\r\n" if cmd == b"SET" else b":1\r\n" if cmd == b"EXISTS" else b"$-1\r\n"
+
+    def answer(port: int) -> Any:
+        def reply(args: list[bytes]) -> bytes:
+            cmd = args[0].upper()
+            if cmd == b"CLUSTER":
+                return slots_reply([(0, 8191, a.port), (8192, 16383, b.port)])
+            if cmd == b"ASKING":
+                return b"+OK\r\n"
+            slot = remote_mod._key_slot(args[1])
+            out: bytes = (served if port == b.port and slot >= 8192 else state[port])(cmd, slot)  # b's own
+            return out
+
+        return reply
+
+    def ask(slot: int, to: FakeServer) -> bytes:
+        return f"-ASK {slot} {to.address}\r\n".encode()
+
+    a = fake_server(None)
+    b = fake_server(None)
+    stranger = fake_server(lambda args: b"+OK\r\n")
+    a.reply, b.reply = answer(a.port), answer(b.port)
+    pool = make_pool(num_pages=41)
+    tier = RedisTier([a.address], pool, timeout_s=TIMEOUT, down_after=100)
+    n = 12
+    m = meta(n)
+    on_a = np.array([remote_mod._key_slot(tier.redis_key(k)) < 8192 for k in m["keys"]])
+    k = int(on_a.sum())
+    assert 0 < k < n
+
+    def commands(server: FakeServer, name: bytes) -> int:
+        return sum(1 for c in server.commands if c[0].upper() == name)
+
+    # 1. a, migrating its slots, sends every key it is asked for to an address off the table
+    state[a.port] = lambda cmd, slot: ask(slot, stranger)
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).tolist() == (~on_a).tolist()
+    s = tier.stats()
+    assert (s["asks"], s["store_failed_other"], s["moved"], stranger.accepted) == (k, k, 0, 0)
+    slots_before = tier._slots.copy()
+
+    # 2. a asks b, which asks a back: followed once, then the row fails
+    state[a.port] = lambda cmd, slot: ask(slot, b)
+    state[b.port] = lambda cmd, slot: ask(slot, a)
+    sets_a, sets_b, asking_b = commands(a, b"SET"), commands(b, b"SET"), commands(b, b"ASKING")
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).tolist() == (~on_a).tolist()
+    assert commands(a, b"SET") - sets_a == k  # once each, no loop
+    assert (commands(b, b"SET") - sets_b, commands(b, b"ASKING") - asking_b) == (n, k)
+    s = tier.stats()
+    assert (s["asks"], s["store_failed_other"]) == (k + 2 * k, 2 * k)
+
+    # 3. b, importing, serves them after ASKING: stored, loaded (nothing there: missing) and found
+    state[b.port] = served
+    del b.commands[:]
+    assert tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).all()
+    for i, c in enumerate(b.commands):  # each key b got from an ASK came right after an ASKING
+        if c[0] == b"SET" and remote_mod._key_slot(c[1]) < 8192:
+            assert b.commands[i - 1] == [b"ASKING"]
+    assert not tier.load(pool, rng_i32(n), rng_i32(n, 20), m["keys"]).any()
+    assert tier.exists(m["keys"]) == n
+    s = tier.stats()
+    assert s["load_failed_missing"] == n and s["load_failed_other"] == 0 and s["lookup_failed"] == 0
+    assert (s["moved"], s["topology_refreshes"], stranger.accepted) == (0, 1, 0)
+    assert commands(a, b"CLUSTER") == 1 and np.array_equal(tier._slots, slots_before)  # never re-read
+    tier.close()
+
+
+def test_a_plain_server_never_follows_ask(fake_server: Any) -> None:
+    elsewhere = fake_server(lambda args: b"+OK\r\n")
+    server = fake_server(lambda args: f"-ASK 1 {elsewhere.address}\r\n".encode())
+    pool = make_pool(num_pages=41)
+    tier = RedisTier(f"redis://{server.address}", pool, timeout_s=TIMEOUT)
+    n = 4
+    m = meta(n)
+    assert not tier.store(pool, rng_i32(n, 1), rng_i32(n), **m).any()
+    assert not tier.load(pool, rng_i32(n), rng_i32(n, 20), m["keys"]).any()
+    assert tier.exists(m["keys"]) == 0
+    s = tier.stats()
+    assert (s["store_failed_other"], s["load_failed_other"], s["asks"]) == (n, n, 3 * n)
+    assert elsewhere.accepted == 0 and s["nodes"] == 1
+    assert not any(c[0].upper() == b"ASKING" for c in server.commands)
     tier.close()
 
 

@@ -21,11 +21,17 @@ module does instead (see ``research/tiers.md`` sections 2, 3 and 8):
   scales stores other bytes under it), so each SET is followed, in the same pipeline, by a
   ``GETRANGE`` of the value's scale digest, and a value found there under other scales is not
   counted as stored (``store_failed_scales``; it is left alone, for the instances it belongs to).
-- **Deadlines.** Every socket wait is bounded by ``timeout_s`` and a whole exchange with one server
-  by ``timeout_s`` times 2 plus one per 64 MiB; a timeout is a miss (False) and a counter, never a hang
-  (LMCache#4123, #1491). After ``down_after`` consecutive failed calls a server is *down* for
-  ``backoff_s``: its rows fail at once without touching the network, so a scheduler never waits on
-  a dead server; then the next call tries again and reconnects by itself.
+- **Deadlines.** Every socket wait is bounded by ``timeout_s``, a whole exchange with one server
+  by ``timeout_s`` times 2 plus one per 64 MiB, and a ``CLUSTER SLOTS`` read by ``timeout_s`` times 2
+  whichever nodes it tries; a timeout is a miss (False) and a counter, never a hang (LMCache#4123,
+  #1491). The exchanges of one call with several servers run at once, so a call waits on its slowest
+  server, not on the sum of them, and its time does not grow with the number of nodes (the bound is
+  in :class:`RedisTier`'s ``timeout_s``): store and load run them in the caller's thread and worker
+  threads of the tier's own (up to 64 servers at once); exists sends to every server, then reads
+  the replies in the order they come (``poll``), connecting at once (threads) where it must. After
+  ``down_after`` consecutive failed calls a server is *down* for ``backoff_s``: its rows fail at
+  once without touching the network, so a scheduler never waits on a dead server; then the next
+  call tries again and reconnects by itself.
 - **Cluster.** Keys are spread by page key (no hash tags: a prefix on one node would make it hot);
   each call sends one pipeline per node; no multi-key command ever crosses slots. The nodes known
   are exactly the masters of the last ``CLUSTER SLOTS`` table (at most :data:`MAX_NODES`; a node
@@ -33,13 +39,16 @@ module does instead (see ``research/tiers.md`` sections 2, 3 and 8):
   range, host or port, an oversized value) fails the refresh like a lost connection. A ``MOVED``
   reply to a node of the table points the slot there and the row is retried once; one to any other
   address fails the row (nothing is connected to an address the table does not list); either way
-  the full map is re-read on the next call. A table that leaves slots without a master (a
-  failover in progress, unassigned slots) is used for the slots it covers; a row of an uncovered
-  slot fails at once (``*_failed_other``, as the ``-CLUSTERDOWN`` a node would answer: no connection
-  is involved) and the map is re-read at the next call, backing off like a failed read (for
-  ``backoff_s`` after ``down_after`` incomplete or failed reads in a row; rows then count as
-  ``*_failed_down``). A plain ``redis://`` server is not a cluster: a ``MOVED`` from it fails the
-  row and is never followed.
+  the full map is re-read on the next call. An ``ASK`` reply (a slot being migrated, its key not on
+  the node asked) to a node of the table sends the row there once more, after ``ASKING``, leaving the
+  map as it is (the Redis Cluster specification's client rules); one to any other address, an ``ASK``
+  after that, or a plain server's fails the row (``*_failed_other``). A table that leaves slots
+  without a master (a failover in progress, unassigned slots) is used for the slots it covers; a
+  row of an uncovered slot fails at once (``*_failed_other``, as the ``-CLUSTERDOWN`` a node would
+  answer: no connection is involved) and the map is re-read at the next call, backing off like a
+  failed read (for ``backoff_s`` after ``down_after`` incomplete or failed reads in a row; rows then
+  count as ``*_failed_down``). A plain ``redis://`` server is not a cluster: a ``MOVED`` or ``ASK``
+  from it fails the row and is never followed.
 - **Memory.** A connection's read buffer (1 MiB for store/load, 64 KiB for lookups) is allocated
   when it connects and freed when it is closed or lost: a cluster node that refuses connections
   holds none, however long it stays in the map.
@@ -54,8 +63,8 @@ cache-hot 1 MiB read buffer into its staging row (a third of the client CPU of `
 large row itself), checks it there and copies it into the pool; a byte window
 (:data:`WINDOW_BYTES`, at least one command) bounds what is in flight per server, so replies never
 pile up in the server's output buffer. Only RESP2 commands of every Redis >= 6.2 and Valkey are
-used (SET NX PX, GET / GETEX PX, GETRANGE, EXISTS, DEL, CLUSTER SLOTS, AUTH, SELECT, CLIENT
-SETNAME), and no third-party package: ``import kvcore.tiers`` needs nothing more. No TLS yet:
+used (SET NX PX, GET / GETEX PX, GETRANGE, EXISTS, DEL, CLUSTER SLOTS, ASKING, AUTH, SELECT,
+CLIENT SETNAME), and no third-party package: ``import kvcore.tiers`` needs nothing more. No TLS yet:
 ``rediss://`` is refused.
 
 Failure policy: server problems (timeouts, refused or reset connections, ``-OOM`` under
@@ -71,8 +80,12 @@ instead of reading them as its own (``_Conn.pending``).
 from __future__ import annotations
 
 import binascii
+import concurrent.futures
 import contextlib
+import functools
 import math
+import os
+import select
 import socket
 import struct
 import threading
@@ -80,7 +93,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 
@@ -91,6 +104,8 @@ from kvcore.tiers import _batch, codec
 from kvcore.tiers.codec import Geometry, HeaderError
 
 __all__ = ["RedisTier"]
+
+_T = TypeVar("_T")
 
 WINDOW_BYTES = 1 << 20  # value bytes in flight per server, at least one command (see the module doc)
 BUDGET_BYTES: Final[int] = 64 << 20  # an exchange with one server gets one more timeout_s per 64 MiB
@@ -106,6 +121,9 @@ MAX_NODES: Final[int] = 1000  # masters a CLUSTER SLOTS table may list (Redis Cl
 _CONTROL_VALUES: Final[int] = 1 << 19
 _CONTROL_BYTES: Final[int] = 8 << 20
 _MAX_HOST_LEN: Final[int] = 255
+# Nodes whose exchanges of one call run at once (the caller's thread and the channel's worker threads):
+# a call waits on its slowest server, not on the sum of them, up to this many servers.
+_MAX_PARALLEL: Final[int] = 64
 
 # Outcome of one row (int8 codes in a status array).
 _PENDING, _OK, _EXISTS, _MISSING, _VALUE, _BADLEN, _OOM, _MOVED, _ERROR, _TIMEOUT, _CONN, _DOWN = range(12)
@@ -115,7 +133,11 @@ _SCALES = 13  # store: NX found a value of other fp8/int8 pool scales (or not a 
 # -CLUSTERDOWN a node answers for such a slot: no connection was tried or lost). Rows of a cluster
 # whose table was never read fail as connections instead (the failed read counts connection_errors).
 _UNMAPPED = 14
+# -ASK: a slot being migrated, the key not (or no longer) on the node asked; the row is sent once more,
+# after ASKING, to the node named, when the call's map lists it. Counted as *_failed_other if it stays.
+_ASK = 15
 _TRANSPORT: Final = frozenset({_TIMEOUT, _CONN})
+_REPLIED: Final = (_ERROR, _MOVED, _ASK)  # error replies that fail a row as *_failed_other
 
 _STAT_NAMES = (
     "num_slots",
@@ -130,7 +152,7 @@ _STAT_NAMES = (
     "store_failed_down",  # the server was in back-off: nothing sent
     "store_failed_namespace",  # a namespace longer than a header holds (codec.namespace_room)
     "store_failed_scales",  # fp8/int8: NX left a value of other pool scales there (this pool cannot load it)
-    # any other error reply (CLUSTERDOWN, READONLY, MOVED twice or off the map, ...), or a cluster slot
+    # any other error reply (CLUSTERDOWN, READONLY, MOVED or ASK twice or off the map, ...), or a cluster slot
     # the last CLUSTER SLOTS table gives no master (nothing sent; the map is re-read)
     "store_failed_other",
     "loads",  # rows loaded into the pool
@@ -158,6 +180,7 @@ _STAT_NAMES = (
     "skipped_down",  # exchanges not attempted because the server was in back-off
     "reconnects",  # connections made again after one was closed or lost
     "moved",  # MOVED replies (a cluster resharded, or failed over)
+    "asks",  # ASK replies (a slot being migrated: the row is asked again, after ASKING, at the node named)
     "topology_refreshes",  # CLUSTER SLOTS reads
 )
 
@@ -181,15 +204,19 @@ class _Deadline:
     The end is ``step * (2 + nbytes // BUDGET_BYTES)`` away: a server that answers nothing fails
     the first wait, after ``step``; one that dribbles is cut off there. (Not ``1 + ...``: then every
     wait would be a little under ``step``, and the kernel timeouts re-armed before every call.)
+    Once ``stop`` (the call's, see :meth:`RedisTier._parallel`) is set, every wait fails at once.
     """
 
-    __slots__ = ("end", "step")
+    __slots__ = ("end", "step", "stop")
 
-    def __init__(self, step: float, nbytes: int = 0) -> None:
+    def __init__(self, step: float, nbytes: int = 0, stop: threading.Event | None = None) -> None:
         self.step = step
         self.end = time.monotonic() + step * (2 + nbytes // BUDGET_BYTES)
+        self.stop = stop
 
     def wait(self) -> float:
+        if self.stop is not None and self.stop.is_set():
+            raise TimeoutError("the call was cut short")
         left = self.end - time.monotonic()
         if left <= 0:
             raise TimeoutError("deadline")
@@ -211,9 +238,13 @@ def _command(*args: bytes) -> bytes:
     return b"*%d\r\n" % len(args) + b"".join(_bulk(a) for a in args)
 
 
+_ASKING: Final[bytes] = _command(b"ASKING")  # before the one command an -ASK reply sends elsewhere
+
+
 class _Conn:
     """One RESP2 connection to one server, with a read-ahead buffer. Not thread-safe: each channel
-    (bulk store/load, lookups) has its own, used under its channel's lock.
+    (bulk store/load, lookups) has its own, used under its channel's lock, by the call holding it
+    or by one of that call's worker threads (one per node: :meth:`RedisTier._parallel`).
 
     The buffer (``buf_bytes``) exists only while connected: allocated when a connection is made,
     freed when it is closed or lost, so a node that cannot be reached (refused, down, unroutable)
@@ -242,6 +273,11 @@ class _Conn:
         self._view = memoryview(self._buf)
         self._lo = 0  # unread bytes are _buf[_lo:_hi]
         self._hi = 0
+        self.digest = memoryview(bytearray(16))  # the scale digest a store's GETRANGE returned
+
+    def buffered(self) -> bool:
+        """Whether reply bytes are in the read buffer already (nothing to wait for on the socket)."""
+        return self._lo < self._hi
 
     def reusable(self) -> bool:
         """Whether a connection from an earlier exchange is here to use; one that exchange left
@@ -505,7 +541,12 @@ class _Node:
 
 @dataclass
 class _Call:
-    """What one call did, merged into the counters at its end (one lock acquisition)."""
+    """What one call did, merged into the counters at its end (one lock acquisition).
+
+    The exchanges of one call with several nodes run at once (:meth:`RedisTier._parallel`), each
+    touching its own node's connection and its own rows only; what they share here is safe so:
+    ``add`` takes ``lock``, and the dicts are only ever assigned a key (one bytecode, atomic) by them.
+    """
 
     counts: dict[str, int] = field(default_factory=dict)
     failed: dict[int, int] = field(default_factory=dict)  # node index -> transport failure code
@@ -515,10 +556,14 @@ class _Call:
     nodes: Sequence[_Node] = ()
     index: dict[str, int] = field(default_factory=dict)
     moved: dict[int, int] = field(default_factory=dict)  # cluster slot -> node index a MOVED named
+    asked: dict[int, int] = field(default_factory=dict)  # row -> node index an ASK named (to ask once)
+    lock: threading.Lock = field(default_factory=threading.Lock)  # counts, from several threads
+    stop: threading.Event = field(default_factory=threading.Event)  # set: cut the call's exchanges short
 
     def add(self, name: str, n: int = 1) -> None:
         if n:
-            self.counts[name] = self.counts.get(name, 0) + n
+            with self.lock:
+                self.counts[name] = self.counts.get(name, 0) + n
 
 
 def _parse_host_port(s: str, what: str) -> tuple[str, int]:
@@ -581,7 +626,7 @@ def _parse_url(url: Any) -> tuple[bool, list[tuple[str, int]], _Auth]:
     return cluster, [_parse_host_port(h, "url") for h in parts], _Auth(username, password, db)
 
 
-def _close_conns(nodes: list[_Node], bulk: bool) -> None:
+def _close_conns(nodes: Sequence[_Node], bulk: bool) -> None:
     """Close the ``bulk`` (else lookup) channel's connection of each node, where one was made."""
     for nd in nodes:
         c = nd.conn(bulk)
@@ -637,8 +682,14 @@ class RedisTier:
             tag and put every page on one node).
         ttl_ms: None (keys live until the server evicts them: set a ``maxmemory-policy``) or a TTL in
             milliseconds, set by every store and renewed by every load (``GETEX``, Redis >= 6.2).
-        timeout_s: the longest wait on any socket operation (connect, send, reply), > 0; an exchange
-            with one server takes at most ``timeout_s * (2 + value bytes // 64 MiB)``.
+        timeout_s: the longest wait on any socket operation (connect, send, reply), > 0. A server
+            that answers nothing fails after ``timeout_s``; an exchange with one server takes at most
+            ``timeout_s * (2 + value bytes // 64 MiB)``. A call's exchanges with its servers run at
+            once (up to 64 servers; see below), so its time does not grow with the number of nodes:
+            at most about ``timeout_s`` x 2 for a ``CLUSTER SLOTS`` read (when the map is stale),
+            plus, per chunk (up to 1,024 pages, under 64 MiB), x 2 for its exchanges and x 2 for one
+            retry of the rows a ``MOVED`` or ``ASK`` sent elsewhere (a load that deletes corrupt
+            values: x 4 more). Stalled masters, however many: ``timeout_s`` (x 3 with the map re-read).
         max_lookup_keys: the most keys one :meth:`exists` asks, >= 1 (2,048: a 32k-token prompt of
             16-token pages in one round trip; a bound of 256 cost round-robin instances up to 15
             points of hit rate in the replay, BENCHMARKS.md).
@@ -658,7 +709,12 @@ class RedisTier:
             an fp8/int8 pool.
 
     Store/load calls are serialized by one lock, lookups by another (with their own connections),
-    so an :meth:`exists` from the scheduler never waits behind a bulk transfer of the Mover's.
+    so an :meth:`exists` from the scheduler never waits behind a bulk transfer of the Mover's. A store
+    or load that reaches several servers runs its exchanges with them at once: the first in the
+    caller's thread, the others in worker threads of the channel's own (at most 63 per channel,
+    started at first need, ended by :meth:`close`), each touching its own server's connection and
+    rows only. An :meth:`exists` sends to every server, then reads the replies as they come, in the
+    caller's thread; its channel's threads only make several new connections at once.
     """
 
     def __init__(
@@ -727,7 +783,6 @@ class RedisTier:
             b"*4\r\n$8\r\nGETRANGE\r\n$%d\r\n" % kl,
             b"\r\n" + _bulk(b"%d" % at) + _bulk(b"%d" % (at + 15)),
         )
-        self._digest_buf = memoryview(bytearray(16))  # the scale digest a GETRANGE returned
         self._value_line = b"$%d" % vl
 
         # Staging: payload rows (pinned on the GPU backend) and one header per row, reused; a call
@@ -759,6 +814,8 @@ class RedisTier:
         self._lookup_lock = threading.Lock()  # exists, the lookup connections
         self._topology_lock = threading.Lock()  # CLUSTER SLOTS reads
         self._state_lock = threading.Lock()  # counters, node health, the slot map (short sections)
+        # each channel's worker threads (bulk? -> (the pid that made them, them)), made at first need
+        self._pools: dict[bool, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
         self.last_error = ""  # the last server problem seen, for logs ("" if none yet)
 
     def _buffer_bytes(self) -> int:
@@ -1006,6 +1063,26 @@ class RedisTier:
             if self._nodes is call.nodes:
                 self._slots[slot] = j
 
+    def _ask(self, line: bytes, row: int, call: _Call) -> None:
+        """``-ASK slot host:port`` for ``row``: a slot being migrated, whose key is not (or no longer) on
+        the node asked. Where that node is in the call's map, ``row`` is sent there once more, after
+        ``ASKING`` (``call.asked``, :meth:`_run`); the slot map is left as it is (the slot stays the
+        asked node's until the migration ends, and a MOVED says so then). Nothing else is followed: not
+        a plain server's ASK, nor one to an address off the map (a new master that serves no slot yet:
+        the row fails, until the table lists it)."""
+        call.add("asks")
+        self.last_error = line[1:].decode("utf-8", "replace")
+        if not self.cluster:
+            return
+        parts = line.split()
+        try:
+            host, port = _parse_host_port(parts[2].decode(), "ASK")
+        except (IndexError, ValueError, ConfigError):
+            return
+        j = call.index.get(f"{host}:{port}")
+        if j is not None:
+            call.asked[row] = j
+
     # ------------------------------------------------------------------------------------ exchange
 
     def _exchange(
@@ -1030,7 +1107,7 @@ class RedisTier:
         nd = call.nodes[node]
         conn = nd.bulk
         n = len(rows)
-        dl = _Deadline(self.timeout_s, n * cost)
+        dl = _Deadline(self.timeout_s, n * cost, call.stop)
         for attempt in (0, 1):
             done = 0
             kept = conn.reusable()
@@ -1133,16 +1210,40 @@ class RedisTier:
         call: _Call,
     ) -> None:
         """Run ``rows`` (indices into ``status``, ``route`` and ``names``) on their servers, one bulk
-        exchange per server, then retry once the rows a MOVED reply sent to another node of the map
-        (a cluster's only: see :meth:`_moved`)."""
+        exchange per server, every server's at once (:meth:`_parallel`), then retry once, in one more
+        such pass, the rows a MOVED reply sent to another node of the map (a cluster's only: see
+        :meth:`_moved`; ``route`` follows it) and those an ASK reply sent to one (:meth:`_ask`: with
+        ``ASKING`` before the command, and ``route`` left as it is, as an ASK holds for one command)."""
+        target = route
+        asking: set[int] = set()  # rows of the retry sent after ASKING
+        call.asked.clear()  # ASKs of an earlier run of the call (not followed: asked twice) are done
+
+        def pieces_asking(r: int) -> list[Any]:
+            return [_ASKING, *pieces(r)] if r in asking else pieces(r)
+
+        def handle_asking(conn: _Conn, r: int, dl: _Deadline) -> None:
+            if r in asking:
+                line = conn.line(dl)  # ASKING's own reply (+OK; an error: the command tells the rest)
+                if line[:1] not in (b"+", b"-"):
+                    raise _ProtocolError(f"ASKING: unexpected reply {line[:40]!r}")
+            handle(conn, r, dl)
+
         for attempt in (0, 1):
-            for node in np.unique(route[rows]).tolist():
-                mine = rows[route[rows] == node]
+            groups: list[tuple[int, np.ndarray]] = []
+            at = target[rows]
+            for node in np.unique(at).tolist():
+                mine = rows[at == node]
                 code = self._usable(node, call)
                 if code != _OK:
                     status[mine] = code
                     continue
-                done, code = self._exchange(node, mine.tolist(), pieces, cost, handle, call)
+                groups.append((node, mine))
+            p, h = (pieces_asking, handle_asking) if asking else (pieces, handle)
+            jobs = [
+                functools.partial(self._exchange, node, mine.tolist(), p, cost, h, call)
+                for node, mine in groups
+            ]
+            for (node, mine), (done, code) in zip(groups, self._parallel(jobs, call, bulk=True), strict=True):
                 if code == _OK:
                     call.touched.add(node)
                 else:
@@ -1151,16 +1252,73 @@ class RedisTier:
                         call.failed[node] = code
                     else:
                         call.touched.add(node)
-            moved = rows[status[rows] == _MOVED]
-            if attempt or not moved.shape[0] or not call.moved:
+            again = rows[(status[rows] == _MOVED) | (status[rows] == _ASK)]
+            if attempt or not again.shape[0] or not (call.moved or call.asked):
                 return
-            again = []
-            for r in moved.tolist():
-                j = call.moved.get(_key_slot(names[r]))
-                if j is not None:
+            target = route.copy()
+            retry = []
+            for r in again.tolist():
+                if status[r] == _MOVED:
+                    j = call.moved.get(_key_slot(names[r]))
+                    if j is None:
+                        continue
                     route[r] = j
-                    again.append(r)
-            rows = np.asarray(again, dtype=np.int64)
+                else:
+                    j = call.asked.pop(r, None)
+                    if j is None:
+                        continue
+                    asking.add(r)
+                target[r] = j
+                retry.append(r)
+            rows = np.asarray(retry, dtype=np.int64)
+
+    def _parallel(self, jobs: Sequence[Callable[[], _T]], call: _Call, *, bulk: bool) -> list[_T]:
+        """``[job() for job in jobs]``, the jobs run at once: the first in this thread, the others in
+        the ``bulk`` (else lookup) channel's worker threads (:meth:`_workers`), so that a call waits on
+        its slowest server, not on the sum of them. Each job is one node's exchange, touching that
+        node's connection of the channel and its own rows only.
+
+        An exception out of any job or in this thread (KeyboardInterrupt) goes on to the caller once
+        no job runs any more: ``call.stop`` makes every socket wait of the others fail at once (the
+        longest they then take is one wait, ``timeout_s``); then every connection of the channel the
+        call routed by is closed, replies read or not, and the exception raised on.
+        """
+        if len(jobs) < 2:
+            return [job() for job in jobs]
+        workers = self._workers(bulk)
+        futures: list[concurrent.futures.Future[_T]] = []
+        for job in jobs[1:]:
+            try:
+                futures.append(workers.submit(job))
+            except RuntimeError:  # the interpreter is exiting (no new threads): the rest run here
+                break
+        try:
+            first = jobs[0]()
+            rest = [job() for job in jobs[1 + len(futures) :]]
+            return [first, *(f.result() for f in futures), *rest]
+        except BaseException:
+            call.stop.set()
+            while not all(f.done() for f in futures):
+                # a second interrupt waits too: a job still running uses its connection
+                with contextlib.suppress(BaseException):
+                    concurrent.futures.wait(futures)
+            _close_conns(call.nodes, bulk)
+            raise
+
+    def _workers(self, bulk: bool) -> concurrent.futures.ThreadPoolExecutor:
+        """The ``bulk`` (else lookup) channel's worker threads (under that channel's lock): at most
+        ``_MAX_PARALLEL - 1``, started at first need and kept; anew in a forked child (whose parent's
+        threads do not run there)."""
+        pid = os.getpid()
+        got = self._pools.get(bulk)
+        if got is not None and got[0] == pid:
+            return got[1]
+        channel = "bulk" if bulk else "lookup"
+        pool = concurrent.futures.ThreadPoolExecutor(
+            _MAX_PARALLEL - 1, thread_name_prefix=f"kvcore-{self.name}-{channel}"
+        )
+        self._pools[bulk] = (pid, pool)
+        return pool
 
     # ------------------------------------------------------------------------------------ store
 
@@ -1222,7 +1380,7 @@ class RedisTier:
         with self._io_lock, _ClosePending(call, bulk=True):
             route = self._route(names, call, bulk=True)
             pos = np.zeros(n, dtype=np.int64)  # [n] staging row (and header) of each row in its chunk
-            oom: set[int] = set()  # nodes that answered -OOM in this call: the rest is not sent
+            oom: set[str] = set()  # nodes ("host:port") that answered -OOM in this call: the rest is not sent
             planes = self._planes(pool)
             body: dict[int, list[Any]] = {}  # row -> its payload buffers (views of the pool or stage)
 
@@ -1252,11 +1410,14 @@ class RedisTier:
                     status[r] = _EXISTS
                 elif line[:4] == b"-OOM":
                     status[r] = _OOM
-                    oom.add(int(route[r]))
+                    oom.add(f"{conn.host}:{conn.port}")
                     self.last_error = line[1:].decode("utf-8", "replace")
                 elif line[:6] == b"-MOVED":
                     status[r] = _MOVED
                     self._moved(line, call)
+                elif line[:5] == b"-ASK ":
+                    status[r] = _ASK
+                    self._ask(line, r, call)
                 elif line[:1] == b"-":
                     status[r] = _ERROR
                     self.last_error = line[1:].decode("utf-8", "replace")
@@ -1266,7 +1427,7 @@ class RedisTier:
             for c in range(0, n, chunk):
                 rows = np.arange(c, min(n, c + chunk))
                 for node in np.unique(route[rows]).tolist():  # rows of unusable nodes: not staged
-                    code = _OOM if node in oom else self._usable(node, call)
+                    code = _OOM if node >= 0 and call.nodes[node].name in oom else self._usable(node, call)
                     if code != _OK:
                         status[rows[route[rows] == node]] = code
                 rows = rows[status[rows] == _PENDING]
@@ -1298,7 +1459,7 @@ class RedisTier:
                 self._run(rows, route, status, pieces, self.value_bytes, handle, names, call)
             self._close_dropped(bulk=True)
         ok = (status == _OK) | (status == _EXISTS)
-        replied = np.isin(status, (_OK, _EXISTS, _OOM, _ERROR, _MOVED, _SCALES))
+        replied = np.isin(status, (_OK, _EXISTS, _OOM, _SCALES, *_REPLIED))
         call.add("stores", int(ok.sum()))
         call.add("store_exists", int((status == _EXISTS).sum()))
         call.add("store_failed", int(n - ok.sum()))
@@ -1312,7 +1473,7 @@ class RedisTier:
             (_SCALES, "scales"),
         ):
             call.add(f"store_failed_{reason}", int((status == code).sum()))
-        call.add("store_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING, _UNMAPPED)).sum()))
+        call.add("store_failed_other", int(np.isin(status, (*_REPLIED, _PENDING, _UNMAPPED)).sum()))
         self._finish(call)
         return ok
 
@@ -1329,9 +1490,9 @@ class RedisTier:
             return None
         if not 0 <= m <= 16:
             raise _ProtocolError(f"GETRANGE: unexpected reply {line[:40]!r}")
-        conn.read_into(self._digest_buf[:m], dl)
+        conn.read_into(conn.digest[:m], dl)
         conn.skip(2, dl)
-        return bytes(self._digest_buf) if m == 16 else None
+        return bytes(conn.digest) if m == 16 else None
 
     # ------------------------------------------------------------------------------------ load
 
@@ -1399,6 +1560,9 @@ class RedisTier:
                 elif line[:6] == b"-MOVED":
                     status[r] = _MOVED
                     self._moved(line, call)
+                elif line[:5] == b"-ASK ":
+                    status[r] = _ASK
+                    self._ask(line, r, call)
                 elif line[:1] == b"-":
                     if b"unknown command" in line and self._getex:
                         self._getex = False  # a server before 6.2: plain GET from the next call
@@ -1439,7 +1603,7 @@ class RedisTier:
         call.add("checksum_mismatches", verdicts["checksum"])
         for code, reason in ((_TIMEOUT, "timeout"), (_CONN, "connection"), (_DOWN, "down")):
             call.add(f"load_failed_{reason}", int((status == code).sum()))
-        call.add("load_failed_other", int(np.isin(status, (_ERROR, _MOVED, _PENDING, _UNMAPPED)).sum()))
+        call.add("load_failed_other", int(np.isin(status, (*_REPLIED, _PENDING, _UNMAPPED)).sum()))
         self._finish(call)
         return ok
 
@@ -1481,27 +1645,31 @@ class RedisTier:
 
     def _delete(self, rows: np.ndarray, route: np.ndarray, names: list[bytes], call: _Call) -> None:
         status = np.full(len(names), _PENDING, dtype=np.int8)
-        deleted = [0]
 
         def handle(conn: _Conn, r: int, dl: _Deadline) -> None:
             line = conn.line(dl)
             if line[:1] == b":":
-                deleted[0] += int(line[1:])
+                call.add("deleted", int(line[1:]))
                 status[r] = _OK
+            elif line[:6] == b"-MOVED":
+                status[r] = _MOVED
+                self._moved(line, call)
+            elif line[:5] == b"-ASK ":  # a value found where an ASK led: deleted there
+                status[r] = _ASK
+                self._ask(line, r, call)
             elif line[:1] == b"-":
                 status[r] = _ERROR
             else:
                 raise _ProtocolError(f"DEL: unexpected reply {line[:40]!r}")
 
         self._run(rows, route, status, lambda r: [self._del_head, names[r], b"\r\n"], 0, handle, names, call)
-        call.add("deleted", deleted[0])
 
     # ------------------------------------------------------------------------------------ exists
 
     def exists(self, keys: Any) -> int:
         """How many leading keys of ``keys`` (uint8 ``[m, 16]`` page keys, a prompt's in order) the
         server holds, asking at most ``max_lookup_keys`` of them in one pipelined round trip (per
-        cluster node, all sent before any reply is read). A key on a server that is down, times out
+        cluster node, every node asked at once). A key on a server that is down, times out
         or errs counts as absent, so the answer is never more than what a load would reach.
 
         It asks whether each key exists, not what its value holds: a value a load would refuse (an
@@ -1535,24 +1703,21 @@ class RedisTier:
             return [0] * len(arrays)
         names = [name for k, n in zip(arrays, sizes, strict=True) for name in self._names(k[:n])]
         found = np.zeros(m, dtype=bool)
+        asked: dict[int, int] = {}  # key index -> the node an ASK sent it to
         with self._lookup_lock, _ClosePending(call, bulk=False):
             route = self._route(names, call, bulk=False)
-            asked: list[tuple[int, list[int], list[bytes], bool, _Deadline]] = []
-            for node in np.unique(route).tolist():
-                if self._usable(node, call) != _OK:  # node -1 too: its slots mark the map stale
-                    continue
-                mine = np.flatnonzero(route == node).tolist()
-                cmds = [b"".join(self._exists_head + names[i] + b"\r\n" for i in mine)]
-                dl = _Deadline(self.timeout_s)
-                kept = call.nodes[node].lookup.reusable()
-                if self._lookup_io(node, cmds, None, found, dl, call, last=not kept):
-                    asked.append((node, mine, cmds, kept, dl))
-            for node, mine, cmds, kept, dl in asked:  # every node has its commands: read the replies
-                ok = self._lookup_io(node, None, mine, found, dl, call, last=not kept)
-                if not ok and node not in call.failed:  # a dead kept connection: once more, anew
-                    ok = self._lookup_io(node, cmds, mine, found, dl, call, last=True)
-                if ok:
-                    call.touched.add(node)
+            groups = [(node, np.flatnonzero(route == node).tolist()) for node in np.unique(route).tolist()]
+            # every node's exchange at once; then once more, after ASKING, the keys an ASK sent elsewhere
+            for asking in (False, True):
+                groups = [(node, mine) for node, mine in groups if self._usable(node, call) == _OK]
+                call.touched.update(self._lookup_pass(groups, names, found, call, asking=asking))
+                if asking or not call.asked:
+                    break
+                asked, call.asked = call.asked, {}
+                per: dict[int, list[int]] = {}
+                for i, j in sorted(asked.items()):
+                    per.setdefault(j, []).append(i)
+                groups = sorted(per.items())
             self._close_dropped(bulk=False)
         call.add("lookup_keys", m)
         leads = []
@@ -1562,11 +1727,86 @@ class RedisTier:
             lead = int(n if run.all() else np.argmin(run))
             leads.append(lead)
             call.add("lookup_hit_keys", lead)
-            if lead < n and (route[at + lead] < 0 or int(route[at + lead]) in call.failed):
-                call.add("lookup_failed")  # the answer stops at a key nobody could ask about
+            if lead < n:
+                node = asked.get(at + lead, int(route[at + lead]))
+                if node < 0 or node in call.failed:
+                    call.add("lookup_failed")  # the answer stops at a key nobody could ask about
             at += n
         self._finish(call)
         return leads
+
+    def _lookup_pass(
+        self,
+        groups: list[tuple[int, list[int]]],
+        names: list[bytes],
+        found: np.ndarray,
+        call: _Call,
+        *,
+        asking: bool,
+    ) -> list[int]:
+        """Ask each node ``node`` of ``groups`` whether each key ``names[i]`` of its ``mine`` exists
+        (each after ``ASKING`` if ``asking``), into ``found``; the nodes whose every reply came.
+
+        Every node at once, in one thread while the connections are kept (the common case): the
+        nodes to connect to are connected to at once (:meth:`_parallel`; a hand-shake waits for its
+        reply), then every node's commands are sent, then the replies are read in the order they
+        come (``poll``), so that a stalled node costs one ``timeout_s``, whatever the others do. The
+        whole pass has one deadline (``timeout_s`` x 2); a node that sent nothing ``timeout_s`` after
+        the last send has timed out.
+        """
+        dl = _Deadline(self.timeout_s, 0, call.stop)
+        fresh = {node for node, _ in groups if not call.nodes[node].lookup.reusable()}
+        if len(fresh) > 1:  # (one is connected to by its send below)
+            opens = [
+                functools.partial(self._lookup_io, node, [], None, found, dl, call) for node in sorted(fresh)
+            ]
+            self._parallel(opens, call, bulk=False)
+        pre = _ASKING + self._exists_head if asking else self._exists_head
+        sent = []
+        for node, mine in groups:
+            if node in call.failed:
+                continue
+            cmds = [b"".join(pre + names[i] + b"\r\n" for i in mine)]
+            kept = node not in fresh and call.nodes[node].lookup.reusable()
+            if self._lookup_io(node, cmds, None, found, dl, call, last=not kept, asking=asking):
+                sent.append((node, mine, cmds, kept))
+        until = min(dl.end, time.monotonic() + self.timeout_s)  # by when a first reply byte is due
+        poller = select.poll()
+        waiting: dict[int, tuple[int, list[int], list[bytes], bool]] = {}
+        ready = []
+        for item in sent:
+            conn = call.nodes[item[0]].lookup
+            if len(sent) == 1 or conn.buffered() or conn.sock is None:  # (one node: read it, waiting)
+                ready.append(item)
+            else:
+                fd = conn.sock.fileno()
+                poller.register(fd, select.POLLIN)
+                waiting[fd] = item
+        answered = []
+        while True:
+            for node, mine, cmds, kept in ready:
+                ok = self._lookup_io(node, None, mine, found, dl, call, last=not kept, asking=asking)
+                if not ok and node not in call.failed:  # a dead kept connection: once more, anew
+                    ok = self._lookup_io(node, cmds, mine, found, dl, call, last=True, asking=asking)
+                if ok:
+                    answered.append(node)
+            if not waiting:
+                return answered
+            left = until - time.monotonic()
+            events = poller.poll(max(0, math.ceil(left * 1000)))
+            if not events:
+                break
+            ready = []
+            for fd, _ in events:
+                poller.unregister(fd)
+                ready.append(waiting.pop(fd))
+        for node, _, _, _ in waiting.values():  # nothing came from them in time
+            nd = call.nodes[node]
+            nd.lookup.close()  # its replies may still come
+            self.last_error = f"{nd.name}: timeout"
+            call.add("timeouts")
+            call.failed[node] = _TIMEOUT
+        return answered
 
     def _lookup_io(
         self,
@@ -1577,13 +1817,16 @@ class RedisTier:
         dl: _Deadline,
         call: _Call,
         *,
-        last: bool,
+        last: bool = True,
+        asking: bool = False,
     ) -> bool:
-        """Send ``cmds`` (if given) on the node's lookup connection, then read one EXISTS reply per
-        key index of ``mine`` (if given) into ``found``. False on a failure, recorded in
+        """Connect if need be and send ``cmds`` (if given; ``[]``: only connect) on the node's lookup
+        connection, then read one EXISTS reply per key index of ``mine`` (if given) into ``found``,
+        each after the reply to its ``ASKING`` if ``asking``. False on a failure, recorded in
         ``call.failed`` except for a connection failure before any reply when not ``last`` (a
-        connection kept from an earlier call that died meanwhile: the caller retries anew). Any other
-        exception goes on to the caller, the connection closed first (as in :meth:`_exchange`)."""
+        connection kept from an earlier call that died meanwhile: sending, this retries once on a new
+        one; reading, the caller does). Any other exception goes on to the caller, the connection
+        closed first (as in :meth:`_exchange`)."""
         nd = call.nodes[node]
         conn = nd.lookup
         done = 0
@@ -1591,19 +1834,26 @@ class RedisTier:
             if cmds is not None:
                 if conn.open(dl):
                     call.add("reconnects")
-                conn.send(cmds, dl)
-            fast = conn.flags(len(mine), dl) if mine else None
+                if cmds:
+                    conn.send(cmds, dl)
+            fast = conn.flags(len(mine), dl) if mine and not asking else None
             if fast is not None:
                 found[mine] = fast
                 conn.pending = False  # every reply read
                 return True
             for i in mine or ():
+                if asking:
+                    line = conn.line(dl)  # ASKING's own reply
+                    if line[:1] not in (b"+", b"-"):
+                        raise _ProtocolError(f"ASKING: unexpected reply {line[:40]!r}")
                 line = conn.line(dl)
                 if line[:1] == b":":
                     found[i] = line != b":0"
                 elif line[:1] == b"-":
                     if line[:6] == b"-MOVED":
                         self._moved(line, call)
+                    elif line[:5] == b"-ASK " and not asking:
+                        self._ask(line, i, call)
                     self.last_error = line[1:].decode("utf-8", "replace")
                 else:
                     raise _ProtocolError(f"EXISTS: unexpected reply {line[:40]!r}")
@@ -1621,7 +1871,7 @@ class RedisTier:
             self.last_error = f"{nd.name}: {e!r}"
             if not last and done == 0 and not isinstance(e, _Refused):
                 if cmds is not None:  # a dead kept connection: send again on a new one
-                    return self._lookup_io(node, cmds, mine, found, dl, call, last=True)
+                    return self._lookup_io(node, cmds, mine, found, dl, call, last=True, asking=asking)
                 return False  # the caller resends
             call.add("connection_errors")
             call.failed[node] = _CONN
@@ -1647,7 +1897,8 @@ class RedisTier:
         return out
 
     def close(self) -> None:
-        """Close every connection (a later call reconnects)."""
+        """Close every connection and end the worker threads (a later call reconnects, and starts
+        threads again where it needs them)."""
         with self._io_lock, self._lookup_lock, self._state_lock:
             for nd in self._nodes:
                 nd.close()
@@ -1655,6 +1906,9 @@ class RedisTier:
                 for nd in nodes:
                     nd.close()
                 nodes.clear()
+            pools, self._pools = self._pools, {}
+        for _, pool in pools.values():
+            pool.shutdown(wait=False)  # idle: no call is in flight under the two locks
 
     def __enter__(self) -> RedisTier:
         return self
