@@ -185,3 +185,27 @@ def test_the_curve_is_exported_to_prometheus() -> None:
     assert "kvcore_mrc_hit_rate" in names
     assert "kvcore_mrc_hit_rate" not in {f.name for f in KVCoreCollector(KVCacheManager(10)).collect()}
     assert kvcore.MissRatioCurve is MissRatioCurve
+
+
+def test_a_long_lived_sequence_s_prefix_is_recent_when_it_ends() -> None:
+    """The tree stamps a path when its last sequence releases it (deepest first): a request that
+    lived through a churn of others leaves its prefix the most recent. The curve uses the path
+    again at the release, so a cache too small for the churn still hits it, as the real one does."""
+    rng = np.random.default_rng(5)
+    long_prompt = rng.integers(0, 30_000, 8 * PS + 3).tolist()
+    churn = [rng.integers(0, 30_000, 6 * PS + 1).tolist() for _ in range(30)]
+
+    def run(num_pages: int, curve: bool) -> KVCacheManager:
+        m = KVCacheManager(num_pages + 1, PS, miss_ratio_curve=1_000_000 if curve else None)
+        assert m.add_sequence(0, long_prompt) is not None
+        for i, p in enumerate(churn):  # admitted and freed while sequence 0 lives
+            assert m.add_sequence(1 + i, p) is not None
+            m.free_sequence(1 + i)
+        m.free_sequence(0)
+        assert m.add_sequence(99, [*long_prompt, 1, 2]) is not None
+        return m
+
+    sizes = [32, 64, 128]
+    real = [run(s, False).stats().hit_rate for s in sizes]
+    assert all(r == real[-1] > 0.03 for r in real)  # the long prefix hits at every size
+    np.testing.assert_allclose(run(10_000, True).miss_ratio_curve(sizes).hit_rate, real, atol=1e-9)
