@@ -5,11 +5,17 @@ own chain), so both rows come from the same run:
 
     redis-server --port 7355 --bind 127.0.0.1 --save '' --daemonize yes
     .venv/bin/python benches/remote_lookup.py --url redis://127.0.0.1:7355
+
+``--baseline FILE`` loads another version of ``kvcore/tiers/remote.py`` beside the current one (e.g.
+``git show cd4af37:python/kvcore/tiers/remote.py > /tmp/remote_old.py``) and alternates its
+``Mover.lookup`` and ``exists`` of 128 keys with the current ones, in the same run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import sys
 import time
 
 import numpy as np
@@ -23,7 +29,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True, help="a Redis you own, e.g. redis://127.0.0.1:7355")
     ap.add_argument("--rounds", type=int, default=1200)
+    ap.add_argument("--baseline", help="another remote.py to alternate with the current one")
     args = ap.parse_args()
+    if args.baseline:
+        baseline(args.url, args.baseline, args.rounds)
+        return
     pool = KVPool(num_layers=2, num_pages=300, num_kv_heads=2, head_dim=8, page_size=16, kv_dtype="fp16")
     remote = RedisTier(args.url, pool, num_slots=4096, prefix="kvcore-bench-lookup")
     cache = kvcore.KVCacheManager(300, 16, lower_tiers=[remote], store_policy="all")
@@ -49,6 +59,42 @@ def main() -> None:
     print(
         f"cold tenant lookup, 2,048-token prompt (128 pages): Mover.lookup {np.median(now) * 1e6:.1f} us, "
         f"one chain {np.median(before) * 1e6:.1f} us (medians of {args.rounds})"
+    )
+
+
+def baseline(url: str, path: str, rounds: int) -> None:
+    spec = importlib.util.spec_from_file_location("kvcore_remote_baseline", path)
+    assert spec is not None and spec.loader is not None
+    old = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = old  # (its dataclasses look their module up)
+    spec.loader.exec_module(old)
+
+    def make(cls: type, tag: str) -> tuple[Mover, RedisTier]:
+        pool = KVPool(num_layers=2, num_pages=300, num_kv_heads=2, head_dim=8, page_size=16, kv_dtype="fp16")
+        remote = cls(url, pool, num_slots=4096, prefix=f"kvcore-bench-ab-{tag}")
+        cache = kvcore.KVCacheManager(300, 16, lower_tiers=[remote], store_policy="all")
+        return Mover(cache, pool, [remote]), remote
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(0, 32_000, 2048).astype(np.int32) for _ in range(50)]
+    keys = np.frombuffer(rng.bytes(128 * 16), dtype=np.uint8).reshape(128, 16)
+    sides = [make(RedisTier, "now"), make(old.RedisTier, "base")]
+    looks: list[list[float]] = [[], []]
+    exists: list[list[float]] = [[], []]
+    for i in range(rounds):
+        order = (0, 1) if i % 2 else (1, 0)
+        for k in order:
+            t = time.perf_counter()
+            sides[k][0].lookup(prompts[i % len(prompts)], "a")
+            looks[k].append(time.perf_counter() - t)
+        for k in order:
+            t = time.perf_counter()
+            sides[k][1].exists(keys)
+            exists[k].append(time.perf_counter() - t)
+    us = [[float(np.median(x)) * 1e6 for x in pair] for pair in (looks, exists)]
+    print(
+        f"cold tenant lookup: Mover.lookup now {us[0][0]:.1f} us, baseline {us[0][1]:.1f} us; "
+        f"exists(128 keys) now {us[1][0]:.1f} us, baseline {us[1][1]:.1f} us (medians of {rounds})"
     )
 
 

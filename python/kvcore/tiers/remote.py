@@ -545,7 +545,7 @@ class _Call:
 
     The exchanges of one call with several nodes run at once (:meth:`RedisTier._parallel`), each
     touching its own node's connection and its own rows only; what they share here is safe so:
-    ``add`` takes ``lock``, and the dicts are only ever assigned a key (one bytecode, atomic) by them.
+    ``add`` takes ``lock`` (once ``stop`` exists), and the dicts are only ever assigned a key (one bytecode, atomic) by them.
     """
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -558,12 +558,24 @@ class _Call:
     moved: dict[int, int] = field(default_factory=dict)  # cluster slot -> node index a MOVED named
     asked: dict[int, int] = field(default_factory=dict)  # row -> node index an ASK named (to ask once)
     lock: threading.Lock = field(default_factory=threading.Lock)  # counts, from several threads
-    stop: threading.Event = field(default_factory=threading.Event)  # set: cut the call's exchanges short
+    # Set: cut the call's exchanges short. Made (:meth:`stopper`) before exchanges run at once, and
+    # only then: a call with one server, the common case, pays for no event and no lock in ``add``.
+    stop: threading.Event | None = None
 
     def add(self, name: str, n: int = 1) -> None:
-        if n:
-            with self.lock:
-                self.counts[name] = self.counts.get(name, 0) + n
+        if not n:
+            return
+        if self.stop is None:  # nothing runs at once (see ``stop``)
+            self.counts[name] = self.counts.get(name, 0) + n
+            return
+        with self.lock:
+            self.counts[name] = self.counts.get(name, 0) + n
+
+    def stopper(self) -> threading.Event:
+        """``stop``, made at first need (before any exchange that is to heed it starts)."""
+        if self.stop is None:
+            self.stop = threading.Event()
+        return self.stop
 
 
 def _parse_host_port(s: str, what: str) -> tuple[str, int]:
@@ -1285,6 +1297,7 @@ class RedisTier:
         """
         if len(jobs) < 2:
             return [job() for job in jobs]
+        stop = call.stopper()  # (the jobs' deadlines read it as they start)
         workers = self._workers(bulk)
         futures: list[concurrent.futures.Future[_T]] = []
         for job in jobs[1:]:
@@ -1297,7 +1310,7 @@ class RedisTier:
             rest = [job() for job in jobs[1 + len(futures) :]]
             return [first, *(f.result() for f in futures), *rest]
         except BaseException:
-            call.stop.set()
+            stop.set()
             while not all(f.done() for f in futures):
                 # a second interrupt waits too: a job still running uses its connection
                 with contextlib.suppress(BaseException):
@@ -1754,8 +1767,8 @@ class RedisTier:
         whole pass has one deadline (``timeout_s`` x 2); a node that sent nothing ``timeout_s`` after
         the last send has timed out.
         """
-        dl = _Deadline(self.timeout_s, 0, call.stop)
         fresh = {node for node, _ in groups if not call.nodes[node].lookup.reusable()}
+        dl = _Deadline(self.timeout_s, 0, call.stopper() if len(fresh) > 1 else None)
         if len(fresh) > 1:  # (one is connected to by its send below)
             opens = [
                 functools.partial(self._lookup_io, node, [], None, found, dl, call) for node in sorted(fresh)
@@ -1770,13 +1783,22 @@ class RedisTier:
             kept = node not in fresh and call.nodes[node].lookup.reusable()
             if self._lookup_io(node, cmds, None, found, dl, call, last=not kept, asking=asking):
                 sent.append((node, mine, cmds, kept))
+
+        def read(node: int, mine: list[int], cmds: list[bytes], kept: bool) -> bool:
+            ok = self._lookup_io(node, None, mine, found, dl, call, last=not kept, asking=asking)
+            if not ok and node not in call.failed:  # a dead kept connection: once more, anew
+                ok = self._lookup_io(node, cmds, mine, found, dl, call, last=True, asking=asking)
+            return ok
+
+        if len(sent) == 1:  # one node (a plain server): read it, waiting
+            return [sent[0][0]] if read(*sent[0]) else []
         until = min(dl.end, time.monotonic() + self.timeout_s)  # by when a first reply byte is due
         poller = select.poll()
         waiting: dict[int, tuple[int, list[int], list[bytes], bool]] = {}
         ready = []
         for item in sent:
             conn = call.nodes[item[0]].lookup
-            if len(sent) == 1 or conn.buffered() or conn.sock is None:  # (one node: read it, waiting)
+            if conn.buffered() or conn.sock is None:
                 ready.append(item)
             else:
                 fd = conn.sock.fileno()
@@ -1784,12 +1806,7 @@ class RedisTier:
                 waiting[fd] = item
         answered = []
         while True:
-            for node, mine, cmds, kept in ready:
-                ok = self._lookup_io(node, None, mine, found, dl, call, last=not kept, asking=asking)
-                if not ok and node not in call.failed:  # a dead kept connection: once more, anew
-                    ok = self._lookup_io(node, cmds, mine, found, dl, call, last=True, asking=asking)
-                if ok:
-                    answered.append(node)
+            answered += [item[0] for item in ready if read(*item)]
             if not waiting:
                 return answered
             left = until - time.monotonic()
