@@ -87,8 +87,8 @@ struct Entry {
     key: PageKey,
     /// The namespace it is keyed in (kept interned while it has cached pages).
     ns: Namespace,
-    /// Pinned until then (0: not pinned): not evictable meanwhile, even with no user.
-    pin_until: u64,
+    /// Group pins covering it (see [`Groups::pins`]): not evictable while > 0, even with no user.
+    pin_ref: u32,
     /// Live sequences holding the page in their table.
     users: u32,
     /// Recency stamp while evictable (`users == 0`).
@@ -111,10 +111,24 @@ pub(super) struct Groups {
     ns_pages: HashMap<Namespace, usize, FxBuildHasher>,
     /// Namespaces whose last cached page went (for the manager to forget if unused).
     emptied: Vec<Namespace>,
-    /// `(until, page)` of pinned entries.
-    pins: BTreeSet<(u64, PageId)>,
+    /// TTL pins, by the key of the pinned prefix's last page (a chained key names the whole
+    /// prefix, and the namespace of its own pages, so a pin is the tree pin's twin: a pin on a
+    /// public prefix is the same pin from every namespace, a tenant's is its own).
+    pins: HashMap<PageKey, GroupPin, FxBuildHasher>,
+    /// `(until, key)` of `pins`, soonest first.
+    pin_order: BTreeSet<(u64, PageKey)>,
+    /// Entries some pin covers, held or not (what the pin budget counts).
+    pin_covered: usize,
     /// Pinned entries no sequence holds (cached, not evictable: the stats' pinned pages).
     pinned_idle: usize,
+}
+
+/// One TTL pin's group-cache pages: those a hit of its prefix needs.
+#[derive(Clone, Debug)]
+struct GroupPin {
+    /// Expires once the clock reaches it.
+    until: u64,
+    pages: Vec<PageId>,
 }
 
 /// A sequence's bounded-cache state (absent for the unbounded common case).
@@ -210,7 +224,7 @@ impl Groups {
         if let Some(e) = self.entries.get_mut(&page) {
             e.users = e.users.saturating_sub(1);
             if e.users == 0 {
-                if e.pin_until > 0 {
+                if e.pin_ref > 0 {
                     self.pinned_idle += 1;
                 } else {
                     self.clock += 1;
@@ -225,7 +239,7 @@ impl Groups {
     fn on_retain(&mut self, page: PageId) {
         if let Some(e) = self.entries.get_mut(&page) {
             if e.users == 0 {
-                if e.pin_until > 0 {
+                if e.pin_ref > 0 {
                     self.pinned_idle -= 1;
                 } else {
                     self.lru.remove(&(e.stamp, page));
@@ -239,61 +253,122 @@ impl Groups {
         self.by_key.get(&(g as u8, *key)).copied()
     }
 
-    /// Pin cached `page` until `until` (a later expiry extends it; `until == 0` unpins it).
-    fn pin_page(&mut self, page: PageId, until: u64) {
+    /// One more pin covers cached `page`.
+    fn pin_ref_add(&mut self, page: PageId) {
         let Some(e) = self.entries.get_mut(&page) else {
             return;
         };
-        if until > 0 && until <= e.pin_until {
-            return;
-        }
-        let (was, idle) = (e.pin_until, e.users == 0);
-        e.pin_until = until;
-        if was > 0 {
-            self.pins.remove(&(was, page));
-        }
-        if until > 0 {
-            self.pins.insert((until, page));
-        }
-        if idle {
-            match (was > 0, until > 0) {
-                (false, true) => {
-                    self.lru.remove(&(e.stamp, page));
-                    self.pinned_idle += 1;
-                }
-                (true, false) => {
-                    self.pinned_idle -= 1;
-                    self.clock += 1;
-                    e.stamp = self.clock;
-                    self.lru.insert((e.stamp, page));
-                }
-                _ => {}
+        e.pin_ref += 1;
+        if e.pin_ref == 1 {
+            self.pin_covered += 1;
+            if e.users == 0 {
+                self.lru.remove(&(e.stamp, page));
+                self.pinned_idle += 1;
             }
         }
     }
 
-    /// Release the pins expired at `now` (they become ordinary LRU pages).
+    /// One pin less covers cached `page`; whether none does any more.
+    fn pin_ref_drop(&mut self, page: PageId) -> bool {
+        let Some(e) = self.entries.get_mut(&page) else {
+            return false;
+        };
+        debug_assert!(e.pin_ref > 0);
+        e.pin_ref = e.pin_ref.saturating_sub(1);
+        if e.pin_ref > 0 {
+            return false;
+        }
+        self.pin_covered -= 1;
+        if e.users == 0 {
+            self.pinned_idle -= 1;
+            self.clock += 1;
+            e.stamp = self.clock;
+            self.lru.insert((e.stamp, page));
+        }
+        true
+    }
+
+    /// The pages of `pages` (a pin of the prefix ending with `key`) that no pin covers yet: what
+    /// that pin would add to the budget's count (0 if the prefix is pinned: it would only extend).
+    pub(super) fn new_pin_pages(&self, key: &PageKey, pages: &[PageId]) -> usize {
+        if self.pins.contains_key(key) {
+            return 0;
+        }
+        pages
+            .iter()
+            .filter(|p| self.entries.get(p).is_some_and(|e| e.pin_ref == 0))
+            .count()
+    }
+
+    /// Pin `pages` (cached, distinct) for the prefix ending with `key` until `until`; a prefix
+    /// pinned already keeps its pages and its pin ends at the later of the two.
+    pub(super) fn add_pin(&mut self, key: PageKey, until: u64, pages: Vec<PageId>) {
+        if let Some(pin) = self.pins.get_mut(&key) {
+            if until > pin.until {
+                self.pin_order.remove(&(pin.until, key));
+                pin.until = until;
+                self.pin_order.insert((until, key));
+            }
+            return;
+        }
+        for &page in &pages {
+            self.pin_ref_add(page);
+        }
+        self.pin_order.insert((until, key));
+        self.pins.insert(key, GroupPin { until, pages });
+    }
+
+    /// Remove the pin of the prefix ending with `key`; returns the pages no pin covers any more.
+    fn remove_pin(&mut self, key: &PageKey) -> usize {
+        let Some(pin) = self.pins.remove(key) else {
+            return 0;
+        };
+        self.pin_order.remove(&(pin.until, *key));
+        pin.pages
+            .iter()
+            .filter(|&&page| self.pin_ref_drop(page))
+            .count()
+    }
+
+    /// Remove the deepest pin of the prefixes ending with `keys` (a path's page keys, root first);
+    /// returns the pages no pin covers any more (0 if none is pinned).
+    pub(super) fn unpin_deepest(&mut self, keys: &[PageKey]) -> usize {
+        match keys.iter().rev().find(|k| self.pins.contains_key(*k)) {
+            Some(&key) => self.remove_pin(&key),
+            None => 0,
+        }
+    }
+
+    /// Release the pins expired at `now` (their pages become ordinary LRU pages).
     pub(super) fn expire_pins(&mut self, now: u64) {
-        while let Some(&(until, page)) = self.pins.first() {
+        while let Some(&(until, key)) = self.pin_order.first() {
             if until > now {
                 break;
             }
-            self.pin_page(page, 0);
+            self.remove_pin(&key);
         }
     }
 
     /// Shorten every pin to end by `limit` at the latest; returns how many were shortened.
     pub(super) fn cap_pins(&mut self, limit: u64) -> usize {
-        let late: Vec<PageId> = self
-            .pins
-            .range((limit.saturating_add(1), 0)..)
-            .map(|&(_, p)| p)
+        let late: Vec<(u64, PageKey)> = self
+            .pin_order
+            .range((limit.saturating_add(1), [0; 16])..)
+            .copied()
             .collect();
-        for &page in &late {
-            self.pin_page(page, 0);
-            self.pin_page(page, limit.max(1));
+        for &(until, key) in &late {
+            self.pin_order.remove(&(until, key));
+            self.pin_order.insert((limit, key));
+            if let Some(pin) = self.pins.get_mut(&key) {
+                pin.until = limit;
+            }
         }
         late.len()
+    }
+
+    /// Entries some pin covers, held or not (they count against the pin budget).
+    pub(super) fn num_pin_covered(&self) -> usize {
+        self.pin_covered
     }
 
     /// Cached pages pinned with no user (counted as pinned in the stats).
@@ -559,31 +634,57 @@ impl KVCacheManager {
         (best, keys, per_group, reason)
     }
 
-    /// Pin (`until > 0`) or unpin (`until == 0`), in each group cache, the pages a hit of `tokens`'
-    /// cached prefix needs (the last `ceil(W / page_size)` pages before it for a window, all for a
-    /// full group): TTL pins on a grouped manager keep the hit, not only the tree's pages. Returns
-    /// the prefix pages whose hit they keep.
-    pub(super) fn pin_group_pages(
+    /// What a TTL pin of `tokens`' cached prefix holds in the group caches, as
+    /// `(hit, point, pages)`: the prefix's hit (in pages); where the pin ends (the key of page
+    /// `point - 1` names it; the tree pin's end, the tree's whole match, on a full primary, else
+    /// the hit: one pin, made and removed at once in the tree and the group caches); and the pages
+    /// the hit needs in each group cache (the last `ceil(W / page_size)` pages before it for a
+    /// window, all for a full group; on an all-window manager also the page that ends a public
+    /// prefix below the namespace's own pages, which says where the public part ends), so that the
+    /// hit, not only the tree's pages, survives eviction while the pin lasts.
+    pub(super) fn group_pin_plan(
         &self,
-        st: &mut State,
+        st: &State,
         ns: Namespace,
         tokens: &[u32],
-        until: u64,
-    ) -> usize {
+    ) -> (usize, Option<PageKey>, Vec<PageId>) {
         let ps = self.page_size;
+        let groups = &st.groups;
         let (hit, keys, _, _) = self.peek_group_hit(st, ns, tokens);
-        for g in 0..st.groups.num_groups() {
-            if !st.groups.mapped(g) {
+        let point = if groups.primary_windowed() {
+            hit
+        } else {
+            st.tree.peek_prefix_len(ns, tokens).min(keys.len())
+        };
+        let mut pages = Vec::new();
+        for g in 0..groups.num_groups() {
+            if !groups.mapped(g) {
                 continue;
             }
-            let need = st.groups.windows[g].map_or(hit, |w| w.div_ceil(ps).min(hit));
-            for key in &keys[hit - need..hit] {
-                if let Some(page) = st.groups.lookup(g, key) {
-                    st.groups.pin_page(page, until);
+            let need = groups.windows[g].map_or(hit, |w| w.div_ceil(ps).min(hit));
+            pages.extend(
+                keys[hit - need..hit]
+                    .iter()
+                    .filter_map(|key| groups.lookup(g, key)),
+            );
+            if g == 0 && need < hit && ns != PUBLIC_NAMESPACE {
+                let public_end = keys[..hit - need].iter().rposition(|key| {
+                    groups
+                        .lookup(0, key)
+                        .is_some_and(|p| groups.entries[&p].ns == PUBLIC_NAMESPACE)
+                });
+                if let Some(at) = public_end {
+                    pages.extend(groups.lookup(0, &keys[at]));
                 }
             }
         }
-        hit
+        (hit, point.checked_sub(1).map(|i| keys[i]), pages)
+    }
+
+    /// The page keys of `tokens`' candidate pages from `ns` (those a pin of a prefix of `tokens`
+    /// can end at): where [`Groups::unpin_deepest`] looks.
+    pub(super) fn group_pin_keys(&self, st: &State, ns: Namespace, tokens: &[u32]) -> Vec<PageKey> {
+        self.peek_group_hit(st, ns, tokens).1
     }
 
     /// Admission on a manager with KV-cache groups, or of a streaming sequence; see
@@ -721,7 +822,8 @@ impl KVCacheManager {
         let pages = tables.next().unwrap_or_default();
         let mrc = if st.mrc.is_some() {
             let public = st.tree.public_pages(matched.node);
-            self.mrc_lookup(st, namespace, public, &prompt)
+            let caches = cache_prompt && streaming.is_none();
+            self.mrc_lookup(st, namespace, (public, hit), &prompt, caches)
         } else {
             Default::default()
         };
@@ -899,7 +1001,7 @@ impl KVCacheManager {
                         group: g as u8,
                         key: keys[i],
                         ns,
-                        pin_until: 0,
+                        pin_ref: 0,
                         users: owners,
                         stamp: 0,
                     },

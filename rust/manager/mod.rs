@@ -509,7 +509,7 @@ impl KVCacheManager {
         }
         let mrc = if st.mrc.is_some() {
             let public = st.tree.public_pages(hit.node);
-            self.mrc_lookup(st, namespace, public, prompt)
+            self.mrc_lookup(st, namespace, (public, hit.num_pages), prompt, cache_prompt)
         } else {
             mrc::MrcCursor::default()
         };
@@ -1145,13 +1145,35 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         // A name never interned owns no node: it can pin only public prefixes, and interns nothing.
         let ns = guard.known_namespace(namespace).unwrap_or(UNSEEN_NAMESPACE);
-        let mut pinned = guard.tree.pin(ns, tokens, ttl, now)?;
         let st = &mut *guard;
-        if st.groups.active() {
+        // The group caches' pages a hit of the prefix needs are pinned with the tree's, under the
+        // same budget (checked for both before either changes).
+        let plan = if st.groups.active() && ttl > 0 {
+            st.tree.expire_pins(now);
             st.groups.expire_pins(now);
-            let kept = self.pin_group_pages(st, ns, tokens, now.saturating_add(ttl).max(1));
+            let (hit, point, pages) = self.group_pin_plan(st, ns, tokens);
+            let more = st.tree.pin_new_pages(ns, tokens)
+                + point.map_or(0, |k| st.groups.new_pin_pages(&k, &pages));
+            let covered = st.tree.num_pin_covered_pages() + st.groups.num_pin_covered();
+            let budget = st.tree.pin_budget_pages();
+            if more > budget.saturating_sub(covered) {
+                return Err(KvError::InvalidArgument(format!(
+                    "pin: {more} more pinned pages (every group's) exceed the pin budget ({} of \
+                     {budget} pages left)",
+                    budget.saturating_sub(covered)
+                )));
+            }
+            Some((hit, point, pages))
+        } else {
+            None
+        };
+        let mut pinned = st.tree.pin(ns, tokens, ttl, now)?;
+        if let Some((hit, point, pages)) = plan {
+            if let Some(key) = point {
+                st.groups.add_pin(key, now.saturating_add(ttl), pages);
+            }
             if st.groups.primary_windowed() {
-                pinned = kept;
+                pinned = hit;
             }
         }
         if pinned > 0 && ns != UNSEEN_NAMESPACE && st.store_policy.may_store(tiers::Trigger::Pinned)
@@ -1292,21 +1314,29 @@ impl KVCacheManager {
         let mut guard = self.state.lock();
         let capped = guard.tree.cap_pins(max_ttl, now);
         guard.groups.expire_pins(now);
-        capped + guard.groups.cap_pins(now.saturating_add(max_ttl))
+        let group_capped = guard.groups.cap_pins(now.saturating_add(max_ttl));
+        // A grouped manager's pin is one pin, in the tree and the group caches at once: counted
+        // once, where the prefix's own pages are.
+        if guard.groups.primary_windowed() {
+            group_capped
+        } else {
+            capped
+        }
     }
 
-    /// Remove pins on the prefix of `tokens` in `namespace`; returns pages unpinned.
+    /// Remove the deepest pin on the prefix of `tokens` in `namespace`; returns the pages no pin
+    /// covers any more (the tree's and, on a grouped manager, the group caches').
     pub fn unpin(&self, tokens: &[u32], namespace: Option<&str>) -> usize {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         match st.known_namespace(namespace) {
             Some(ns) => {
-                let unpinned = st.tree.unpin(ns, tokens);
+                let mut unpinned = st.tree.unpin(ns, tokens);
                 if st.groups.active() {
-                    let kept = self.pin_group_pages(st, ns, tokens, 0);
-                    if st.groups.primary_windowed() {
-                        return kept;
-                    }
+                    // The deepest group pin of the same path (the tree's twin: made by the same
+                    // `pin`), its pages only: another pin's stay pinned.
+                    let keys = self.group_pin_keys(st, ns, tokens);
+                    unpinned += st.groups.unpin_deepest(&keys);
                 }
                 unpinned
             }

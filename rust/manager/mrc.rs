@@ -41,8 +41,13 @@ pub(super) struct MrcCursor {
     /// The seed of its own pages.
     seed: u64,
     /// `(page index, key)` of its keyed pages the curve tracked, in page order: used again when
-    /// the sequence ends.
+    /// the sequence ends (those below `inserted`).
     sampled: Vec<(u32, u64)>,
+    /// Leading pages used as cached (the modelled LRU holds them): all those looked up for a
+    /// sequence that caches its prompt, else its hit, then what it commits.
+    inserted: usize,
+    /// The key of page `inserted - 1` (0: none).
+    inserted_chain: u64,
 }
 
 impl MrcCursor {
@@ -55,13 +60,13 @@ impl MrcCursor {
     }
 
     /// Appends the keys of `tokens`' full pages from `self.pages` up to `upto` to `out`, and keeps
-    /// those `curve` tracks.
+    /// those `curve` tracks (if given).
     fn extend(
         &mut self,
         tokens: &[u32],
         ps: usize,
         upto: usize,
-        curve: &MissRatioCurve,
+        curve: Option<&MissRatioCurve>,
         out: &mut Vec<u64>,
     ) {
         while self.pages < upto {
@@ -73,7 +78,7 @@ impl MrcCursor {
             };
             self.chain = fmix(self.chain.rotate_left(23) ^ hash_page(seed, page));
             out.push(self.chain);
-            if curve.samples(self.chain) {
+            if curve.is_some_and(|c| c.samples(self.chain)) {
                 self.sampled.push((self.pages as u32, self.chain));
             }
             self.pages += 1;
@@ -83,13 +88,17 @@ impl MrcCursor {
 
 impl KVCacheManager {
     /// Record an admission's lookup of `prompt` (its full pages before the last token, the
-    /// first `public` of them public): the cursor its sequence continues from.
+    /// first `public` of them public; `hit` of them cached): the cursor its sequence continues
+    /// from. With `caches` (it caches its prompt now) every page looked up is used as cached;
+    /// else only those cached already are used, and the others as they are committed
+    /// ([`mrc_fill`](Self::mrc_fill): a chunked prefill's, never a streaming sequence's own).
     pub(super) fn mrc_lookup(
         &self,
         st: &mut State,
         namespace: Option<&str>,
-        public: usize,
+        (public, hit): (usize, usize),
         prompt: &[u32],
+        caches: bool,
     ) -> MrcCursor {
         let Some(curve) = st.mrc.as_deref_mut() else {
             return MrcCursor::default();
@@ -98,8 +107,14 @@ impl KVCacheManager {
         let mut cursor = MrcCursor::new(namespace, public);
         let keys = &mut st.mrc_keys;
         keys.clear();
-        cursor.extend(prompt, ps, (prompt.len() - 1) / ps, curve, keys);
-        curve.record_lookup(prompt.len(), keys);
+        cursor.extend(prompt, ps, (prompt.len() - 1) / ps, Some(curve), keys);
+        curve.record_lookup(prompt.len(), keys, caches);
+        cursor.inserted = if caches {
+            keys.len()
+        } else {
+            hit.min(keys.len())
+        };
+        cursor.inserted_chain = cursor.inserted.checked_sub(1).map_or(0, |i| keys[i]);
         cursor
     }
 
@@ -115,20 +130,39 @@ impl KVCacheManager {
             return Ok(());
         };
         let seq = seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
-        if seq.mrc.pages >= full {
+        let c = &mut seq.mrc;
+        if c.inserted >= full {
             return Ok(());
         }
+        let ps = self.page_size;
         mrc_keys.clear();
-        seq.mrc
-            .extend(&seq.tokens, self.page_size, full, curve, mrc_keys);
+        if c.inserted < c.pages {
+            // Looked up but not cached then (a sequence that caches as it commits): keyed again.
+            let mut again = MrcCursor {
+                pages: c.inserted,
+                chain: c.inserted_chain,
+                sampled: Vec::new(),
+                ..*c
+            };
+            again.extend(&seq.tokens, ps, full.min(c.pages), None, mrc_keys);
+        }
+        c.extend(&seq.tokens, ps, full, Some(curve), mrc_keys);
         curve.record_filled(mrc_keys);
+        if let Some(&k) = mrc_keys.last() {
+            c.inserted_chain = k;
+        }
+        c.inserted = full;
         Ok(())
     }
 
     /// A sequence ends: its path is used again, deepest first (the tree stamps it as it unlocks).
     pub(super) fn mrc_release(st: &mut State, cursor: &MrcCursor) {
         if let Some(curve) = st.mrc.as_deref_mut() {
-            curve.record_release(cursor.sampled.iter().map(|&(_, k)| k));
+            let cached = cursor
+                .sampled
+                .iter()
+                .filter(|&&(i, _)| (i as usize) < cursor.inserted);
+            curve.record_release(cached.map(|&(_, k)| k));
         }
     }
 
@@ -149,10 +183,20 @@ impl KVCacheManager {
             sampled: Vec::new(),
             ..seq.mrc
         };
-        cursor.extend(&seq.tokens, self.page_size, full, curve, &mut Vec::new());
+        cursor.extend(
+            &seq.tokens,
+            self.page_size,
+            full,
+            Some(curve),
+            &mut Vec::new(),
+        );
         // The pages kept were tracked when keyed (or dropped since, for good).
         cursor.sampled = std::mem::take(&mut seq.mrc.sampled);
         cursor.sampled.retain(|&(i, _)| (i as usize) < full);
+        if cursor.inserted > full {
+            cursor.inserted = full;
+            cursor.inserted_chain = cursor.chain;
+        }
         seq.mrc = cursor;
         Ok(())
     }

@@ -1042,15 +1042,7 @@ impl RadixTree {
         if found.total == 0 {
             return Ok(0);
         }
-        // Pages that no pin covers yet: pin_ref is 0 on a bottom segment of the path.
-        let mut new_pages = 0;
-        let mut id = found.node;
-        let mut len = found.in_node;
-        while id != ROOT && self.nodes[id as usize].pin_ref == 0 {
-            new_pages += len;
-            id = self.nodes[id as usize].parent;
-            len = self.nodes[id as usize].pages.len();
-        }
+        let new_pages = self.uncovered_pages(found);
         let budget_left = self
             .pin_budget_pages
             .saturating_sub(self.num_pin_covered_pages);
@@ -1095,6 +1087,25 @@ impl RadixTree {
         self.pins.insert((expiry, seq, end));
         self.refresh_next_expiry();
         Ok(found.total)
+    }
+
+    /// Pages that a [`pin`](Self::pin) of `tokens` from `ns` would newly cover (what it adds to
+    /// the pin budget's count; pins expired but not yet released still cover theirs).
+    pub fn pin_new_pages(&self, ns: Namespace, tokens: &[u32]) -> usize {
+        self.uncovered_pages(self.find(ns, tokens))
+    }
+
+    /// Pages of the path to `found` that no pin covers: pin_ref is 0 on a bottom segment of it.
+    fn uncovered_pages(&self, found: Found) -> usize {
+        let mut new_pages = 0;
+        let mut id = found.node;
+        let mut len = found.in_node;
+        while id != ROOT && self.nodes[id as usize].pin_ref == 0 {
+            new_pages += len;
+            id = self.nodes[id as usize].parent;
+            len = self.nodes[id as usize].pages.len();
+        }
+        new_pages
     }
 
     /// Removes the deepest pin that ends on the cached path of `tokens` visible from `ns` (at a
