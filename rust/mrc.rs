@@ -157,9 +157,9 @@ impl MissRatioCurve {
 
     /// An admission looked up `tokens` prompt tokens whose full pages have keys `keys` (root
     /// first). Each page's distance is taken before the admission uses any of them (the pages
-    /// used since its previous use), then they are used deepest first: a parent is always at
-    /// least as recent as its children.
-    pub fn record_lookup(&mut self, tokens: usize, keys: &[u64], caches: bool) {
+    /// used since its previous use), then the first `used` of them are used deepest first: a
+    /// parent is always at least as recent as its children.
+    pub fn record_lookup(&mut self, tokens: usize, keys: &[u64], used: usize) {
         self.prompt_tokens += tokens as u64;
         self.lookup_pages += keys.len() as u64;
         let weight = 1.0 / self.sample_rate();
@@ -177,16 +177,7 @@ impl MissRatioCurve {
                 None => self.cold += weight,
             }
         }
-        // Used deepest first: all of them when the sequence caches them, else the leading run
-        // the modelled cache holds (a larger cache's hit; the rest is used if committed).
-        let used = if caches {
-            keys.len()
-        } else {
-            keys.iter()
-                .take_while(|&&k| k > self.threshold || self.last.contains_key(&k))
-                .count()
-        };
-        for &k in keys[..used].iter().rev() {
+        for &k in keys[..used.min(keys.len())].iter().rev() {
             self.touch(k);
         }
     }
@@ -418,7 +409,7 @@ mod tests {
         let mut m = MissRatioCurve::new(3_100, 1);
         for &(k, lookup) in &accesses {
             if lookup {
-                m.record_lookup(1, &[k], true);
+                m.record_lookup(1, &[k], 1);
             } else {
                 m.record_filled(&[k]);
             }
@@ -455,7 +446,7 @@ mod tests {
         }
         let mut m = MissRatioCurve::new(2048, 1);
         for &(k, _) in &accesses {
-            m.record_lookup(1, &[k], true);
+            m.record_lookup(1, &[k], 1);
         }
         assert!(m.num_samples() <= 2048);
         assert!(m.sample_rate() < 0.05, "{}", m.sample_rate());
@@ -492,8 +483,8 @@ mod tests {
     fn token_rate_counts_partial_pages_as_misses() {
         let mut m = MissRatioCurve::new(64, 16);
         // Two 40-token prompts over the same two full pages: the second hits 32 of its 40.
-        m.record_lookup(40, &[fmix(1), fmix(2)], true);
-        m.record_lookup(40, &[fmix(1), fmix(2)], true);
+        m.record_lookup(40, &[fmix(1), fmix(2)], 2);
+        m.record_lookup(40, &[fmix(1), fmix(2)], 2);
         let r = m.hit_rates(&[0, 1, 2, 100]);
         assert_eq!(r[0], 0.0);
         // One page of cache keeps the root (used last, deepest first): a 16-token hit.

@@ -1493,9 +1493,23 @@ impl KVCacheManager {
     }
 
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
+        st.groups.expire_pins(now);
+        // A page one side frees can leave the other's last reference evictable (a group page a
+        // forked or adopted table shared): passes until enough, or nothing more goes.
+        let mut done = 0;
+        while done < num_pages {
+            let n = self.evict_pass(st, num_pages - done, now)?;
+            if n == 0 {
+                break;
+            }
+            done += n;
+        }
+        Ok(done)
+    }
+
+    fn evict_pass(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
         // The group caches give their share, in proportion to what each side holds evictable,
         // and whatever the tree cannot give.
-        st.groups.expire_pins(now);
         let from_groups = st.groups.num_evictable();
         if from_groups == 0 {
             return self.evict_tree(st, num_pages, now);

@@ -90,8 +90,10 @@ impl KVCacheManager {
     /// Record an admission's lookup of `prompt` (its full pages before the last token, the
     /// first `public` of them public; `hit` of them cached): the cursor its sequence continues
     /// from. With `caches` (it caches its prompt now) every page looked up is used as cached;
-    /// else only those cached already are used, and the others as they are committed
+    /// else only its hit is used, and the other pages as they are committed
     /// ([`mrc_fill`](Self::mrc_fill): a chunked prefill's, never a streaming sequence's own).
+    /// (Not a stack algorithm any more: a larger cache would have hit, and used, more of them;
+    /// the curve is exact at the cache's own size and where the prompt is committed whole.)
     pub(super) fn mrc_lookup(
         &self,
         st: &mut State,
@@ -108,12 +110,12 @@ impl KVCacheManager {
         let keys = &mut st.mrc_keys;
         keys.clear();
         cursor.extend(prompt, ps, (prompt.len() - 1) / ps, Some(curve), keys);
-        curve.record_lookup(prompt.len(), keys, caches);
         cursor.inserted = if caches {
             keys.len()
         } else {
             hit.min(keys.len())
         };
+        curve.record_lookup(prompt.len(), keys, cursor.inserted);
         cursor.inserted_chain = cursor.inserted.checked_sub(1).map_or(0, |i| keys[i]);
         cursor
     }

@@ -207,3 +207,49 @@ def test_the_curve_of_a_chunked_prefill_matches_the_cache() -> None:
         m.commit(i, len(PROMPT))
         m.free_sequence(i)
     assert curve_at(m, 200) == pytest.approx(m.stats().hit_rate, abs=1e-9) and m.stats().hit_rate > 0.7
+
+
+@pytest.mark.parametrize("groups", [[None, 8], [8, None], [None, 8, None], [None, None]])
+def test_evict_all_and_reset_drain_every_unused_page_after_forks_and_chunks(
+    groups: list[int | None],
+) -> None:
+    """One `evict(all)` (so `reset_prefix_cache`) made one pass per side: a page one side freed
+    could leave the other's last reference evictable, and it stayed cached (a second evict took
+    it). Random admissions (cached and chunked), commits, forks, appends, truncations and frees;
+    then, with no live sequence, one reset must leave nothing cached."""
+    rng = np.random.default_rng(3)
+    bases = [list(range(1 + 100 * k, 49 + 100 * k)) for k in range(3)]
+    for _ in range(12):
+        m = KVCacheManager(120, PS, groups=groups)
+        live: list[int] = []
+        for sid in range(60):
+            op = rng.random()
+            if op < 0.45 or not live:
+                toks = bases[int(rng.integers(0, 3))][: int(rng.integers(2, 48))]
+                ns = [None, "A", "*"][int(rng.integers(0, 3))]
+                chunked = bool(rng.random() < 0.3)
+                r = m.add_sequence(sid, [*toks, 7], ns, cache_prompt=not chunked)
+                if r is not None:
+                    if chunked:
+                        m.commit(sid, int(rng.integers(r, len(toks) + 2)))
+                    live.append(sid)
+                continue
+            k = live[int(rng.integers(0, len(live)))]
+            try:
+                if op < 0.6:
+                    m.free_sequence(k)
+                    live.remove(k)
+                elif op < 0.75:
+                    m.fork(k, sid)
+                    live.append(sid)
+                elif op < 0.9:
+                    m.append(k, [int(rng.integers(0, 5))] * int(rng.integers(1, 6)))
+                elif m.seq_len(k) > 1:
+                    m.truncate(k, int(rng.integers(1, m.seq_len(k))))
+            except InvalidArgumentError:
+                pass  # (a loading, unreserved or windowed case the manager refuses: nothing changed)
+        for k in live:
+            m.free_sequence(k)
+        m.reset_prefix_cache()
+        s = m.stats()
+        assert (s.num_pages_cached, s.num_pages_pinned, s.num_pages_free) == (0, 0, s.num_pages_total)
