@@ -1494,6 +1494,9 @@ impl KVCacheManager {
 
     fn evict_locked(&self, st: &mut State, num_pages: usize, now: u64) -> KvResult<usize> {
         st.groups.expire_pins(now);
+        if !st.groups.active() {
+            return self.evict_tree(st, num_pages, now); // (the tree frees leaves up in one pass)
+        }
         // A page one side frees can leave the other's last reference evictable (a group page a
         // forked or adopted table shared): passes until enough, or nothing more goes.
         let mut done = 0;
