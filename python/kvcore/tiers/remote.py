@@ -545,7 +545,8 @@ class _Call:
 
     The exchanges of one call with several nodes run at once (:meth:`RedisTier._parallel`), each
     touching its own node's connection and its own rows only; what they share here is safe so:
-    ``add`` takes ``lock`` (once ``stop`` exists), and the dicts are only ever assigned a key (one bytecode, atomic) by them.
+    ``add`` takes ``lock`` (once ``stop`` exists), and the dicts are only ever assigned a key (one
+    bytecode, atomic) by them.
     """
 
     counts: dict[str, int] = field(default_factory=dict)
