@@ -79,12 +79,13 @@ instead of reading them as its own (``_Conn.pending``).
 
 from __future__ import annotations
 
+import _thread
 import binascii
-import concurrent.futures
 import contextlib
 import functools
 import math
 import os
+import queue
 import select
 import socket
 import struct
@@ -198,6 +199,120 @@ class _ReplyError(Exception):
     """An error reply where a value was needed (CLUSTER SLOTS)."""
 
 
+class _Stop:
+    """A call's "cut short" flag: set and read with one attribute store or load each, so that an
+    interrupt never leaves it half set (a ``threading.Event`` takes a lock to set)."""
+
+    __slots__ = ("flag",)
+
+    def __init__(self) -> None:
+        self.flag = False
+
+    def set(self) -> None:
+        self.flag = True
+
+    def is_set(self) -> bool:
+        return self.flag
+
+
+def _no_job() -> None:
+    return None
+
+
+class _Task:
+    """One job for a :class:`_Workers` thread. The caller's side of it is only C-level steps (a
+    ``SimpleQueue`` put, a lock acquire, attribute stores), each whole or not done, so that an
+    interrupt in the caller's thread leaves nothing half changed; a worker runs a task once
+    (``claim``), however many times it was put."""
+
+    __slots__ = ("cancelled", "claim", "done", "error", "finished", "fn", "result")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.claim = _thread.allocate_lock()
+        self.finished = _thread.allocate_lock()
+        self.finished.acquire()  # released once, by the worker that ran (or skipped) it
+        self.done = False
+        self.cancelled = False
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        if not self.claim.acquire(False):
+            return  # a copy of a task run already
+        try:
+            if not self.cancelled:
+                self.result = self.fn()
+        except BaseException as e:  # (handed to the caller, which raises it)
+            self.error = e
+        finally:
+            self.fn = _no_job  # (a worker holds its last task: not the tier through it)
+            self.done = True
+            self.finished.release()
+
+    def wait(self) -> None:
+        while not self.done:
+            self.finished.acquire()
+
+
+class _Workers:
+    """A channel's worker threads (at most ``size``, started at first need, kept until
+    :meth:`close`), fed through a ``SimpleQueue``: not ``concurrent.futures``, whose submit and wait
+    run Python-level locking in the caller's thread, where an interrupt can leave a lock held (the
+    tier hung for good) or a job running after the call has raised."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.queue: queue.SimpleQueue[_Task | None] = queue.SimpleQueue()
+        self.threads = 0
+
+    def _loop(self) -> None:
+        while True:
+            task = self.queue.get()
+            if task is None:
+                return
+            task.run()
+            del task  # (nor the tier its job was of, while it waits)
+
+    def _start(self, n: int) -> None:
+        while self.threads < min(n, self.size):
+            _thread.start_new_thread(self._loop, ())  # (RuntimeError at interpreter exit)
+            self.threads += 1
+
+    def submit(self, tasks: Sequence[_Task]) -> None:
+        """Queue ``tasks``; where no thread can start (the interpreter is exiting), run the rest here."""
+        try:
+            self._start(len(tasks))
+        except RuntimeError:
+            if self.threads == 0:
+                for t in tasks:
+                    t.run()
+                return
+        for t in tasks:
+            self.queue.put(t)
+
+    def cancel(self, tasks: Sequence[_Task]) -> None:
+        """Make sure no task of ``tasks`` runs any more: those not started never do, then wait for
+        the running ones. Idempotent: a second interrupt calls it again."""
+        for t in tasks:
+            t.cancelled = True
+        with contextlib.suppress(RuntimeError):
+            self._start(len(tasks))
+        for t in tasks:
+            if not t.done:
+                if self.threads == 0:
+                    t.run()
+                else:
+                    self.queue.put(t)  # (maybe once more: a copy is skipped)
+        for t in tasks:
+            t.wait()
+
+    def close(self) -> None:
+        for _ in range(self.threads):
+            self.queue.put(None)
+        self.threads = 0
+
+
 class _Deadline:
     """``wait()`` is the timeout for the next socket operation: ``step``, less near the end.
 
@@ -209,7 +324,7 @@ class _Deadline:
 
     __slots__ = ("end", "step", "stop")
 
-    def __init__(self, step: float, nbytes: int = 0, stop: threading.Event | None = None) -> None:
+    def __init__(self, step: float, nbytes: int = 0, stop: _Stop | None = None) -> None:
         self.step = step
         self.end = time.monotonic() + step * (2 + nbytes // BUDGET_BYTES)
         self.stop = stop
@@ -561,7 +676,7 @@ class _Call:
     lock: threading.Lock = field(default_factory=threading.Lock)  # counts, from several threads
     # Set: cut the call's exchanges short. Made (:meth:`stopper`) before exchanges run at once, and
     # only then: a call with one server, the common case, pays for no event and no lock in ``add``.
-    stop: threading.Event | None = None
+    stop: _Stop | None = None
 
     def add(self, name: str, n: int = 1) -> None:
         if not n:
@@ -572,10 +687,10 @@ class _Call:
         with self.lock:
             self.counts[name] = self.counts.get(name, 0) + n
 
-    def stopper(self) -> threading.Event:
+    def stopper(self) -> _Stop:
         """``stop``, made at first need (before any exchange that is to heed it starts)."""
         if self.stop is None:
-            self.stop = threading.Event()
+            self.stop = _Stop()
         return self.stop
 
 
@@ -828,7 +943,7 @@ class RedisTier:
         self._topology_lock = threading.Lock()  # CLUSTER SLOTS reads
         self._state_lock = threading.Lock()  # counters, node health, the slot map (short sections)
         # each channel's worker threads (bulk? -> (the pid that made them, them)), made at first need
-        self._pools: dict[bool, tuple[int, concurrent.futures.ThreadPoolExecutor]] = {}
+        self._pools: dict[bool, tuple[int, _Workers]] = {}
         self.last_error = ""  # the last server problem seen, for logs ("" if none yet)
 
     def _buffer_bytes(self) -> int:
@@ -1300,26 +1415,28 @@ class RedisTier:
             return [job() for job in jobs]
         stop = call.stopper()  # (the jobs' deadlines read it as they start)
         workers = self._workers(bulk)
-        futures: list[concurrent.futures.Future[_T]] = []
-        for job in jobs[1:]:
-            try:
-                futures.append(workers.submit(job))
-            except RuntimeError:  # the interpreter is exiting (no new threads): the rest run here
-                break
+        tasks = [_Task(job) for job in jobs[1:]]
         try:
+            workers.submit(tasks)
             first = jobs[0]()
-            rest = [job() for job in jobs[1 + len(futures) :]]
-            return [first, *(f.result() for f in futures), *rest]
+            for t in tasks:
+                t.wait()
+            for t in tasks:
+                if t.error is not None:
+                    raise t.error
+            return [first, *(t.result for t in tasks)]
         except BaseException:
             stop.set()
-            while not all(f.done() for f in futures):
-                # a second interrupt waits too: a job still running uses its connection
-                with contextlib.suppress(BaseException):
-                    concurrent.futures.wait(futures)
+            while True:  # a second interrupt waits too: a job still running uses its connection
+                try:
+                    workers.cancel(tasks)
+                    break
+                except BaseException:
+                    continue
             _close_conns(call.nodes, bulk)
             raise
 
-    def _workers(self, bulk: bool) -> concurrent.futures.ThreadPoolExecutor:
+    def _workers(self, bulk: bool) -> _Workers:
         """The ``bulk`` (else lookup) channel's worker threads (under that channel's lock): at most
         ``_MAX_PARALLEL - 1``, started at first need and kept; anew in a forked child (whose parent's
         threads do not run there)."""
@@ -1327,10 +1444,7 @@ class RedisTier:
         got = self._pools.get(bulk)
         if got is not None and got[0] == pid:
             return got[1]
-        channel = "bulk" if bulk else "lookup"
-        pool = concurrent.futures.ThreadPoolExecutor(
-            _MAX_PARALLEL - 1, thread_name_prefix=f"kvcore-{self.name}-{channel}"
-        )
+        pool = _Workers(_MAX_PARALLEL - 1)
         self._pools[bulk] = (pid, pool)
         return pool
 
@@ -1925,13 +2039,17 @@ class RedisTier:
                     nd.close()
                 nodes.clear()
             pools, self._pools = self._pools, {}
-        for _, pool in pools.values():
-            pool.shutdown(wait=False)  # idle: no call is in flight under the two locks
+        for pid, pool in pools.values():
+            if pid == os.getpid():  # (a forked child's copy has no threads to end)
+                pool.close()  # idle: no call is in flight under the two locks
 
     def __enter__(self) -> RedisTier:
         return self
 
     def __del__(self) -> None:
+        for pid, pool in getattr(self, "_pools", {}).values():
+            if pid == os.getpid():
+                pool.close()  # (its threads would wait on its queue for good)
         for nd in getattr(self, "_nodes", ()):
             nd.close()
         for nodes in getattr(self, "_to_close", {}).values():
