@@ -176,3 +176,24 @@ def test_a_corrupt_value_found_through_ask_is_deleted_there(
     assert (mig.count(mig.src), mig.count(mig.dst)) == (1, 0)
     assert tier.exists(keys) == 1
     mig.finish(keys[:1])
+
+
+def test_exists_follows_a_moved_reply_once(cluster: RedisClusterServers, tier: RedisTier) -> None:
+    """Right after a slot moved (the map not read again yet), exists asks the keys the old owner
+    answered MOVED for at the new one, as store and load do (it answered the keys short: a false miss
+    and a recompute of pages the load right after found)."""
+    pool = make_pool()
+    slot, keys = keys_of_one_slot(tier, 4, seed=3)
+    other = np.random.default_rng(9).integers(0, 256, size=(3, 16), dtype=np.uint8)
+    assert store(tier, pool, [1, 2, 3, 4], keys).all()
+    assert store(tier, pool, [5, 6, 7], other).all()
+    mig = Migration(cluster, tier, slot)
+    mig.finish(keys)  # every key moved, the slot the target's: the source answers MOVED
+    before = tier.stats()
+    assert tier.exists(keys) == 4
+    assert tier.exists_runs([keys, other, keys[:2]]) == [4, 3, 2]
+    s = tier.stats()
+    assert s["moved"] - before["moved"] == 4  # the first call's (the map is read again after it)
+    assert s["lookup_failed"] == before["lookup_failed"]
+    absent = np.random.default_rng(10).integers(0, 256, size=(2, 16), dtype=np.uint8)
+    assert tier.exists(np.concatenate([keys[:1], absent, keys[1:]])) == 1  # absent keys stay absent

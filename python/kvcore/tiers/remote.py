@@ -1835,17 +1835,28 @@ class RedisTier:
         with self._lookup_lock, _ClosePending(call, bulk=False):
             route = self._route(names, call, bulk=False)
             groups = [(node, np.flatnonzero(route == node).tolist()) for node in np.unique(route).tolist()]
-            # every node's exchange at once; then once more, after ASKING, the keys an ASK sent elsewhere
-            for asking in (False, True):
+            # Every node's exchange at once; then once more the keys a reply sent elsewhere: after
+            # ASKING those an ASK sent to a node, and those of a slot a MOVED pointed at another node.
+            passes = [(groups, False)]
+            for k, (groups, asking) in enumerate(passes):
                 groups = [(node, mine) for node, mine in groups if self._usable(node, call) == _OK]
                 call.touched.update(self._lookup_pass(groups, names, found, call, asking=asking))
-                if asking or not call.asked:
-                    break
+                if k:
+                    continue  # (followed once, as store and load do)
                 asked, call.asked = call.asked, {}
-                per: dict[int, list[int]] = {}
-                for i, j in sorted(asked.items()):
-                    per.setdefault(j, []).append(i)
-                groups = sorted(per.items())
+                moved = {}
+                if call.moved:
+                    for i in np.flatnonzero(~found).tolist():
+                        j = call.moved.get(_key_slot(names[i]))
+                        if j is not None and j != route[i] and i not in asked:
+                            moved[i] = j
+                for rows, after_asking in ((asked, True), (moved, False)):
+                    per: dict[int, list[int]] = {}
+                    for i, j in sorted(rows.items()):
+                        per.setdefault(j, []).append(i)
+                    if per:
+                        passes.append((sorted(per.items()), after_asking))
+                asked = {**asked, **moved}
             self._close_dropped(bulk=False)
         call.add("lookup_keys", m)
         leads = []
