@@ -61,8 +61,12 @@ def test_interrupts_during_take_events_with_a_sink_lose_no_event() -> None:
     class Interrupt(Exception):
         pass
 
+    armed = [False]
+
     def handler(signum: int, frame: object) -> None:
-        raise Interrupt
+        if armed[0]:  # (a signal that comes once the round is over does nothing)
+            armed[0] = False
+            raise Interrupt
 
     old = signal.signal(signal.SIGALRM, handler)
     try:
@@ -74,15 +78,18 @@ def test_interrupts_during_take_events_with_a_sink_lose_no_event() -> None:
                 sid = rnd * 10_000 + i
                 c.add_sequence(sid, [sid, sid + 1, 7])
                 c.free_sequence(sid)
+            armed[0] = True
             signal.setitimer(signal.ITIMER_REAL, 0.0005 * (rnd % 7 + 1))
             try:
-                c.take_events(sink=got)
-                for _ in range(200):  # the signal may land here instead
-                    pass
+                try:
+                    c.take_events(sink=got)
+                    for _ in range(200):  # the signal may land here instead
+                        pass
+                finally:  # (it may land here too, before it is disarmed: caught below all the same)
+                    armed[0] = False
+                    signal.setitimer(signal.ITIMER_REAL, 0)
             except Interrupt:
                 interrupted += 1
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
         c.take_events(sink=got)
     finally:
         signal.signal(signal.SIGALRM, old)
