@@ -841,8 +841,12 @@ def test_random_interrupts_of_cluster_calls_leave_no_job_running_and_no_hang(
 
     monkeypatch.setattr(RedisTier, "_exchange", traced)
 
+    armed = [False]
+
     def alarm(signum: int, frame: Any) -> None:
-        raise _Alarm
+        if armed[0]:  # (one that comes once the call's round is over does nothing)
+            armed[0] = False
+            raise _Alarm
 
     old = signal.signal(signal.SIGALRM, alarm)
     faulthandler.dump_traceback_later(120, exit=True)  # a hang fails the run, loudly
@@ -850,16 +854,19 @@ def test_random_interrupts_of_cluster_calls_leave_no_job_running_and_no_hang(
     try:
         for i in range(150):
             fresh = meta(n, seed=1000 + i)
+            armed[0] = True
+            signal.setitimer(signal.ITIMER_REAL, float(rnd.uniform(0.00005, 0.003)))
             try:
-                signal.setitimer(signal.ITIMER_REAL, float(rnd.uniform(0.00005, 0.003)))
-                if i % 2:
-                    tier.store(pool, rng_i32(n, 1), rng_i32(n), **fresh)
-                else:
-                    tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"])
+                try:
+                    if i % 2:
+                        tier.store(pool, rng_i32(n, 1), rng_i32(n), **fresh)
+                    else:
+                        tier.load(pool, rng_i32(n), rng_i32(n, n + 1), m["keys"])
+                finally:  # (the signal may land here too, before it is disarmed: caught below)
+                    armed[0] = False
+                    signal.setitimer(signal.ITIMER_REAL, 0)
             except _Alarm:
                 pass
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
             time.sleep(0.002)  # a job left running would run now
             assert late == []
             pool.data[:, :, n + 1 :] = 0
