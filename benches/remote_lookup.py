@@ -34,10 +34,8 @@ def main() -> None:
     if args.baseline:
         baseline(args.url, args.baseline, args.rounds)
         return
-    pool = KVPool(num_layers=2, num_pages=300, num_kv_heads=2, head_dim=8, page_size=16, kv_dtype="fp16")
-    remote = RedisTier(args.url, pool, num_slots=4096, prefix="kvcore-bench-lookup")
-    cache = kvcore.KVCacheManager(300, 16, lower_tiers=[remote], store_policy="all")
-    mover = Mover(cache, pool, [remote])
+    mover, remote = setup(RedisTier, args.url, "kvcore-bench-lookup")
+    cache = mover.cache
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 32_000, 2048).astype(np.int32) for _ in range(50)]
 
@@ -62,6 +60,14 @@ def main() -> None:
     )
 
 
+def setup(cls: type, url: str, prefix: str) -> tuple[Mover, RedisTier]:
+    """A cache over a remote tier of class ``cls`` (this RedisTier or a baseline's) and its Mover."""
+    pool = KVPool(num_layers=2, num_pages=300, num_kv_heads=2, head_dim=8, page_size=16, kv_dtype="fp16")
+    remote = cls(url, pool, num_slots=4096, prefix=prefix)
+    cache = kvcore.KVCacheManager(300, 16, lower_tiers=[remote], store_policy="all")
+    return Mover(cache, pool, [remote]), remote
+
+
 def baseline(url: str, path: str, rounds: int) -> None:
     spec = importlib.util.spec_from_file_location("kvcore_remote_baseline", path)
     assert spec is not None and spec.loader is not None
@@ -69,16 +75,10 @@ def baseline(url: str, path: str, rounds: int) -> None:
     sys.modules[spec.name] = old  # (its dataclasses look their module up)
     spec.loader.exec_module(old)
 
-    def make(cls: type, tag: str) -> tuple[Mover, RedisTier]:
-        pool = KVPool(num_layers=2, num_pages=300, num_kv_heads=2, head_dim=8, page_size=16, kv_dtype="fp16")
-        remote = cls(url, pool, num_slots=4096, prefix=f"kvcore-bench-ab-{tag}")
-        cache = kvcore.KVCacheManager(300, 16, lower_tiers=[remote], store_policy="all")
-        return Mover(cache, pool, [remote]), remote
-
     rng = np.random.default_rng(0)
     prompts = [rng.integers(0, 32_000, 2048).astype(np.int32) for _ in range(50)]
     keys = np.frombuffer(rng.bytes(128 * 16), dtype=np.uint8).reshape(128, 16)
-    sides = [make(RedisTier, "now"), make(old.RedisTier, "base")]
+    sides = [setup(RedisTier, url, "kvcore-bench-ab-now"), setup(old.RedisTier, url, "kvcore-bench-ab-base")]
     looks: list[list[float]] = [[], []]
     exists: list[list[float]] = [[], []]
     for i in range(rounds):

@@ -681,12 +681,6 @@ impl KVCacheManager {
         (hit, point.checked_sub(1).map(|i| keys[i]), pages)
     }
 
-    /// The page keys of `tokens`' candidate pages from `ns` (those a pin of a prefix of `tokens`
-    /// can end at): where [`Groups::unpin_deepest`] looks.
-    pub(super) fn group_pin_keys(&self, st: &State, ns: Namespace, tokens: &[u32]) -> Vec<PageKey> {
-        self.peek_group_hit(st, ns, tokens).1
-    }
-
     /// Admission on a manager with KV-cache groups, or of a streaming sequence; see
     /// [`add_sequence_with`](Self::add_sequence_with).
     #[allow(clippy::too_many_arguments)]

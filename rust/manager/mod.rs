@@ -1334,8 +1334,9 @@ impl KVCacheManager {
                 let mut unpinned = st.tree.unpin(ns, tokens);
                 if st.groups.active() {
                     // The deepest group pin of the same path (the tree's twin: made by the same
-                    // `pin`), its pages only: another pin's stay pinned.
-                    let keys = self.group_pin_keys(st, ns, tokens);
+                    // `pin`), its pages only: another pin's stay pinned. It ends at one of the
+                    // candidate pages' keys.
+                    let keys = self.peek_group_hit(st, ns, tokens).1;
                     unpinned += st.groups.unpin_deepest(&keys);
                 }
                 unpinned

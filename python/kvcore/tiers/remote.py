@@ -313,6 +313,14 @@ class _Workers:
         self.threads = 0
 
 
+def _close_pools(pools: dict[bool, tuple[int, _Workers]]) -> None:
+    """End the worker threads of ``pools`` (a tier's channels) made in this process (a forked
+    child's copies have no threads to end)."""
+    for pid, pool in pools.values():
+        if pid == os.getpid():
+            pool.close()
+
+
 class _Deadline:
     """``wait()`` is the timeout for the next socket operation: ``step``, less near the end.
 
@@ -2050,17 +2058,13 @@ class RedisTier:
                     nd.close()
                 nodes.clear()
             pools, self._pools = self._pools, {}
-        for pid, pool in pools.values():
-            if pid == os.getpid():  # (a forked child's copy has no threads to end)
-                pool.close()  # idle: no call is in flight under the two locks
+        _close_pools(pools)  # idle: no call is in flight under the two locks
 
     def __enter__(self) -> RedisTier:
         return self
 
     def __del__(self) -> None:
-        for pid, pool in getattr(self, "_pools", {}).values():
-            if pid == os.getpid():
-                pool.close()  # (its threads would wait on its queue for good)
+        _close_pools(getattr(self, "_pools", {}))  # (its threads would wait on its queue for good)
         for nd in getattr(self, "_nodes", ()):
             nd.close()
         for nodes in getattr(self, "_to_close", {}).values():
