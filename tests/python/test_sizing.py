@@ -248,6 +248,16 @@ def test_units() -> None:
     assert parse_bytes("1048576") == 1048576
     assert parse_count("70.6B") == 70_600_000_000
     assert parse_count("8.03b") == 8_030_000_000
+    # A decimal exponent, as parameter counts are often written (exact: no float in between).
+    assert parse_count("8e9") == parse_count("8E9") == 8 * 10**9
+    assert parse_count("8.03e9") == 8_030_000_000
+    assert parse_count("1e3k") == 10**6
+    assert parse_bytes("1e9") == 10**9
+    assert parse_bytes("1.5e3KiB") == 1500 * 1024
+    assert parse_tokens("1e5") == 100_000
+    for bad in ("1e-3", "e9", "1e", "8.0301e2", "1e100", "1e99"):
+        with pytest.raises(ConfigError, match="params"):
+            parse_count(bad, "params")
     for bad in ("32q", "-1", "1.00001k", "k"):
         with pytest.raises(ConfigError, match="context"):
             parse_tokens(bad, "context")

@@ -3,8 +3,9 @@
 Token counts use binary suffixes (``32k`` = 32,768, ``128K`` = 131,072, ``1m`` = 1,048,576) because
 context lengths are quoted that way ("a 128K context" is 131,072 tokens for Llama 3.1). Byte sizes keep
 the SI/IEC distinction: ``80GB`` is 80·10⁹ bytes, ``80GiB`` is 80·2³⁰; a bare number is bytes. Counts of
-things (parameters) use SI suffixes: ``70B`` = 70·10⁹ parameters. Every parser takes a string or an int and
-gives an int in ``[0, 2**63 - 1]``; anything else is a :class:`~kvcore.exceptions.ConfigError`.
+things (parameters) use SI suffixes: ``70B`` = 70·10⁹ parameters. A decimal exponent is accepted before the
+suffix (``8e9``, ``8.03e9``, ``1.5e3KiB``), exactly (no float in between). Every parser takes a string or
+an int and gives an int in ``[0, 2**63 - 1]``; anything else is a :class:`~kvcore.exceptions.ConfigError`.
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ TiB = 1 << 40
 GB = 10**9
 
 # ASCII digits only, as everywhere in the CLI: \d would also take '٣' or '８'.
-_NUMBER = r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)"
+# An optional decimal exponent (``8e9``, ``8.03e9``: how a parameter count is often written), then a suffix.
+_NUMBER = r"([0-9]+(?:\.[0-9]+)?|\.[0-9]+)(?:e([0-9]{1,2}))?"
 # Longest number accepted, in characters: int64 has 19 digits; more is a typo or an attack (int() of a
 # 5,000-digit string raises, and converting long ones costs quadratic time).
 _MAX_NUMBER_LEN = 40
@@ -64,7 +66,10 @@ _BYTE_SUFFIX = {
 _COUNT_SUFFIX = {"": 1, "k": 10**3, "m": 10**6, "b": 10**9, "t": 10**12}
 
 
-def _whole(number: str, scale: int, text: str, field: str) -> int:
+def _whole(match: re.Match[str], scale: int, text: str, field: str) -> int:
+    number, exponent = match.group(1), match.group(2)
+    if exponent is not None:
+        scale *= 10 ** int(exponent)
     if len(number) > _MAX_NUMBER_LEN:
         raise ConfigError(f"{field}: {text!r:.60} has more than {_MAX_NUMBER_LEN} digits")
     # Decimal arithmetic on the digits keeps "1.5k" exact (1536) without float rounding.
@@ -94,7 +99,7 @@ def parse_tokens(text: str | int, field: str = "tokens") -> int:
         match = _TOKENS_RE.match(text.strip().replace(",", "").replace("_", ""))
         if match is None:
             raise ConfigError(f"{field}: {text!r} is not a token count (examples: 4096, 32k, 128K)")
-        value = _whole(match.group(1), _TOKEN_SUFFIX[match.group(2).lower()], text, field)
+        value = _whole(match, _TOKEN_SUFFIX[match.group(3).lower()], text, field)
     return check_int(value, field)
 
 
@@ -105,10 +110,10 @@ def parse_bytes(text: str | int, field: str = "bytes") -> int:
         value = text
     else:
         match = _BYTES_RE.match(text.strip().replace(",", "").replace("_", ""))
-        suffix = match.group(2).lower() if match else ""
+        suffix = match.group(3).lower() if match else ""
         if match is None or suffix not in _BYTE_SUFFIX:
             raise ConfigError(f"{field}: {text!r} is not a size (examples: 80GiB, 24GB, 81559MiB, 1048576)")
-        value = _whole(match.group(1), _BYTE_SUFFIX[suffix], text, field)
+        value = _whole(match, _BYTE_SUFFIX[suffix], text, field)
     return check_int(value, field)
 
 
@@ -120,8 +125,8 @@ def parse_count(text: str | int, field: str = "count") -> int:
     else:
         match = _COUNT_RE.match(text.strip().replace(",", "").replace("_", ""))
         if match is None:
-            raise ConfigError(f"{field}: {text!r} is not a count (examples: 8.03B, 70B, 405000000000)")
-        value = _whole(match.group(1), _COUNT_SUFFIX[match.group(2).lower()], text, field)
+            raise ConfigError(f"{field}: {text!r} is not a count (examples: 8.03B, 70B, 8e9, 405000000000)")
+        value = _whole(match, _COUNT_SUFFIX[match.group(3).lower()], text, field)
     return check_int(value, field)
 
 
