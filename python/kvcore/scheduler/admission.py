@@ -15,10 +15,13 @@ import bisect
 import math
 from collections import deque
 
+import numpy as np
+import numpy.typing as npt
+
 from kvcore.exceptions import ConfigError, InvalidArgumentError
 from kvcore.scheduler.request import is_int
 
-__all__ = ["OutputLengthEstimator"]
+__all__ = ["OutputLengthEstimator", "PageModel"]
 
 
 class OutputLengthEstimator:
@@ -85,3 +88,65 @@ class OutputLengthEstimator:
 
     def num_samples(self, request_class: str) -> int:
         return len(self._order.get(request_class, ()))
+
+
+class PageModel:
+    """Pages a request holds over every KV-cache group of its manager, for admission's predictions.
+
+    Every token takes a slot in each group (one shared pool): a full-attention group holds a page per
+    ``page_size`` tokens, a sliding-window group of ``W`` tokens only the pages its window still needs
+    (the manager releases a window page once no query to come reads it: see ``KVCacheManager(groups=)``).
+    With one full group every count is the plain ``ceil(tokens / page_size)``, as before groups.
+
+    - :meth:`held`: a decoding request of ``n`` tokens (all but its last computed; :meth:`holding` for
+      any count computed), exactly what the manager holds for it: ``ceil(n / ps)`` per full group and
+      ``ceil(n / ps) - max(0, n - W) // ps`` per window group.
+    - :meth:`prompt`: the most a prompt of ``n`` tokens holds while its chunks of ``chunk`` tokens are
+      computed (a window group holds the chunk's pages and the window's before it until the chunk is
+      committed): at most ``(W + chunk - 2) // ps + 2`` pages per window group.
+    - :meth:`hit`: the pages of an ``h``-token cached prefix an admission takes from the cache rather
+      than allocating: all of them per full group, per window group those its window still needs
+      (``h // ps - max(0, h + 1 - W) // ps``).
+    """
+
+    __slots__ = ("chunk_caps", "full", "page_size", "plain", "windows")
+
+    def __init__(self, windows: list[int | None], page_size: int, chunk: int) -> None:
+        ps = page_size
+        self.page_size = ps
+        self.full = sum(1 for w in windows if w is None)
+        self.windows = [int(w) for w in windows if w is not None]
+        self.plain = self.full == 1 and not self.windows
+        self.chunk_caps = [(w + chunk - 2) // ps + 2 for w in self.windows]
+
+    def held(self, n: int) -> int:
+        return self.holding(n, n - 1)
+
+    def holding(self, reserved: int, computed: int) -> int:
+        """What a request with ``reserved`` slots holds once ``computed`` tokens are committed."""
+        p = -(-reserved // self.page_size)
+        if self.plain:
+            return p
+        ps = self.page_size
+        return self.full * p + sum(p - max(0, computed + 1 - w) // ps for w in self.windows)
+
+    def held_array(self, n: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """:meth:`held` of each count in ``n``."""
+        ps = self.page_size
+        p = (n + (ps - 1)) // ps
+        out = self.full * p
+        for w in self.windows:
+            out = out + p - np.maximum(n - w, 0) // ps
+        return out
+
+    def prompt(self, n: int) -> int:
+        p = -(-n // self.page_size)
+        if self.plain:
+            return p
+        return self.full * p + sum(min(p, c) for c in self.chunk_caps)
+
+    def hit(self, h: int) -> int:
+        p = h // self.page_size
+        if self.plain:
+            return p
+        return self.full * p + sum(p - max(0, h + 1 - w) // self.page_size for w in self.windows)

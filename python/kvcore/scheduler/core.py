@@ -82,7 +82,7 @@ from kvcore.exceptions import (
     UnknownSequenceError,
 )
 from kvcore.manager import PUBLIC_NAMESPACE, PageTable
-from kvcore.scheduler.admission import OutputLengthEstimator
+from kvcore.scheduler.admission import OutputLengthEstimator, PageModel
 from kvcore.scheduler.pressure import PressureController, PressureDecision, Signals
 from kvcore.scheduler.request import Request, SchedulerEvent, StepPlan, check_namespace, check_time, is_int
 
@@ -440,6 +440,9 @@ class Scheduler:
         self.max_preemption_tax = tax
         self.swap = swap
         self.long_prefill_token_threshold = chunk
+        # Pages per request over every KV-cache group (one full group: ceil(tokens / page_size)).
+        groups = getattr(cache, "groups", None) or [None]
+        self._pages = PageModel(list(groups), self.page_size, chunk or max_num_batched_tokens)
         self.prefix_lookup = prefix_lookup
         self.tenant_max = ceilings
         self.tenant_min = floors
@@ -505,11 +508,10 @@ class Scheduler:
         rid = request.request_id
         if rid in self._reqs or rid in self.cache:
             raise InvalidArgumentError(f"request {rid} is already live")
-        ps = self.page_size
         plen = request.prompt_len
         if request.window is not None and self._may_truncate():
             plen = min(plen, request.window)  # truncation may bring it under the cache's size
-        pages = -(-(plen + 1) // ps)  # the prompt and its first generated token
+        pages = self._pages.held(plen + 1)  # the prompt and its first generated token
         self._stats.num_submitted += 1
         if pages > self.usable_pages:
             msg = f"needs {pages} pages, the cache has {self.usable_pages}"
@@ -1111,10 +1113,9 @@ class Scheduler:
         p95 = max(0.0, float(np.percentile(waits, 95))) if waits else 0.0  # a clock set back: no wait
         demand = 0
         if c.level >= 4:
-            ps = self.page_size
-            queued = sum(-(-len(r.tokens) // ps) for r in self._fifo) + sum(
-                -(-len(e[2].tokens) // ps) for e in self._heap
-            )
+            held = self._pages.held
+            queued = sum(held(len(r.tokens)) for r in self._fifo)
+            queued += sum(held(len(e[2].tokens)) for e in self._heap)
             demand = max(0, queued - st.num_pages_free - st.num_pages_cached)
         tier_usage = None
         if self._tiered and c.config.tier_usage_high < 1.0:
@@ -1237,10 +1238,9 @@ class Scheduler:
     def _tenant_pages(self, expected: bool = False) -> dict[str | None, int]:
         """Pages each tenant's live requests hold (and, ``expected``, will hold with their answers)."""
         self._sync_decoding()
-        ps = self.page_size
         out: dict[str | None, int] = {}
         for r in (*self._running.values(), *self._loading.values()):
-            n = -(-max(r.reserved, r.known, r.computed) // ps)
+            n = self._pages.held(max(r.reserved, r.known, r.computed))
             if expected:
                 n += self._expected_extra_pages(r)
             out[r.ns] = out.get(r.ns, 0) + n
@@ -1255,22 +1255,24 @@ class Scheduler:
                 if len(mine) <= 1:
                     break  # one request alone may use the pool; the ceiling holds admissions back
                 victim = min(mine, key=lambda r: (r.priority, -r.order))
-                held[ns] -= -(-max(victim.reserved, victim.known, victim.computed) // self.page_size)
+                held[ns] -= self._pages.held(max(victim.reserved, victim.known, victim.computed))
                 self._preempt(victim, now)
 
     def _expected_extra_pages(self, r: _Req) -> int:
         """Pages r's answer will still need beyond those its tokens hold now (the plan's quantile)."""
-        ps = self.page_size
         total = self.estimator.expected(r.cls, r.max_new, r.generated)
         have = len(r.tokens)
         later = have + max(0, total - r.generated)
-        return -(-later // ps) - -(-have // ps)
+        return self._pages.held(later) - self._pages.held(have)
 
-    def _unreserved_prompt_pages(self, r: _Req) -> int:
-        """Pages a prefilling (or loading) request's prompt still needs beyond its reserved slots (its
-        next chunks reserve them)."""
-        ps = self.page_size
-        return max(0, -(-len(r.tokens) // ps) - -(-max(r.reserved, r.computed) // ps))
+    def _future_pages(self, r: _Req, extra: int) -> int:
+        """Pages a prefilling (or loading) request will still take beyond those it holds: its prompt's
+        next chunks (``prompt``: at most what they hold at once) or its expected answer (``extra`` of
+        ``_expected_extra_pages``), whichever is more. With one full group: the prompt's unreserved
+        pages plus the answer's (a window group releases the chunks' pages as they are committed)."""
+        n, pages = len(r.tokens), self._pages
+        now = pages.holding(max(r.reserved, r.computed), r.computed)
+        return max(0, max(pages.prompt(n), pages.held(n) + extra) - now)
 
     def _decode_promised(self, used: _DecodeRows) -> int:
         """``_expected_extra_pages`` summed over the decoding requests, from their cached rows: each
@@ -1296,6 +1298,9 @@ class Scheduler:
                 per_row[mask] = np.minimum(max_new[mask], est.clip) if q is None else q
             planned = per_row
         expected = np.minimum(left, np.maximum(planned - gen, 1))
+        if not self._pages.plain:
+            have = num[_START] + 1
+            return int((self._pages.held_array(have + expected) - self._pages.held_array(have)).sum())
         ceil_have = num[_START] + ps  # (tokens + ps - 1): tokens = start + 1
         return int(((ceil_have + expected) // ps - ceil_have // ps).sum())
 
@@ -1323,7 +1328,7 @@ class Scheduler:
             promised = sum(self._expected_extra_pages(r) for r in dec.values())
         if len(self._running) > len(dec) or self._loading:
             promised += sum(
-                self._expected_extra_pages(r) + self._unreserved_prompt_pages(r)
+                self._future_pages(r, self._expected_extra_pages(r))
                 for r in (*self._running.values(), *self._loading.values())
                 if r.rid not in dec
             )
@@ -1344,14 +1349,15 @@ class Scheduler:
             if not resumed and decision is not None and decision.truncate:
                 self._truncate(r, now)
             if quotas and not resumed:  # its prompt as admitted (a window not cut) may never fit
-                misfit = self._quota_misfit(r.ns, -(-(len(r.tokens) + 1) // ps))
+                misfit = self._quota_misfit(r.ns, self._pages.held(len(r.tokens) + 1))
                 if misfit is not None:
                     self._refuse_waiting(r, "tenant_quota", misfit, now)
                     continue
             tokens = r.token_array()
             prefix = m.peek_prefix_len(tokens, r.ns)  # uncapped, HBM only
             extra = self._expected_extra_pages(r)
-            need = -(-len(r.tokens) // ps) - prefix // ps + extra
+            n = len(r.tokens)  # its prompt's chunks, or its expected answer, whichever holds more
+            need = max(self._pages.prompt(n), self._pages.held(n) + extra) - self._pages.hit(prefix)
             if (self._running or self._loading) and need > avail - promised:
                 break  # it would likely be preempted: wait for the running ones to finish
             if quotas and not self._tenant_allows(r, need, extra, avail, tenants, active):
@@ -1405,13 +1411,13 @@ class Scheduler:
                 "admitted", r.rid, now, hit_tokens=r.computed, resumed=resumed, hbm_prefix_tokens=prefix
             )
             if quotas:
-                tenants[r.ns] = tenants.get(r.ns, 0) + -(-len(r.tokens) // ps) + extra
+                tenants[r.ns] = tenants.get(r.ns, 0) + self._pages.held(len(r.tokens)) + extra
                 active.add(r.ns)
             # What it took (its new pages, and its hit pages that were evictable: the estimate above
             # cannot tell those from pages other requests hold) and what it will still take.
             st = m.stats()
             avail = st.num_pages_free + st.num_pages_cached
-            promised += extra + self._unreserved_prompt_pages(r)
+            promised += self._future_pages(r, extra)
             if not ready:
                 loading.append(r.rid)
                 self._event("loading", r.rid, now)
@@ -1483,7 +1489,7 @@ class Scheduler:
         that test is waived too."""
         ceiling = self.tenant_max.get(r.ns)
         if ceiling is not None and r.ns in active:
-            if held.get(r.ns, 0) + -(-len(r.tokens) // self.page_size) + extra > ceiling:
+            if held.get(r.ns, 0) + self._pages.held(len(r.tokens)) + extra > ceiling:
                 return False
         if not self.tenant_min or not (self._running or self._loading):
             return True
