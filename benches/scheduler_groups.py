@@ -17,6 +17,8 @@ from kvcore import KVCacheManager
 from kvcore.scheduler import Request, Scheduler
 
 LAYOUTS: list[list[int | None]] = [
+    [64],
+    [100, 33],
     [None],
     [None, None],
     [64, None],

@@ -100,7 +100,8 @@ class PageModel:
 
     - :meth:`held`: a decoding request of ``n`` tokens (all but its last computed; :meth:`holding` for
       any count computed), exactly what the manager holds for it: ``ceil(n / ps)`` per full group and
-      ``ceil(n / ps) - max(0, n - W) // ps`` per window group.
+      ``ceil(n / ps) - max(0, n - W) // ps`` per window group; :meth:`peak`, the most it holds at any
+      length up to ``n`` (``min(ceil(n / ps), (W - 1) // ps + 2)`` per window group).
     - :meth:`prompt`: the most a prompt of ``n`` tokens holds while its chunks of ``chunk`` tokens are
       computed (a window group holds the chunk's pages and the window's before it until the chunk is
       committed): at most ``(W + chunk - 2) // ps + 2`` pages per window group.
@@ -109,7 +110,7 @@ class PageModel:
       (``h // ps - max(0, h + 1 - W) // ps``).
     """
 
-    __slots__ = ("chunk_caps", "full", "page_size", "plain", "windows")
+    __slots__ = ("caps", "chunk_caps", "full", "page_size", "plain", "windows")
 
     def __init__(self, windows: list[int | None], page_size: int, chunk: int) -> None:
         ps = page_size
@@ -117,6 +118,7 @@ class PageModel:
         self.full = sum(1 for w in windows if w is None)
         self.windows = [int(w) for w in windows if w is not None]
         self.plain = self.full == 1 and not self.windows
+        self.caps = [(w - 1) // ps + 2 for w in self.windows]
         self.chunk_caps = [(w + chunk - 2) // ps + 2 for w in self.windows]
 
     def held(self, n: int) -> int:
@@ -129,6 +131,23 @@ class PageModel:
             return p
         ps = self.page_size
         return self.full * p + sum(p - max(0, computed + 1 - w) // ps for w in self.windows)
+
+    def peak(self, n: int) -> int:
+        """The most a decoding request holds at any length up to ``n`` (a window group's count dips by
+        one page where a page leaves its window before the next one fills, so :meth:`held` is not
+        monotonic: planning an answer to ``n`` tokens must take its peak)."""
+        p = -(-n // self.page_size)
+        if self.plain:
+            return p
+        return self.full * p + sum(min(p, c) for c in self.caps)
+
+    def peak_array(self, n: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+        """:meth:`peak` of each count in ``n``."""
+        p = (n + (self.page_size - 1)) // self.page_size
+        out = self.full * p
+        for c in self.caps:
+            out = out + np.minimum(p, c)
+        return out
 
     def held_array(self, n: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
         """:meth:`held` of each count in ``n``."""

@@ -1263,7 +1263,7 @@ class Scheduler:
         total = self.estimator.expected(r.cls, r.max_new, r.generated)
         have = len(r.tokens)
         later = have + max(0, total - r.generated)
-        return self._pages.held(later) - self._pages.held(have)
+        return self._pages.peak(later) - self._pages.held(have)
 
     def _future_pages(self, r: _Req, extra: int) -> int:
         """Pages a prefilling (or loading) request will still take beyond those it holds: its prompt's
@@ -1300,7 +1300,7 @@ class Scheduler:
         expected = np.minimum(left, np.maximum(planned - gen, 1))
         if not self._pages.plain:
             have = num[_START] + 1
-            return int((self._pages.held_array(have + expected) - self._pages.held_array(have)).sum())
+            return int((self._pages.peak_array(have + expected) - self._pages.held_array(have)).sum())
         ceil_have = num[_START] + ps  # (tokens + ps - 1): tokens = start + 1
         return int(((ceil_have + expected) // ps - ceil_have // ps).sum())
 
