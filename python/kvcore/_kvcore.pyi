@@ -205,6 +205,9 @@ class KVCacheManager:
     def complete_transfers(self, op_ids: _Ids, ok: bool | Sequence[bool] | npt.NDArray[np.bool_]) -> None:
         """Report taken transfers: a store OK becomes visible in its tier, a failed one frees its
         slots; a failed load cuts the sequence's hit before it. Nothing changes on a bad id."""
+    def check_transfers(self, op_ids: _Ids) -> None:
+        """Raise ``InvalidArgumentError`` unless every op is a taken transfer still in flight, each
+        listed once (what ``complete_transfers`` requires); changes nothing."""
     def is_ready(self, seq_id: int) -> bool:
         """Whether the sequence's prefix is in HBM (no load in flight): its tables are valid."""
     def hit_tokens(self, seq_id: int) -> dict[str, int]:

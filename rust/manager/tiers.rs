@@ -665,21 +665,15 @@ impl KVCacheManager {
         batch
     }
 
-    /// Report the outcome of transfers taken with [`take_transfers`](Self::take_transfers):
-    /// `ok[i]` for op `op_ids[i]`. A store completed OK becomes visible in its tier; a failed one
-    /// frees its slots. A load completed OK makes its page part of the sequence's hit; a failed one
-    /// cuts the hit before it and marks the slot bad. Err (nothing changed) for an id not in
-    /// flight, listed twice, or lengths that disagree.
-    pub fn complete_transfers(&self, op_ids: &[u64], ok: &[bool], now: u64) -> KvResult<()> {
-        let mut guard = self.state.lock();
-        let st = &mut *guard;
-        if op_ids.len() != ok.len() {
-            return Err(KvError::InvalidArgument(format!(
-                "complete_transfers: {} op ids but {} outcomes",
-                op_ids.len(),
-                ok.len()
-            )));
-        }
+    /// Check, changing nothing, that every op of `op_ids` is a taken transfer still in flight
+    /// (listed once): what [`complete_transfers`](Self::complete_transfers) requires. A mover
+    /// asks before it copies a batch's bytes: a batch completed already has its pages and slots
+    /// back with the cache (maybe another sequence's now), so copying it would overwrite them.
+    pub fn check_transfers(&self, op_ids: &[u64]) -> KvResult<()> {
+        Self::check_in_flight(&self.state.lock(), op_ids, "check_transfers")
+    }
+
+    fn check_in_flight(st: &State, op_ids: &[u64], what: &str) -> KvResult<()> {
         let mut seen = HashSet::with_capacity(op_ids.len());
         for &id in op_ids {
             let taken = match st.transfers.stores.get(&id) {
@@ -697,10 +691,27 @@ impl KVCacheManager {
                 Some(true) if !seen.insert(id) => "is listed twice",
                 Some(true) => continue,
             };
+            return Err(KvError::InvalidArgument(format!("{what}: op {id} {why}")));
+        }
+        Ok(())
+    }
+
+    /// Report the outcome of transfers taken with [`take_transfers`](Self::take_transfers):
+    /// `ok[i]` for op `op_ids[i]`. A store completed OK becomes visible in its tier; a failed one
+    /// frees its slots. A load completed OK makes its page part of the sequence's hit; a failed one
+    /// cuts the hit before it and marks the slot bad. Err (nothing changed) for an id not in
+    /// flight, listed twice, or lengths that disagree.
+    pub fn complete_transfers(&self, op_ids: &[u64], ok: &[bool], now: u64) -> KvResult<()> {
+        let mut guard = self.state.lock();
+        let st = &mut *guard;
+        if op_ids.len() != ok.len() {
             return Err(KvError::InvalidArgument(format!(
-                "complete_transfers: op {id} {why}"
+                "complete_transfers: {} op ids but {} outcomes",
+                op_ids.len(),
+                ok.len()
             )));
         }
+        Self::check_in_flight(st, op_ids, "complete_transfers")?;
         let mut released = Vec::new();
         for (&id, &good) in op_ids.iter().zip(ok) {
             if let Some((op, _)) = st.transfers.stores.get(&id) {

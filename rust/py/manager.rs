@@ -1135,16 +1135,7 @@ impl PyKVCacheManager {
         op_ids: &Bound<'_, PyAny>,
         ok: &Bound<'_, PyAny>,
     ) -> PyResult<()> {
-        let ids: Vec<u64> = seq_ids_arg(op_ids, "op_ids")?
-            .into_iter()
-            .map(|id| {
-                u64::try_from(id).map_err(|_| {
-                    PyErr::from(KvError::InvalidArgument(format!(
-                        "op_ids: {id} is not an op id"
-                    )))
-                })
-            })
-            .collect::<PyResult<_>>()?;
+        let ids = op_ids_arg(op_ids)?;
         let outcomes: Vec<bool> = if let Ok(all) = ok.extract::<bool>() {
             vec![all; ids.len()]
         } else {
@@ -1164,6 +1155,14 @@ impl PyKVCacheManager {
         Ok(self.run(py, ids.len() >= LONG_PAGES, |m| {
             m.complete_transfers(&ids, &outcomes, now)
         })?)
+    }
+
+    /// Check, changing nothing, that every op of `op_ids` is a taken transfer still in flight (each
+    /// listed once), as `complete_transfers` requires; raises `InvalidArgumentError` otherwise. A
+    /// mover asks before copying: a completed batch's pages and slots may be another's now.
+    fn check_transfers(&self, py: Python<'_>, op_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = op_ids_arg(op_ids)?;
+        Ok(self.run(py, ids.len() >= LONG_PAGES, |m| m.check_transfers(&ids))?)
     }
 
     /// Whether `seq_id`'s prefix is in HBM (no load from a lower tier in flight): its tables are
@@ -1753,4 +1752,18 @@ pub(crate) fn py_payload_checksum<'py>(
         py,
         &hasher.digest128().to_le_bytes(),
     ))
+}
+
+/// Op ids (`take_transfers` rows' `op`): non-negative integers.
+fn op_ids_arg(op_ids: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
+    seq_ids_arg(op_ids, "op_ids")?
+        .into_iter()
+        .map(|id| {
+            u64::try_from(id).map_err(|_| {
+                PyErr::from(KvError::InvalidArgument(format!(
+                    "op_ids: {id} is not an op id"
+                )))
+            })
+        })
+        .collect()
 }

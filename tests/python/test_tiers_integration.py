@@ -663,3 +663,43 @@ def test_a_public_prefix_longer_than_one_question_is_reached_without_asking_in_v
     # public prefix cut short (it made one more each time); the third lookup reaches its end.
     assert questions[:2] == [3, 3] and questions[2] == 4
     assert cache.tier_prefix_len(tier.name, prompt, "*") == 5
+
+
+@pytest.mark.parametrize("kind", ["load", "store"])
+def test_a_batch_executed_again_is_refused_before_any_byte_moves(kind: str, tmp_path: Path) -> None:
+    """A retry of a batch already executed (a loop around a raising tier) must not copy again: its
+    HBM pages and tier slots went back to the cache and hold another sequence's K/V by then."""
+    cache, pool, host = _queued_store_and_load(tmp_path)
+    mover = Mover(cache, pool, [host])
+    batch = cache.take_transfers(stores=kind == "store", loads=kind == "load")
+    assert len(batch.load_ops if kind == "load" else batch.store_ops)
+    mover.execute(batch)
+    # Another sequence's K/V land in the pages and slots the batch used.
+    pool.data[...] = 7
+    host._rows[...] = 9
+    pool_before, host_before = pool.data.copy(), host._rows.copy()
+    stats_before = cache.tier_stats()
+    with pytest.raises(kvcore.InvalidArgumentError, match="not a transfer in flight"):
+        mover.execute(batch)
+    np.testing.assert_array_equal(pool.data, pool_before)  # no stale load over live pages
+    np.testing.assert_array_equal(host._rows, host_before)  # no stale store over live slots
+    assert cache.tier_stats() == stats_before
+    with pytest.raises(kvcore.InvalidArgumentError, match="check_transfers: op"):
+        cache.check_transfers(np.unique(batch.store_ops).tolist() + batch.load_ops.tolist())
+    cache._check_invariants()
+
+
+def test_check_transfers_accepts_taken_ops_and_refuses_the_rest(tmp_path: Path) -> None:
+    cache, _pool, _host = _queued_store_and_load(tmp_path)
+    batch = cache.take_transfers(stores=False)
+    ops = batch.load_ops.tolist()
+    cache.check_transfers(ops)  # in flight: nothing raised, nothing changed
+    cache.check_transfers([])
+    with pytest.raises(kvcore.InvalidArgumentError, match="listed twice"):
+        cache.check_transfers(ops + ops[:1])
+    with pytest.raises(kvcore.InvalidArgumentError, match="not an op id"):
+        cache.check_transfers([-1])
+    cache.complete_transfers(ops, True)
+    assert cache.is_ready(2)
+    with pytest.raises(kvcore.InvalidArgumentError, match="not a transfer in flight"):
+        cache.check_transfers(ops[:1])

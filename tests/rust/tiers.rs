@@ -36,6 +36,46 @@ fn the_value_model_favours_reuse_fast_tiers_and_deep_prefixes() {
 }
 
 #[test]
+fn check_transfers_accepts_ops_in_flight_only_and_changes_nothing() {
+    let m = KVCacheManager::new(ManagerConfig {
+        num_pages: 64,
+        page_size: 4,
+        policy: EvictionPolicy::Lru,
+        pin_budget_pages: None,
+        fingerprint: vec![],
+        events: false,
+        lower_tiers: vec![TierConfig {
+            name: "host".into(),
+            num_slots: 16,
+            bandwidth_gbps: 25.0,
+        }],
+        store_policy: StorePolicy::All,
+        groups: Vec::new(),
+    })
+    .unwrap();
+    let tokens: Vec<u32> = (0..9).collect();
+    m.add_sequence(1, tokens.as_slice(), None, 0, true, 0)
+        .unwrap();
+    let queued: Vec<u64> = vec![0];
+    assert!(m.check_transfers(&queued).is_err()); // before take_transfers: not in flight
+    let b = m.take_transfers(true, true);
+    let mut ops: Vec<u64> = b.stores.iter().map(|r| r.op).collect();
+    ops.dedup();
+    assert!(!ops.is_empty());
+    m.check_transfers(&ops).unwrap();
+    m.check_transfers(&ops).unwrap(); // nothing changed: still in flight
+    let twice: Vec<u64> = ops.iter().chain(&ops).copied().collect();
+    assert!(m.check_transfers(&twice).is_err());
+    m.complete_transfers(&ops, &vec![true; ops.len()], 0)
+        .unwrap();
+    let err = m.check_transfers(&ops).unwrap_err().to_string();
+    assert!(err.contains("not a transfer in flight"), "{err}");
+    assert!(m
+        .complete_transfers(&ops, &vec![true; ops.len()], 0)
+        .is_err());
+}
+
+#[test]
 #[ignore]
 fn timing() {
     let mk = |tiers: bool| {

@@ -247,7 +247,13 @@ class Mover:
         A tier that raises fails its own rows; the other tiers' rows are still tried, every op is
         reported, and then the first tier's exception is raised. An interrupt (any BaseException
         that is not an Exception) stops at once; the ops are reported all the same.
+
+        A batch whose ops are not all in flight (executed or completed already) is refused with
+        ``InvalidArgumentError`` before any byte moves: its pages and slots went back to the cache
+        and may hold another sequence's K/V now.
         """
+        ops = np.unique(batch.store_ops)
+        self.cache.check_transfers(np.concatenate([ops, batch.load_ops]).astype(np.int64))
         store_ok = np.zeros(len(batch.store_ops), dtype=bool)
         load_ok = np.zeros(len(batch.load_ops), dtype=bool)
         unknown = np.zeros(len(batch.store_ops), dtype=bool)  # rows a tier may have written, unsaid
@@ -292,7 +298,6 @@ class Mover:
                         error = error or e
         finally:
             # Always report: a store op succeeds only if every row of it did.
-            ops = np.unique(batch.store_ops)
             op_ok = np.ones(len(ops), dtype=bool)
             try:
                 if len(ops):
