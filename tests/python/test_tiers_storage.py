@@ -392,6 +392,35 @@ def test_a_budget_beyond_the_filesystem_is_refused_and_one_beyond_its_free_space
         DiskTier(tmp_path / "short", 1 << 20, pool).close()
 
 
+def test_a_budget_of_many_filesystems_is_a_config_error_not_numpy_memory(tmp_path: Path) -> None:
+    """The room check comes before the per-slot index: a budget 10,000x the filesystem raised
+    NumPy's MemoryError allocating an index for slots no disk could hold."""
+    pool = make_pool()
+    fs = os.statvfs(tmp_path)
+    total = fs.f_blocks * fs.f_frsize
+    with pytest.raises(ConfigError, match=r"holds \d+ bytes in all"):
+        DiskTier(tmp_path / "huge", total * 10_000, pool)
+    DiskTier(tmp_path / "huge", 1 << 20, pool).close()  # the directory was released
+
+
+@pytest.mark.parametrize(
+    ("path", "why"),
+    [
+        (5, "expected a str or os.PathLike"),
+        (None, "expected a str or os.PathLike"),
+        (b"bytes\0nul", "usable directory"),
+        ("nul\0byte", "usable directory"),
+        ("lone\udcffsurrogate\ud800", "usable directory"),
+    ],
+)
+def test_a_path_of_the_wrong_kind_is_a_config_error(path: object, why: str, tmp_path: Path) -> None:
+    pool = make_pool()
+    if isinstance(path, str):
+        path = f"{tmp_path}/{path}"
+    with pytest.raises(ConfigError, match=why):
+        DiskTier(path, 1 << 20, pool)  # type: ignore[arg-type]
+
+
 def test_construction_errors(tmp_path: Path) -> None:
     pool = make_pool()
     tier = DiskTier(tmp_path / "a", 1 << 20, pool)

@@ -50,7 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from kvcore.exceptions import ConfigError
+from kvcore.exceptions import ConfigError, OutOfMemoryError
 from kvcore.pool import KVPool
 from kvcore.pool.checks import index_array
 from kvcore.tiers import _batch, codec
@@ -331,8 +331,10 @@ class DiskTier:
     Raises:
         ConfigError: a capacity below one file or above the size of the filesystem (a warning,
             ResourceWarning, when its free space and the tier's files cannot hold every slot), a
-            path that is not a usable directory or is in use by another DiskTier, an unknown
+            path that is not a str or os.PathLike, not a usable directory (a NUL byte, a name the
+            filesystem cannot encode, no permission) or is in use by another DiskTier, an unknown
             quantization or quantization of an fp8/int8 pool.
+        OutOfMemoryError: the slot index (17 bytes a slot) does not fit in host memory.
 
     Calls are serialized by a lock.
     """
@@ -365,8 +367,11 @@ class DiskTier:
                 f"capacity_bytes: {capacity_bytes} bytes hold no slot file of {self.file_bytes} bytes "
                 f"({self.header_len} header + {self.payload_len} payload)"
             )
-        self.path = os.fspath(path)
         self._dir_fd = self._lock_fd = -1
+        try:
+            self.path = os.fspath(path)
+        except TypeError:
+            raise ConfigError(f"path: expected a str or os.PathLike, got {path!r}") from None
         try:
             os.makedirs(self.path, exist_ok=True)
             # the directory, resolved by name once: every later call goes through this descriptor
@@ -377,7 +382,7 @@ class DiskTier:
                 0o644,
                 dir_fd=self._dir_fd,
             )
-        except OSError as e:
+        except (OSError, ValueError) as e:  # ValueError: a NUL byte, a name the filesystem cannot encode
             self.close()
             raise ConfigError(f"path: {self.path!r} is not a usable directory ({e})") from None
         try:
@@ -386,10 +391,18 @@ class DiskTier:
             self.close()
             raise ConfigError(f"path: {self.path!r} is in use by another DiskTier ({e})") from None
 
+        self._check_room(int(capacity_bytes))  # before the per-slot arrays: a budget past the disk
         self._stats = _batch.Counters(_STAT_NAMES)
         self._lock = threading.Lock()
-        self._used = np.zeros(self.num_slots, dtype=bool)  # [num_slots] bool: a valid file of ours
-        self._keys = np.zeros((self.num_slots, 16), dtype=np.uint8)  # [num_slots, 16] its page key
+        try:
+            self._used = np.zeros(self.num_slots, dtype=bool)  # [num_slots] bool: a valid file of ours
+            self._keys = np.zeros((self.num_slots, 16), dtype=np.uint8)  # [num_slots, 16] its page key
+        except MemoryError:
+            self.close()
+            raise OutOfMemoryError(
+                f"{name}: the index of {self.num_slots} slots ({17 * self.num_slots} bytes) does not fit "
+                "in host memory"
+            ) from None
         # slot -> (st_dev, st_ino) of its file, for every used slot: the one inode a store may write
         # over in place (made or validated by this tier; see _open_temp)
         self._inodes: dict[int, tuple[int, int]] = {}
@@ -398,7 +411,6 @@ class DiskTier:
         self._whdr = bytearray(self.header_len)  # the header being written
         self._whdr_view = memoryview(self._whdr)
         self._header_check = codec.HeaderCheck(self.geometry, self.payload_len)
-        self._check_room(int(capacity_bytes))
         self._entries = self._scan()
         self._warn_if_short()
 
