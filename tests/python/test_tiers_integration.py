@@ -703,3 +703,30 @@ def test_check_transfers_accepts_taken_ops_and_refuses_the_rest(tmp_path: Path) 
     assert cache.is_ready(2)
     with pytest.raises(kvcore.InvalidArgumentError, match="not a transfer in flight"):
         cache.check_transfers(ops[:1])
+
+
+def test_after_a_reset_the_disk_files_stored_since_open_are_restored(tmp_path: Path) -> None:
+    """entries() lists what the tier holds now, not what it found at open: after
+    reset_prefix_cache, restore_tier(name, disk.entries()) finds the pages stored since (it restored
+    none), and a slot forgotten since is no longer listed."""
+    cache, _pool, _host, disk, engine = setup(tmp_path, host=2)
+    assert disk.entries() == []  # an empty directory at open
+    prompts = [list(range(i * 100, i * 100 + 13)) for i in range(3)]
+    for p in prompts:
+        engine.run(p, None)
+    held = cache.tier_stats()["disk"]["num_slots_cached"]
+    assert held == 9  # three pages of each prompt
+    entries = disk.entries()
+    assert sorted(e.slot for e in entries) == np.flatnonzero(disk._used).tolist()
+    assert len(entries) == held
+    cache.reset_prefix_cache()
+    assert cache.tier_stats()["disk"]["num_slots_cached"] == 0
+    assert all(cache.restore_tier("disk", disk.entries()))
+    assert cache.tier_stats()["disk"]["num_slots_cached"] == held
+    for p in prompts:  # every page comes back from disk, byte for byte (Engine.run checks them)
+        assert engine.run(p, None)["disk"] == 12
+    # A slot forgotten since is no longer listed.
+    gone = entries[0].slot
+    disk.forget(np.array([gone], dtype=np.int32))
+    assert gone not in {e.slot for e in disk.entries()}
+    cache._check_invariants()

@@ -120,7 +120,7 @@ _STAT_NAMES = (
     "forgets",
     "remove_failed",  # entries that should have gone but could not (unlink failed, a non-empty directory)
     "fsync_failed",  # directory fsyncs that failed (fsync=True): the renames may not be durable
-    "open_entries",  # valid files found at open (what entries() lists)
+    "open_entries",  # valid files found at open
     "open_removed",  # files removed at open, all reasons
     "open_removed_temp",  # temp files a crash left (only those removed: a failure is remove_failed)
     "open_removed_header",  # bad magic, version, header checksum or fields
@@ -137,7 +137,7 @@ def slot_filename(slot: int) -> str:
 
 
 class DiskEntry(NamedTuple):
-    """One valid file found at open: what the Rust side needs to re-index it."""
+    """One valid file of the tier: what the Rust side needs to re-index it (``restore_tier``)."""
 
     slot: int
     key: bytes  # 16 bytes
@@ -578,13 +578,37 @@ class DiskTier:
         return "ok", header, inode
 
     def entries(self) -> list[DiskEntry]:
-        """Every valid file of this geometry found at open, by slot: the restart index.
+        """Every valid file the tier holds now, by slot: what ``restore_tier`` re-indexes (a restart,
+        or a manager that forgot its index: ``reset_prefix_cache``).
 
-        The Rust side re-verifies each key from its parent key, namespace and tokens before trusting
-        it; an entry it rejects is :meth:`forget`-ten. Stores after open are not added (the caller
-        made them).
+        Files validated at open come from the open's scan; files stored since are read back (their
+        header only, one small read each), and a file whose header no longer matches its slot's key
+        is left out. The Rust side re-verifies each key from its parent key, namespace and tokens
+        before trusting it; an entry it refuses stays on disk until its slot is stored again
+        (:meth:`forget` its slot to drop it at once).
         """
-        return list(self._entries)
+        with self._lock:
+            known = {e.slot: e for e in self._entries}
+            entries: list[DiskEntry] = []
+            for slot in np.flatnonzero(self._used).tolist():
+                key = self._keys[slot].tobytes()
+                entry = known.get(slot)
+                if entry is None or entry.key != key:  # stored since it was listed: read it back
+                    entry = self._read_entry(slot, key)
+                if entry is not None:
+                    entries.append(entry)
+            self._entries = entries
+            return list(entries)
+
+    def _read_entry(self, slot: int, key: bytes) -> DiskEntry | None:
+        """The entry of ``slot``'s file from its header, if the file is valid and holds ``key``."""
+        try:
+            verdict, header, _ = self._check_file(slot_filename(slot))
+        except OSError:
+            return None
+        if verdict != "ok" or header is None or header.key != key:
+            return None
+        return DiskEntry(slot, header.key, header.parent_key, header.namespace, header.tokens)
 
     # ------------------------------------------------------------------------------------ store
 
