@@ -988,8 +988,12 @@ class DiskTier:
     ) -> str:
         """:meth:`_fetch`'s verdict by the full checks (parse_header), where the fast ones failed."""
         try:
+            if got < codec.FIXED_LEN:
+                return "corrupt"  # truncated since open, inside the fixed part
             if codec.parse_header_prefix(hdr) != self.header_len:
                 return "geometry"
+            if got < self.header_len:  # the rest of the buffer is stale: no checksum to judge
+                return "corrupt"
             header = codec.parse_header(hdr)
         except HeaderError as e:
             return "header_checksum" if e.reason == "checksum" else "corrupt"
