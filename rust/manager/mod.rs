@@ -630,10 +630,17 @@ impl KVCacheManager {
             return Ok(true);
         }
         // Refused before anything is sized by the caller's counts: more slots than the whole pool
-        // holds can never be had (`false`, as for any lack of room).
+        // holds can never be had (`false`, as for any lack of room). A full-attention group holds
+        // every page of the sequence; when every group is windowed only the pages this call adds
+        // count (the ones its window left are released), so such a sequence grows without end.
         let usable = self.alloc.num_pages() - 1;
+        let held_before = if st.groups.primary_windowed() {
+            seq.pages.len()
+        } else {
+            0
+        };
         let slots = match new_len.checked_add(num_lookahead) {
-            Some(end) if end.div_ceil(ps) <= usable => end,
+            Some(end) if end.div_ceil(ps).saturating_sub(held_before) <= usable => end,
             _ => {
                 st.stats.num_refused += 1;
                 return Ok(false);

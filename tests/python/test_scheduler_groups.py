@@ -54,6 +54,37 @@ def test_held_is_what_the_manager_holds_for_a_decoding_sequence(
     assert pages.peak_array(have).tolist() == [pages.peak(int(n)) for n in have]
 
 
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_peak_and_prompt_bounds_are_reached(page_size: int) -> None:
+    """The window caps are exact, not only bounds: a long enough decode holds peak's count at some
+    length, a long enough chunked prefill prompt's (one page more reserved costs an admission)."""
+    for w in range(1, 3 * page_size + 3):
+        for chunk in (1, 2, page_size + 1):
+            pages = PageModel([w], page_size, chunk)
+            length = w + 3 * page_size + 2 * chunk
+            tokens = np.arange(1, length + 1, dtype=np.int32)
+            reached = 0
+            for first in range(1, page_size + chunk + 1):  # chunks at every offset in a page
+                m = KVCacheManager(400, page_size, groups=[w])
+                m.add_sequence(1, tokens, cache_prompt=False, reserve=first)
+                done, most = first, m.stats().num_pages_in_use
+                while done < length:
+                    m.commit(1, done)
+                    n = min(chunk, length - done)
+                    assert m.reserve(1, n)
+                    done += n
+                    most = max(most, m.stats().num_pages_in_use)
+                assert most <= pages.prompt(length) or first > chunk, (w, chunk, first)
+                reached = max(reached, most if first <= chunk else 0)
+                if chunk == 1 and first == 1:  # then decoding: the same bound, reached
+                    m.commit(1, length)
+                    for t in range(length, 2 * length):
+                        assert m.append(1, [t])
+                        most = max(most, m.stats().num_pages_in_use)
+                    assert most == pages.peak(2 * length), w
+            assert reached == pages.prompt(length), (w, chunk)
+
+
 @pytest.mark.parametrize("groups", LAYOUTS)
 @pytest.mark.parametrize("chunk", [1, 17, 64, 500])
 @pytest.mark.parametrize("length", [50, 333, 1000])
@@ -70,6 +101,7 @@ def test_prompt_bounds_a_chunked_prefill_holding_and_hit_are_exact(
         assert m.stats().num_pages_in_use == pages.holding(done, done)
         n = min(chunk, length - done)
         assert m.reserve(1, n)
+        assert m.stats().num_pages_in_use == pages.holding(done + n, done)
         done += n
         peak = max(peak, m.stats().num_pages_in_use)
     assert peak <= pages.prompt(length)
@@ -126,9 +158,23 @@ def test_submit_judges_the_size_over_every_group() -> None:
         sched.submit(Request(1, np.arange(1, 60 * PS + 1, dtype=np.uint32), max_new_tokens=4))
     assert e.value.reason == "too_large"
     assert e.value.needed_pages == 2 * 61
-    # Windows bound what a long prompt holds: 61 full pages and at most 5 per 64-token window.
+    # Windows bound what a long prompt holds once computed: 61 full pages and at most 5 per 64-token
+    # window. Computed in one chunk, it holds all 60 window pages too: refused at submit (it was
+    # accepted, then refused by the first step); in chunks of 64 tokens it fits, and runs to the end.
+    prompt = np.arange(1, 60 * PS + 1, dtype=np.uint32)
     sched = Scheduler(KVCacheManager(101, PS, groups=[64, None]))
-    sched.submit(Request(2, np.arange(1, 60 * PS + 1, dtype=np.uint32), max_new_tokens=4))
+    with pytest.raises(RequestRejected) as e:
+        sched.submit(Request(2, prompt, max_new_tokens=4))
+    assert e.value.reason == "too_large" and e.value.needed_pages == 120
+    sched = Scheduler(KVCacheManager(101, PS, groups=[64, None]), long_prefill_token_threshold=64)
+    sched.submit(Request(2, prompt, max_new_tokens=4))
+    t = 0
+    while sched.has_work():
+        plan = sched.step(t)
+        assert not plan.rejected
+        sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))
+        t += 1
+    assert sched.stats().finished_by_reason == {"length": 1}
 
 
 def test_tenant_ceilings_count_every_group() -> None:
@@ -146,3 +192,49 @@ def test_tenant_ceilings_count_every_group() -> None:
         )
     sched.step(0.0)
     assert sorted(sched.running_ids) == [0, 2]
+
+
+def test_a_sequence_of_windowed_groups_only_grows_past_the_pool() -> None:
+    """Every group windowed: a sequence holds a window's pages whatever its length, so append must
+    not refuse it at pool size x page size (a request the model said fit ended with ``capacity``,
+    and a stuck one preempted all the others)."""
+    m = KVCacheManager(21, PS, groups=[64])  # 20 usable pages
+    m.add_sequence(1, np.arange(1, 101, dtype=np.int32), cache_prompt=False)
+    m.commit(1, 100)
+    for t in range(100, 1000):  # 63 pages of tokens through a 20-page pool
+        assert m.append(1, [t]), t
+        assert m.stats().num_pages_in_use <= 6
+    assert not m.append(1, [], num_lookahead=21 * PS)  # what this call adds must still fit
+    assert m.append(1, [], num_lookahead=10 * PS)
+    m._check_invariants()
+    sched = Scheduler(KVCacheManager(21, PS, groups=[64]))
+    sched.submit(Request(1, np.arange(1, 101, dtype=np.uint32), max_new_tokens=300))
+    sched.submit(Request(2, np.arange(1000, 1100, dtype=np.uint32), max_new_tokens=50))
+    t = 0
+    while sched.has_work():
+        plan = sched.step(t)
+        sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))
+        t += 1
+    s = sched.stats()
+    assert s.finished_by_reason == {"length": 2} and s.recomputed_tokens == 0
+
+
+def test_a_prompt_whose_one_chunk_cannot_fit_is_refused_at_submit() -> None:
+    sched = Scheduler(KVCacheManager(41, PS, groups=[64, None]))  # 40 usable pages
+    with pytest.raises(RequestRejected) as e:  # 25 full + 25 window pages in its one chunk
+        sched.submit(Request(1, np.arange(1, 401, dtype=np.uint32), 4))
+    assert e.value.reason == "too_large" and e.value.needed_pages == 50
+    sched = Scheduler(KVCacheManager(21, PS, groups=[64]))
+    with pytest.raises(RequestRejected):
+        sched.submit(Request(1, np.arange(1, 400, dtype=np.uint32), 3))
+
+
+def test_needed_pages_of_a_request_refused_in_a_step_count_every_group() -> None:
+    sched = Scheduler(KVCacheManager(101, PS, groups=[None, None]), max_queue_wait_s=1.0)
+    sched.submit(Request(1, np.arange(1, 601, dtype=np.uint32), 100), 0.0)  # runs, fills the cache
+    sched.submit(Request(2, np.arange(5000, 5320, dtype=np.uint32), 4), 0.0)
+    plan = sched.step(0.0)
+    assert plan.rejected == [] and 2 not in plan.request_ids.tolist()
+    sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))
+    expired = [e for e in sched.step(5.0).rejected if e.request_id == 2]
+    assert [e.needed_pages for e in expired] == [2 * 21]  # held(321) on both groups, not 21

@@ -101,10 +101,10 @@ class PageModel:
     - :meth:`held`: a decoding request of ``n`` tokens (all but its last computed; :meth:`holding` for
       any count computed), exactly what the manager holds for it: ``ceil(n / ps)`` per full group and
       ``ceil(n / ps) - max(0, n - W) // ps`` per window group; :meth:`peak`, the most it holds at any
-      length up to ``n`` (``min(ceil(n / ps), (W - 1) // ps + 2)`` per window group).
+      length up to ``n`` (``min(ceil(n / ps), (W - 2) // ps + 2)`` per window group).
     - :meth:`prompt`: the most a prompt of ``n`` tokens holds while its chunks of ``chunk`` tokens are
       computed (a window group holds the chunk's pages and the window's before it until the chunk is
-      committed): at most ``(W + chunk - 2) // ps + 2`` pages per window group.
+      committed): at most ``(W + chunk - 3) // ps + 2`` pages per window group.
     - :meth:`hit`: the pages of an ``h``-token cached prefix an admission takes from the cache rather
       than allocating: all of them per full group, per window group those its window still needs
       (``h // ps - max(0, h + 1 - W) // ps``).
@@ -118,8 +118,10 @@ class PageModel:
         self.full = sum(1 for w in windows if w is None)
         self.windows = [int(w) for w in windows if w is not None]
         self.plain = self.full == 1 and not self.windows
-        self.caps = [(w - 1) // ps + 2 for w in self.windows]
-        self.chunk_caps = [(w + chunk - 2) // ps + 2 for w in self.windows]
+        # The most a window group holds: at a token's step, from the page of the window's first key
+        # to the token's page (decode), or to the chunk's last page (prefill): exact bounds.
+        self.caps = [(w - 2) // ps + 2 for w in self.windows]
+        self.chunk_caps = [(w + chunk - 3) // ps + 2 for w in self.windows]
 
     def held(self, n: int) -> int:
         return self.holding(n, n - 1)

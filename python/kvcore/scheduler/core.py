@@ -511,7 +511,7 @@ class Scheduler:
         plen = request.prompt_len
         if request.window is not None and self._may_truncate():
             plen = min(plen, request.window)  # truncation may bring it under the cache's size
-        pages = self._pages.held(plen + 1)  # the prompt and its first generated token
+        pages = self._alone_pages(plen)
         self._stats.num_submitted += 1
         if pages > self.usable_pages:
             msg = f"needs {pages} pages, the cache has {self.usable_pages}"
@@ -1096,7 +1096,7 @@ class Scheduler:
         for r in stale:
             del self._reqs[r.rid]
             r.state = _DONE
-            pages = -(-(len(r.tokens) + 1) // self.page_size)
+            pages = self._alone_pages(len(r.tokens))
             try:
                 self._reject(r.rid, "timeout", self._retry_after(), pages, now, f"waited over {limit} s")
             except RequestRejected as e:
@@ -1435,7 +1435,7 @@ class Scheduler:
         self._take_waiting(r)
         del self._reqs[r.rid]
         r.state = _DONE
-        pages = -(-(len(r.tokens) + 1) // self.page_size)
+        pages = self._alone_pages(len(r.tokens))
         try:
             self._reject(r.rid, reason, None, pages, now, msg)
         except RequestRejected as e:
@@ -1455,6 +1455,12 @@ class Scheduler:
             s.hit_tokens -= lost
         r.computed = hit
         r.committed_pages = hit // self.page_size
+
+    def _alone_pages(self, n: int) -> int:
+        """The most a request with an ``n``-token prompt holds alone up to its first generated token:
+        its prompt's chunks as they are computed, or the prompt and that token, whichever holds more
+        (the same in every group for a plain cache: ``ceil((n + 1) / page_size)``)."""
+        return max(self._pages.prompt(n), self._pages.held(n + 1))
 
     def _quota_misfit(self, ns: str | None, pages: int) -> str | None:
         """Why a request of tenant ``ns`` that holds ``pages`` pages with its first generated token can
