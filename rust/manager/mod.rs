@@ -1061,7 +1061,7 @@ impl KVCacheManager {
         seq.node = ins.node;
         seq.num_inserted_pages = full;
         seq.lock_pages = full;
-        if ins.num_existing_pages > 0 && seq.bounds.is_none() {
+        if ins.num_existing_pages > 0 {
             seq.copies.push((done, done + ins.num_existing_pages));
         }
         let priority = seq.priority;

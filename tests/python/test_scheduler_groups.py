@@ -238,3 +238,46 @@ def test_needed_pages_of_a_request_refused_in_a_step_count_every_group() -> None
     sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))
     expired = [e for e in sched.step(5.0).rejected if e.request_id == 2]
     assert [e.needed_pages for e in expired] == [2 * 21]  # held(321) on both groups, not 21
+
+
+@pytest.mark.parametrize("groups", [[None, 10], [None, 10, 33], [None, None, 10]])
+def test_a_recomputed_cached_prefix_holds_no_second_copy(groups: list[int | None]) -> None:
+    """A prefix whose window pages were evicted is recomputed (hit 0): once computed, the tree takes
+    the sequence's full-group pages and frees its own, so the sequence holds what the model says
+    (the tree's copies stayed locked beside the sequence's for its whole life: a lone request the
+    model said fit ended with ``capacity``)."""
+    m = KVCacheManager(301, 1, groups=groups)
+    pages = PageModel(groups, 1, 8)
+    prefix = np.arange(1, 51, dtype=np.int32)
+    m.add_sequence(1, prefix, cache_prompt=False)
+    m.commit(1, 50)
+    m.free_sequence(1)
+    m.evict(60)  # the window pages go first: the full group's prefix stays, unusable alone
+    prompt = np.concatenate([prefix, np.arange(500, 530, dtype=np.int32)])
+    assert m.add_sequence(2, prompt, cache_prompt=False, reserve=8) == 0
+    done = 8
+    while done < len(prompt):
+        m.commit(2, done)
+        n = min(8, len(prompt) - done)
+        assert m.reserve(2, n)
+        done += n
+    m.commit(2, len(prompt))
+    for t in range(len(prompt), len(prompt) + 28):
+        assert m.append(2, [t])
+        assert m.stats().num_pages_in_use == pages.held(t + 1), t
+    m._check_invariants()
+    if groups != [None, 10]:
+        return
+    sched = Scheduler(KVCacheManager(121, 1, groups=groups), long_prefill_token_threshold=8)
+    cache = sched.cache
+    cache.add_sequence(1, prefix, cache_prompt=False)
+    cache.commit(1, 50)
+    cache.free_sequence(1)
+    cache.evict(60)
+    sched.submit(Request(2, prompt.astype(np.uint32), max_new_tokens=28))
+    t = 0
+    while sched.has_work():
+        plan = sched.step(t)
+        sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))
+        t += 1
+    assert sched.stats().finished_by_reason == {"length": 1}
