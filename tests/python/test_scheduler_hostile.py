@@ -778,3 +778,35 @@ def test_has_work_until_the_endings_of_a_step_that_raised_are_reported() -> None
     assert sched.has_work()  # request 2's refusal is still to be reported
     assert [(e.request_id, e.reason) for e in sched.step(6.0).rejected] == [(2, "timeout")]
     assert not sched.has_work()
+
+
+def test_bad_ids_times_plans_and_signals_are_kvcore_errors_and_change_nothing() -> None:
+    sched = Scheduler(kvcore.KVCacheManager(65, 16))
+    sched.submit(Request(1, np.arange(1, 40, dtype=np.uint32), max_new_tokens=4))
+    for bad_time in (10**400, -(10**400), float("nan"), "1", None):
+        with pytest.raises(InvalidArgumentError, match="finite number of seconds"):
+            sched.step(bad_time)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="finite number of seconds"):
+            sched.submit(Request(2, np.arange(1, 9, dtype=np.uint32), 1), bad_time)  # type: ignore[arg-type]
+    for bad_id in ([1], 1.0, "1", None, True):
+        with pytest.raises(InvalidArgumentError, match="request_id must be an integer"):
+            sched.request_tokens(bad_id)  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="request_id must be an integer"):
+            sched.num_generated(bad_id)  # type: ignore[arg-type]
+    assert sched.request_tokens(np.int64(1)) == list(range(1, 40))
+    with pytest.raises(UnknownSequenceError):
+        sched.num_generated(7)
+    plan = sched.step(0.0)
+    for bad_plan in (None, {}, plan.request_ids):
+        with pytest.raises(InvalidArgumentError, match="update takes the StepPlan"):
+            sched.update(bad_plan, {})  # type: ignore[arg-type]
+    sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))  # the plan is still recordable
+    assert sched.num_generated(1) == 1
+    assert 2 not in {int(r) for r in plan.request_ids}  # no bad submit queued anything
+    controller = PressureController()
+    ok = Signals(usage=0.5, failed_reservations=0, queue_wait_p95_s=0.0)
+    for args in (("x", 1), (ok, "1"), (ok, -1), (ok, 1, 10**400), (ok, 1, None)):
+        with pytest.raises(InvalidArgumentError):
+            controller.observe(*args)  # type: ignore[arg-type]
+    assert controller.level == 0
+    controller.observe(ok, np.int64(3), 1.0)

@@ -731,6 +731,8 @@ class Scheduler:
         array is the fast path). Requests that reach ``max_new_tokens`` or a stop token finish here;
         returns ``(request_id, reason)`` of those. Only the latest plan is recorded, once: an update of
         any other plan (or of this one again) checks its tokens and changes nothing."""
+        if not isinstance(plan, StepPlan):
+            raise InvalidArgumentError(f"update takes the StepPlan of step(), got {type(plan).__name__}")
         m, ps = self.cache, self.page_size
         num_sampled = int(np.count_nonzero(plan.sample))
         if isinstance(new_tokens, np.ndarray):  # the fast path: an engine's argmax, in row order
@@ -988,15 +990,19 @@ class Scheduler:
 
     def request_tokens(self, request_id: int) -> list[int]:
         """The request's tokens so far: its (possibly truncated) prompt and its generated tokens."""
-        r = self._reqs.get(request_id)
+        return list(self._live(request_id).tokens)
+
+    def _live(self, request_id: int) -> _Req:
+        """The live request ``request_id`` (an integer id: InvalidArgumentError otherwise)."""
+        if not is_int(request_id):
+            raise InvalidArgumentError(f"request_id must be an integer, got {request_id!r}")
+        r = self._reqs.get(int(request_id))
         if r is None:
             raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
-        return list(r.tokens)
+        return r
 
     def num_generated(self, request_id: int) -> int:
-        r = self._reqs.get(request_id)
-        if r is None:
-            raise UnknownSequenceError(f"request {request_id} is not live in this scheduler")
+        r = self._live(request_id)
         self._sync_one(r)
         return r.generated
 

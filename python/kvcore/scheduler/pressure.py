@@ -53,6 +53,13 @@ LEVELS = ("none", "shrink_batch", "evict_harder", "truncate", "refuse", "scale_o
 SIGNALS = ("usage", "failed_reservations", "queue_wait", "tier_usage")
 
 
+def _finite(x: float) -> bool:
+    try:
+        return math.isfinite(x)
+    except OverflowError:  # an int past a float's range
+        return False
+
+
 @dataclass(frozen=True)
 class Signals:
     """One step's readings."""
@@ -282,6 +289,12 @@ class PressureController:
     def observe(self, s: Signals, num_running: int, now: float = 0.0) -> PressureDecision:
         """Read one step's signals at time ``now``; returns what to apply (each track moves one level
         at most per reading)."""
+        if not isinstance(s, Signals):
+            raise InvalidArgumentError(f"observe takes a Signals, got {type(s).__name__}")
+        if isinstance(num_running, bool) or not hasattr(num_running, "__index__") or num_running < 0:
+            raise InvalidArgumentError(f"num_running must be an integer >= 0, got {num_running!r}")
+        if isinstance(now, bool) or not isinstance(now, int | float) or not _finite(now):
+            raise InvalidArgumentError(f"now must be a finite number of seconds, got {now!r}")
         c = self.config
         old = self.level
         mem = self.memory_signal(s)

@@ -212,6 +212,12 @@ class StepPlan:
 
 
 def check_time(now: float) -> float:
-    if isinstance(now, bool) or not isinstance(now, (int, float)) or not math.isfinite(now):
+    if isinstance(now, bool) or not isinstance(now, (int, float)):
         raise InvalidArgumentError(f"now must be a finite number of seconds, got {now!r}")
-    return float(now)
+    try:
+        t = float(now)  # an int past a float's range overflows here
+    except OverflowError:
+        t = math.inf
+    if not math.isfinite(t):
+        raise InvalidArgumentError(f"now must be a finite number of seconds, got {now!r}")
+    return t
