@@ -855,9 +855,9 @@ def test_random_interrupts_of_cluster_calls_leave_no_job_running_and_no_hang(
         for i in range(150):
             fresh = meta(n, seed=1000 + i)
             armed[0] = True
-            signal.setitimer(signal.ITIMER_REAL, float(rnd.uniform(0.00005, 0.003)))
             try:
-                try:
+                try:  # armed inside: a signal that lands as setitimer returns is caught below too
+                    signal.setitimer(signal.ITIMER_REAL, float(rnd.uniform(0.00005, 0.003)))
                     if i % 2:
                         tier.store(pool, rng_i32(n, 1), rng_i32(n), **fresh)
                     else:
