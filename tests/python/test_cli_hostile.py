@@ -12,9 +12,13 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from kv_helpers import llama_like
 
@@ -23,6 +27,7 @@ import kvcore.demo
 import kvcore.replay.engine
 from kvcore.exceptions import KVCoreError, TraceFormatError
 from kvcore.replay import ReplayConfig, read_trace, run_replay
+from kvcore.replay.trace import write_trace
 
 LLAMA = llama_like()
 ROW = {"timestamp": 0, "input_length": 20, "output_length": 4, "hash_ids": [1, 2]}
@@ -433,3 +438,168 @@ def test_subprocess_capacity_beyond_memory_is_one_line(tmp_path: Path) -> None:
     proc = run_kvcore([*argv, "--out", str(tmp_path)], tmp_path, limit_bytes=2 << 30)
     assert proc.returncode == 2, proc.stderr
     one_line(proc.stderr, "out of memory", "cannot allocate")
+
+
+# ---- FIFOs, empty values, --out and --instances (replay) -------------------------------------------
+
+
+def _in_thread(func: Callable[[], Any], timeout_s: float = 60.0) -> Any:
+    """``func()`` in a daemon thread, failing the test if it has not returned within ``timeout_s`` (a
+    call that used to block forever on a FIFO)."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(func()), daemon=True)
+    thread.start()
+    thread.join(timeout_s)
+    assert not thread.is_alive(), f"still blocked after {timeout_s} s"
+    assert box, "the call raised in its thread"
+    return box[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+def test_a_trace_fifo_no_process_writes_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # open() of a FIFO for reading waits for a writer: kvcore replay FIFO hung forever.
+    fifo = tmp_path / "t.fifo"
+    os.mkfifo(fifo)
+    code = _in_thread(lambda: kvcore.cli.main(replay_argv(fifo, tmp_path)))
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    one_line(err, "t.fifo", "no requests", "FIFO")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+def test_a_trace_streamed_through_a_fifo_is_read(tmp_path: Path) -> None:
+    # A FIFO with a writer streams (kvcore replay <(zcat trace.jsonl.gz)): read as the file would be.
+    rows = [json.dumps({**ROW, "timestamp": i, "hash_ids": [1, 2 + i]}) for i in range(20)]
+    path = write_lines(tmp_path / "t.jsonl", rows)
+    fifo = tmp_path / "t.fifo"
+    os.mkfifo(fifo)
+    data = path.read_bytes()
+
+    def writer() -> None:
+        with open(fifo, "wb") as f:  # blocks until the reader opens its end
+            for k in range(0, len(data), 7):  # in pieces smaller than a line
+                f.write(data[k : k + 7])
+                f.flush()
+
+    thread = threading.Thread(target=writer, daemon=True)
+    thread.start()
+    streamed = _in_thread(lambda: read_trace(fifo, block_size=16))
+    thread.join(10)
+    expected = read_trace(path, block_size=16)
+    assert streamed.num_requests == expected.num_requests == 20
+    assert np.array_equal(streamed.hash_ids, expected.hash_ids)
+    assert np.array_equal(streamed.timestamps_ms, expected.timestamps_ms)
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+def test_save_trace_to_a_fifo_no_process_reads_is_refused_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # open(FIFO, "w") waits for a reader: --save-trace FIFO hung forever before the replay began.
+    fifo = tmp_path / "w.fifo"
+    os.mkfifo(fifo)
+    argv = ["replay", "--requests", "5", "--save-trace", str(fifo), "--no-plot", "--out", str(tmp_path)]
+    code = _in_thread(lambda: kvcore.cli.main(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, (out, err)
+    one_line(err, "w.fifo", "no process reads")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+def test_save_trace_streams_to_a_fifo_with_a_reader(tmp_path: Path) -> None:
+    fifo = tmp_path / "w.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+
+    def reader() -> None:
+        with open(fifo, "rb") as f:  # blocks until the writer opens its end
+            got.append(f.read())
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    time.sleep(0.2)  # the reader is waiting in open()
+    trace = read_trace(write_lines(tmp_path / "t.jsonl", [json.dumps(ROW)] * 3), block_size=16)
+    _in_thread(lambda: write_trace(trace, fifo))
+    thread.join(10)
+    (tmp_path / "back.jsonl").write_bytes(got[0])
+    back = read_trace(tmp_path / "back.jsonl", block_size=16)
+    assert back.num_requests == 3 and np.array_equal(back.hash_ids, trace.hash_ids)
+
+
+def test_a_trace_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
+    # A config's BOM was skipped, a trace's refused as "not valid JSON" on line 1.
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + (json.dumps(ROW) + "\n").encode() * 2)
+    trace = read_trace(path, block_size=16)
+    assert trace.num_requests == 2 and trace.hash_ids.tolist() == [1, 2, 1, 2]
+
+
+@pytest.mark.parametrize(
+    ("flag", "needle"),
+    [
+        ("--capacity-tokens", "--capacity-tokens"),
+        ("--capacity-bytes", "--capacity-bytes"),
+        ("--sweep-tokens", "--sweep-tokens"),
+        ("--save-trace", "No such file"),
+        ("--weight-bytes", "--weight-bytes"),
+        ("--params", "--params"),
+    ],
+)
+def test_an_empty_value_is_refused_not_ignored(
+    flag: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # `if args.capacity_tokens:` read --capacity-tokens= as "not given": the replay ran at the default
+    # capacity, exit 0.
+    argv = ["replay", "--requests", "5", f"{flag}=", "--no-plot", "--out", str(tmp_path)]
+    if flag in ("--weight-bytes", "--params"):
+        argv += ["--model", "llama-3.1-8b", "--gpu", "H100-80G"]
+    refused(argv, capsys, needle)
+
+
+@pytest.mark.parametrize("kind", ["file", "file_parent", "dangling_link"])
+def test_a_bad_out_is_refused_before_the_replay_runs(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # --out naming a file was found by mkdir after the whole replay (minutes on a real trace), whose
+    # results were then lost.
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    out = {"file": afile, "file_parent": afile / "sub", "dangling_link": tmp_path / "link"}[kind]
+    if kind == "dangling_link":
+        out.symlink_to(tmp_path / "nowhere")
+    ran: list[object] = []
+    monkeypatch.setattr(kvcore.replay.engine, "run_replay", lambda *a, **k: ran.append(a))
+    for extra in ([], ["--pressure", "none", "--load", "1"], ["--instances", "2"]):
+        argv = ["replay", "--requests", "5", *extra, "--no-plot", "--out", str(out)]
+        refused(argv, capsys, "--out", "not a directory")
+    assert not ran
+
+
+def test_an_out_in_a_new_directory_is_created(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "a" / "b"
+    code, _, err = cli(
+        ["replay", "--requests", "5", "--policy", "lru", "--no-plot", "--out", str(out)], capsys
+    )
+    assert code == 0, err
+    assert (out / "report.json").is_file()
+
+
+def test_more_instances_than_requests_are_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW)] * 5)
+    refused(replay_argv(trace, tmp_path, "--instances", "6"), capsys, "--instances", "6", "5 requests")
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS is enforced on Linux")
+def test_instances_hold_memory_by_the_trace_not_by_the_index_cap(tmp_path: Path) -> None:
+    # Each instance's remote index was 4 M slots whatever the trace: --instances 100 on a five-line trace
+    # held 8.6 GB. It is now the pages the trace can store: 40 instances of 40 short requests fit 1 GiB.
+    trace = write_lines(
+        tmp_path / "t.jsonl", [json.dumps({**ROW, "hash_ids": [1, 2 + i]}) for i in range(40)]
+    )
+    argv = replay_argv(trace, tmp_path, "--instances", "40", "--json")
+    proc = run_kvcore(argv, tmp_path, limit_bytes=1 << 30)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["num_instances"] == 40

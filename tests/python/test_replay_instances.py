@@ -367,7 +367,9 @@ def test_cli_json_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str], mod
         2048,  # the default: a 32k-token prompt in one lookup
     )
     assert [t["name"] for t in s["lower_tiers"]] == ["host", "remote"]
-    assert s["lower_tiers"][1] == {"name": "remote", "num_slots": 1 << 22, "bandwidth_gbps": 1.0}
+    # The default index: the pages the trace's prompts and answers fill (pages of 4 tokens), not 4 M.
+    trace_pages = sum(-(-(r["input_length"] + r["output_length"]) // 4) for r in ROWS)
+    assert s["lower_tiers"][1] == {"name": "remote", "num_slots": trace_pages, "bandwidth_gbps": 1.0}
     for part in ("with_remote", "without_remote"):
         t = doc[part]
         for key in (

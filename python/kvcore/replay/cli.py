@@ -13,6 +13,7 @@ and :func:`kvcore.cli.main` prints them.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +28,10 @@ if TYPE_CHECKING:
 __all__ = ["register"]
 
 _DEFAULT_OUT = "kvcore-replay"
-_REMOTE_INDEX_PAGES = 1 << 22  # the remote index of each instance: 64 M tokens of 16-token pages
+# The remote index of each instance: the pages the trace can store (its prompts' and answers' pages),
+# at most 64 M tokens of 16-token pages. Sized to the trace, not to the cap: each slot costs 16 bytes an
+# instance, so a fixed 4 M slots made --instances 100 hold 8.6 GB for a five-line trace.
+_REMOTE_INDEX_PAGES = 1 << 22
 # Options that only some replays use have no argparse default, so that one given where it has no
 # effect is an error naming it (a flag silently ignored reads as a measured setting); these fill in
 # the rest. They are ReplayConfig's, PressureReplayConfig's, WorkloadConfig's and sizing's defaults.
@@ -173,7 +177,8 @@ def register(subparsers: Any) -> None:
         "--remote-index-pages",
         type=int_arg(1),
         metavar="N",
-        help=f"remote pages each instance's index may know (default {_REMOTE_INDEX_PAGES:,})",
+        help="remote pages each instance's index may know (default: the pages the trace's prompts and "
+        f"answers fill, at most {_REMOTE_INDEX_PAGES:,})",
     )
     shared.add_argument(
         "--remote-lookup-keys",
@@ -283,8 +288,41 @@ def _tier_settings(args: argparse.Namespace) -> tuple[tuple[str, Any], ...]:
     )
 
 
-def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: int | None) -> dict[str, Any]:
-    """ReplayConfig's lower-tier fields from the flags (none when no tier is given).
+def _out_dir(text: str) -> Path:
+    """``--out`` as a path, checked before any replay runs (a replay of minutes then never ends in
+    "File exists"): the path, or its nearest existing parent, must be a directory this process can
+    write in. Created later, when the reports are written.
+
+    Raises:
+        ConfigError: a path that is a file (or a link to nothing), or a directory that cannot be
+            written in.
+    """
+    from kvcore.exceptions import ConfigError
+
+    path = Path(text)
+    try:
+        probe = path.absolute()
+        while not os.path.lexists(probe) and probe != probe.parent:
+            probe = probe.parent
+        if not probe.is_dir():
+            raise ConfigError(f"--out: {str(probe)!r} exists and is not a directory")
+        if not os.access(probe, os.W_OK | os.X_OK):
+            raise ConfigError(f"--out: cannot write in {str(probe)!r} (permission denied)")
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"--out: {text!r:.200}: {getattr(exc, 'strerror', None) or exc}") from None
+    return path
+
+
+def _trace_pages(trace: Trace, page_size: int) -> int:
+    """Pages the trace's prompts and answers fill, all requests together: no run stores more."""
+    return int((-(-(trace.input_lens + trace.output_lens) // page_size)).sum())
+
+
+def _tier_options(
+    args: argparse.Namespace, page_size: int, model_page_bytes: int | None, trace_pages: int
+) -> dict[str, Any]:
+    """ReplayConfig's lower-tier fields from the flags (none when no tier is given); ``trace_pages``
+    bounds the default remote index (the pages the trace can ever store).
 
     Raises:
         ConfigError: a tier under one page, a bad size, or a tier flag without a tier.
@@ -304,7 +342,7 @@ def _tier_options(args: argparse.Namespace, page_size: int, model_page_bytes: in
             raise ConfigError(f"{flag}: {text!r} is less than one page of {page_size} tokens")
         out[f"{name}_tier_slots"] = slots
     if _shared(args):
-        out["remote_index_slots"] = args.remote_index_pages or _REMOTE_INDEX_PAGES
+        out["remote_index_slots"] = args.remote_index_pages or max(1, min(trace_pages, _REMOTE_INDEX_PAGES))
     given = [flag for flag, value in _tier_settings(args) if value is not None]
     if not out:
         if given:
@@ -402,14 +440,20 @@ def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
     capacity = resolve_capacity(
         page_size=args.page_size,
         capacity_pages=args.capacity_pages,
-        capacity_tokens=_tokens(args.capacity_tokens, "--capacity-tokens") if args.capacity_tokens else None,
-        capacity_bytes=parse_bytes(args.capacity_bytes, "--capacity-bytes") if args.capacity_bytes else None,
+        capacity_tokens=(
+            _tokens(args.capacity_tokens, "--capacity-tokens") if args.capacity_tokens is not None else None
+        ),
+        capacity_bytes=(
+            parse_bytes(args.capacity_bytes, "--capacity-bytes") if args.capacity_bytes is not None else None
+        ),
         model=args.model,
         gpu=args.gpu,
         kv_dtype=args.kv_dtype,
         tp=args.tp,
-        weight_bytes=parse_bytes(args.weight_bytes, "--weight-bytes") if args.weight_bytes else None,
-        num_params=parse_count(args.params, "--params") if args.params else None,
+        weight_bytes=parse_bytes(args.weight_bytes, "--weight-bytes")
+        if args.weight_bytes is not None
+        else None,
+        num_params=parse_count(args.params, "--params") if args.params is not None else None,
     )
     return trace, capacity
 
@@ -422,6 +466,7 @@ def _run(args: argparse.Namespace) -> int:
     from kvcore.replay.trace import write_trace
 
     _fill_defaults(args)
+    _out_dir(args.out)
     shared = _shared(args)
     if args.pressure is not None:
         return _run_pressure(args)
@@ -435,13 +480,18 @@ def _run(args: argparse.Namespace) -> int:
         raise ConfigError(f"--policy: expected some of {', '.join(POLICIES)}, got {text!r}")
     if shared and len(policies) > 1:
         raise ConfigError(f"--instances replays one policy: give one of {', '.join(POLICIES)} to --policy")
-    if shared and (args.sweep or args.sweep_tokens):
+    if shared and (args.sweep or args.sweep_tokens is not None):
         raise ConfigError("--instances and --sweep cannot be combined: sweep one instance")
     if args.remote is not None:  # before the trace is read: a bad scheme costs nothing
         from kvcore.replay.shared import check_store
 
         check_store(args.remote)
     trace, capacity = _trace_and_capacity(args)
+    if args.instances is not None and args.instances > trace.num_requests:
+        raise ConfigError(
+            f"--instances: {args.instances:,} instances for {trace.num_requests:,} requests: "
+            "some would replay nothing"
+        )
     mode = args.mode or ("timed" if trace.timestamps_ms is not None else "sequential")
     if mode == "timed" and trace.timestamps_ms is None:
         raise ConfigError("--mode timed needs a trace with timestamps")
@@ -461,14 +511,16 @@ def _run(args: argparse.Namespace) -> int:
         decode_rate=args.decode_rate,
         **({"decode_chunk": args.decode_chunk} if args.decode_chunk is not None else {}),
         max_queue_wait_s=args.max_queue_wait,
-        **_tier_options(args, capacity.page_size, capacity.page_bytes),
+        **_tier_options(
+            args, capacity.page_size, capacity.page_bytes, _trace_pages(trace, capacity.page_size)
+        ),
     )
     if shared:
-        if args.save_trace:
+        if args.save_trace is not None:
             write_trace(trace, args.save_trace)
         return _run_instances(args, trace, config, capacity)
     sweep_pages: list[int] = []
-    if args.sweep_tokens:
+    if args.sweep_tokens is not None:
         for item in args.sweep_tokens.split(","):
             pages = _tokens(item.strip(), "--sweep-tokens") // capacity.page_size
             if pages < 1:
@@ -478,7 +530,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.sweep:
         sweep_pages = default_sweep_pages(trace, capacity.pages, capacity.page_size)
     out_dir = Path(args.out)
-    if args.save_trace:
+    if args.save_trace is not None:
         write_trace(trace, args.save_trace)
     report = run_replay(
         trace, config, policies=policies, capacity=capacity, sweep_pages=sweep_pages, progress=args.progress
@@ -600,7 +652,7 @@ def _run_pressure(args: argparse.Namespace) -> int:
         max_queue_wait_s=args.max_queue_wait,
         ttft_target_s=args.ttft_target,
     )
-    if args.save_trace:
+    if args.save_trace is not None:
         write_trace(trace, args.save_trace)
     src = TokenSource(trace)
     results = [

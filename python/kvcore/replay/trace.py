@@ -30,13 +30,16 @@ Every malformed line raises :class:`~kvcore.exceptions.TraceFormatError` naming 
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import math
 import os
+import stat
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import numpy.typing as npt
@@ -247,6 +250,35 @@ def _timestamp(stamp: object, at: _Line) -> float:
     raise at.fail("timestamp", f"expected a number of ms >= 0 (and finite), got {show(stamp)}")
 
 
+def _open_stream(path: str | os.PathLike[str], *, write: bool) -> tuple[IO[bytes], bool]:
+    """``path`` opened for reading, or for writing (created or truncated), and whether it is a FIFO.
+
+    A FIFO streams (``kvcore replay <(zcat t.jsonl.gz)``, ``--save-trace >(gzip > t.gz)``), but is never
+    waited on: opened non-blocking, so one with no process at the other end does not hang the call. Read
+    from, it then gives end of file at once (no requests); written to, it is refused (``ENXIO``). Then
+    the descriptor blocks again, as a file's.
+
+    Raises:
+        OSError: the path cannot be opened, is a directory, or is a FIFO no process reads.
+    """
+    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
+    try:
+        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o666)
+    except OSError as exc:
+        if write and exc.errno == errno.ENXIO:
+            raise OSError(errno.ENXIO, "a FIFO that no process reads", os.fspath(path)) from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a trace file", os.fspath(path))
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "wb" if write else "rb"), stat.S_ISFIFO(mode)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_trace(
     path: str | os.PathLike[str],
     *,
@@ -281,12 +313,15 @@ def read_trace(
     has_prio = has_out = False
     first_line = 0
     # Binary lines: a line that is not UTF-8 is an error of that line, not of the whole file.
-    with open(path, "rb") as f:
+    f, fifo = _open_stream(path, write=False)
+    with f:
         while limit is None or len(inputs) < limit:
             raw = f.readline(MAX_LINE_BYTES + 1)
             if not raw:
                 break
             at.no += 1
+            if at.no == 1:  # a UTF-8 byte-order mark (some Windows editors write one) is not JSON
+                raw = raw.removeprefix(b"\xef\xbb\xbf")
             if len(raw) > MAX_LINE_BYTES:
                 raise at.fail(None, f"longer than {MAX_LINE_BYTES:,} bytes")
             if not raw.strip():
@@ -329,7 +364,8 @@ def read_trace(
             inputs.append(n_in)
             outputs.append(n_out)
     if not inputs:
-        raise TraceFormatError(f"{at.path}: no requests")
+        hint = " (a FIFO that no process writes?)" if fifo else ""
+        raise TraceFormatError(f"{at.path}: no requests{hint}")
     if has_out:
         for k, (count, n_out) in enumerate(zip(out_counts, outputs, strict=True)):
             if count != -(-n_out // block_size):
@@ -371,7 +407,8 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     indptr = trace.hash_indptr.tolist()
     out_ids = trace.output_ids.tolist() if trace.output_ids is not None else None
     out_indptr = trace.output_indptr.tolist() if trace.output_indptr is not None else None
-    with open(path, "w", encoding="utf-8") as f:
+    raw, _ = _open_stream(path, write=True)
+    with io.TextIOWrapper(raw, encoding="utf-8") as f:
         for i in range(trace.num_requests):
             row: dict[str, Any] = {}
             if trace.timestamps_ms is not None:
