@@ -197,3 +197,41 @@ def test_exists_follows_a_moved_reply_once(cluster: RedisClusterServers, tier: R
     assert s["lookup_failed"] == before["lookup_failed"]
     absent = np.random.default_rng(10).integers(0, 256, size=(2, 16), dtype=np.uint8)
     assert tier.exists(np.concatenate([keys[:1], absent, keys[1:]])) == 1  # absent keys stay absent
+
+
+@pytest.mark.parametrize("ttl_ms", [None, 60_000])
+def test_an_8bit_page_stored_again_through_ask_is_stored(
+    cluster: RedisClusterServers, ttl_ms: int | None
+) -> None:
+    """An fp8/int8 store is SET, [PEXPIRE,] GETRANGE per page; an ASK retry put ASKING before the SET
+    only, so the target answered the GETRANGE with MOVED and a page already there under this pool's
+    own scales was reported store_failed_scales (the manager then dropped a page the server holds)."""
+    pool = KVPool(num_pages=16, kv_dtype="fp8", layout="HND", num_layers=2, num_kv_heads=2, head_dim=8,
+                  page_size=4)  # fmt: skip
+    raw = np.random.default_rng(0).integers(0, 256, size=pool.data.nbytes, dtype=np.uint8)
+    pool.data.view(np.uint8).reshape(-1)[:] = raw
+    prefix = f"ask8-{ttl_ms}"
+    tier = RedisTier(cluster.addresses, pool, timeout_s=TIMEOUT, prefix=prefix, ttl_ms=ttl_ms)
+    assert tier.exists(np.zeros((1, 16), dtype=np.uint8)) == 0  # reads the slot map
+    slot, keys = keys_of_one_slot(tier, 3, seed=4)
+    assert store(tier, pool, [1, 2], keys[:2]).all()
+    mig = Migration(cluster, tier, slot)
+    mig.move(keys[:2])  # both on the target now: the source answers ASK
+    before = tier.stats()
+    assert store(tier, pool, [1, 2, 3], keys).tolist() == [True] * 3  # two there, one new (target)
+    s = tier.stats()
+    delta = {k: s[k] - before[k] for k in s}
+    assert delta["store_failed"] == delta["store_failed_scales"] == 0
+    assert delta["store_exists"] == 2 and delta["asks"] == 3
+    assert (mig.count(mig.src), mig.count(mig.dst)) == (0, 3)
+    if ttl_ms is not None:  # the PEXPIRE after ASKING reached the target too
+        with mig.dst.client() as r:
+            pipe = r.pipeline(transaction=False)  # ASKING holds for the next command
+            for k in keys:
+                pipe.execute_command("ASKING")
+                pipe.execute_command("PTTL", tier.redis_key(k).decode())
+            ttls = pipe.execute()[1::2]
+        assert all(ttl_ms - 10_000 < t <= ttl_ms for t in ttls), ttls
+    assert load(tier, pool, [9, 10, 11], keys).all()
+    mig.finish(keys[:0])
+    tier.close()

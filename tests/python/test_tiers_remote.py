@@ -202,6 +202,40 @@ def test_store_nx_keeps_the_first_value(tier_factory: Any) -> None:
     assert s["stores"] == 4 and s["store_exists"] == 2 and s["store_failed"] == 0
 
 
+def test_a_store_that_finds_the_value_there_sets_its_ttl(tier_factory: Any) -> None:
+    """SET NX PX sets the expiry only where it writes: a store finding another instance's value there
+    reported it stored and left its older expiry (the page then vanished before this instance's TTL)."""
+    pool = make_pool()
+    m = meta(1)
+    first = tier_factory(pool, ttl_ms=60_000)
+    second = tier_factory(pool, ttl_ms=60_000)
+    assert first.store(pool, i32(1), i32(0), **m).all()
+    name = first.redis_key(m["keys"][0])
+    with_client(first, lambda r: r.pexpire(name, 2_000))  # as if stored 58 s ago
+    assert second.store(pool, i32(1), i32(0), **m).all()
+    assert second.stats()["store_exists"] == 1
+    assert 50_000 < with_client(second, lambda r: r.pttl(name)) <= 60_000
+
+
+def test_an_acl_user_that_may_not_name_its_connection_is_served(private_redis: Any) -> None:
+    """The hand-shake's CLIENT SETNAME only labels the connection: a least-privilege ACL user (no
+    +client) could never connect (every call failed, the server went into back-off)."""
+    assert private_redis.cli("ACL", "SETUSER", "kv", "on", ">pw", "~acl:*", "+@read", "+@write") == "OK"
+    pool = make_pool()
+    tier = RedisTier(f"redis://kv:pw@{private_redis.address}", pool, prefix="acl", ttl_ms=60_000)
+    m = meta(3)
+    assert tier.store(pool, i32(1, 2, 3), i32(0, 1, 2), **m).all()
+    assert tier.exists(m["keys"]) == 3
+    assert tier.load(pool, i32(0, 1, 2), i32(4, 5, 6), m["keys"]).all()
+    assert np.array_equal(page_bytes(pool, 4), page_bytes(pool, 1))
+    assert tier.stats()["connection_errors"] == 0
+    tier.close()
+    wrong = RedisTier(f"redis://kv:nope@{private_redis.address}", pool, prefix="acl")
+    assert not wrong.store(pool, i32(1), i32(0), **meta(1)).any()  # a refused AUTH still fails
+    assert "WRONGPASS" in (wrong.last_error or "")
+    wrong.close()
+
+
 def test_ttl_is_set_by_stores_and_renewed_by_loads(tier_factory: Any) -> None:
     pool = make_pool()
     m = meta(2)
@@ -376,6 +410,15 @@ def test_caller_mistakes_raise_before_anything_is_sent(tier_factory: Any) -> Non
         tier.store(pool, i32(1, 2), i32(0, 0), **meta(2))  # one slot twice
     with pytest.raises(InvalidArgumentError):
         tier.store(make_pool("fp16"), i32(1), i32(0), **meta(1))
+    for runs in (5, None, "keys"):  # builtin TypeErrors before
+        with pytest.raises(InvalidDTypeError):
+            tier.exists_runs(runs)
+    for key in (16, "abcdefghijklmnop", np.zeros(16, dtype=np.int64)):  # 16: sixteen zero bytes before
+        with pytest.raises(InvalidDTypeError):
+            tier.redis_key(key)
+    with pytest.raises(InvalidArgumentError):
+        tier.redis_key(b"short")
+    assert tier.redis_key(bytes(range(16))) == tier.redis_key(np.arange(16, dtype=np.uint8))
     assert nonzero(tier.stats()) == {}
 
 
@@ -406,7 +449,10 @@ def test_bad_urls_are_config_errors(url: Any) -> None:
         {"prefix": ""},
         {"timeout_s": 0},
         {"timeout_s": float("nan")},
+        {"timeout_s": 1e10},  # accepted, then every call raised OverflowError (time_t)
+        {"timeout_s": 10**400},
         {"ttl_ms": 0},
+        {"ttl_ms": 2**63},  # accepted, then every store failed ("value is not an integer")
         {"down_after": 0},
         {"max_lookup_keys": 0},
         {"backoff_s": -1},
@@ -756,7 +802,7 @@ def test_an_interrupted_cluster_exists_leaves_no_node_with_stale_replies(
     a, b = m["keys"][:n], m["keys"][n:]
     assert tier.exists(a) == n  # every node's lookup connection is made
     assert len(tier._nodes) == 3 and all(nd.lookup.sock is not None for nd in tier._nodes)
-    interrupt_once(monkeypatch, "_recv_into")
+    interrupt_once(monkeypatch, "gather")  # where a lookup of several nodes takes its replies in
     with pytest.raises(KeyboardInterrupt):
         tier.exists(a)
     assert all(nd.lookup.sock is None for nd in tier._nodes)
@@ -1111,7 +1157,8 @@ def _read_command(f: Any) -> list[bytes] | None:
 class FakeServer:
     """A RESP server on 127.0.0.1 (an ephemeral port) that answers each command with
     ``reply(args)`` (bytes; None closes the connection), CLIENT SETNAME with +OK. It counts the
-    connections it accepted and those still open."""
+    connections it accepted and those still open. ``trickle_s``: send replies one byte at a time, this
+    long apart."""
 
     def __init__(self, reply: Any) -> None:
         self.reply = reply
@@ -1121,6 +1168,7 @@ class FakeServer:
         self.accepted = 0
         self.open = 0
         self.commands: list[list[bytes]] = []
+        self.trickle_s = 0.0
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -1146,7 +1194,12 @@ class FakeServer:
                     out = b"+OK\r\n" if args[0].upper() == b"CLIENT" else self.reply(args)
                     if out is None:
                         break
-                    c.sendall(out)
+                    if self.trickle_s and args[0].upper() != b"CLIENT":
+                        for k in range(len(out)):
+                            c.sendall(out[k : k + 1])
+                            time.sleep(self.trickle_s)
+                    else:
+                        c.sendall(out)
         except (OSError, ValueError):
             pass
         finally:
@@ -1215,6 +1268,37 @@ def test_a_plain_server_never_follows_moved(fake_server: Any) -> None:
     s = tier.stats()
     assert (s["store_failed_other"], s["load_failed_other"], s["moved"]) == (3 * n, 3 * n, 3 * (3 * n))
     assert s["nodes"] == 1 and len(tier._nodes) == 1 and elsewhere.accepted == 0
+    tier.close()
+
+
+def test_a_node_trickling_its_lookup_reply_does_not_hold_up_the_others(fake_server: Any) -> None:
+    """exists_runs reads every node's replies in one thread: a node sending one byte per 0.9 x
+    timeout_s was read waiting until the call's deadline, and the healthy node's reply, waiting in
+    the kernel all along, was then cut off: its keys counted absent, its connection closed."""
+    state: dict[str, Any] = {}
+
+    def answer(args: list[bytes]) -> bytes:
+        if args[0].upper() == b"CLUSTER":
+            return slots_reply(state["table"])
+        return b":1\r\n" if args[0].upper() == b"EXISTS" else b"+OK\r\n"
+
+    a, b = fake_server(answer), fake_server(answer)
+    state["table"] = [(0, 8191, a.port), (8192, 16383, b.port)]
+    timeout = 0.3
+    tier = RedisTier([a.address], make_pool(), timeout_s=timeout, down_after=100)
+    cand = np.random.default_rng(1).integers(0, 256, size=(400, 16), dtype=np.uint8)
+    slot = np.array([remote_mod._key_slot(tier.redis_key(k)) for k in cand])
+    ka, kb = cand[slot < 8192][:1], cand[slot >= 8192][:1]
+    assert tier.exists(ka) == 1 and tier.exists(kb) == 1  # both connected, kept
+    b.trickle_s = 0.9 * timeout
+    for _ in range(3):
+        found, dt = timed(tier.exists_runs, [ka, kb])
+        assert found == [1, 0] and dt < 2 * timeout + SLACK
+        b.trickle_s = 0.9 * timeout  # a new connection: trickling again
+    s = tier.stats()
+    assert s["timeouts"] == 3 and s["lookup_failed"] == 3
+    b.trickle_s = 0.0
+    assert tier.exists_runs([ka, kb]) == [1, 1]
     tier.close()
 
 

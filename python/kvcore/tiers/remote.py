@@ -98,7 +98,7 @@ from typing import Any, Final, TypeVar
 
 import numpy as np
 
-from kvcore.exceptions import ConfigError, InvalidArgumentError
+from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError
 from kvcore.pool import KVPool
 from kvcore.pool.checks import index_array
 from kvcore.tiers import _batch, codec
@@ -112,6 +112,10 @@ WINDOW_BYTES = 1 << 20  # value bytes in flight per server, at least one command
 BUDGET_BYTES: Final[int] = 64 << 20  # an exchange with one server gets one more timeout_s per 64 MiB
 _READ_BUF: Final[int] = 1 << 20  # read buffer of a bulk connection (values pass through it)
 _LINE_BUF: Final[int] = 1 << 16  # read buffer of other connections (lookups, CLUSTER SLOTS)
+# The longest settings: a socket timeout past about 9e9 s overflows the platform's time_t (every call
+# then raised OverflowError), and Redis refuses a PX whose expiry overflows its millisecond clock.
+MAX_TIMEOUT_S: Final[float] = 86_400.0  # one day
+MAX_TTL_MS: Final[int] = 10**14  # about 3,000 years
 _MAX_IOV: Final[int] = 512  # buffers per sendmsg (IOV_MAX is 1024 on Linux)
 _MAX_CHUNK_PAGES: Final[int] = 1024  # pages staged at once (and as many 4 KiB headers), under 64 MiB
 _NUM_CLUSTER_SLOTS: Final[int] = 16384
@@ -364,6 +368,13 @@ def _command(*args: bytes) -> bytes:
 _ASKING: Final[bytes] = _command(b"ASKING")  # before the one command an -ASK reply sends elsewhere
 
 
+def _asking_reply(conn: _Conn, dl: _Deadline) -> None:
+    """Read ASKING's own reply: +OK, or an error (the command after it then tells the rest)."""
+    line = conn.line(dl)
+    if line[:1] not in (b"+", b"-"):
+        raise _ProtocolError(f"ASKING: unexpected reply {line[:40]!r}")
+
+
 class _Conn:
     """One RESP2 connection to one server, with a read-ahead buffer. Not thread-safe: each channel
     (bulk store/load, lookups) has its own, used under its channel's lock, by the call holding it
@@ -424,11 +435,13 @@ class _Conn:
                 cmds.append(_command(b"AUTH", *user, self.auth.password.encode()))
             if self.auth.db:
                 cmds.append(_command(b"SELECT", str(self.auth.db).encode()))
+            # The name only labels the connection in CLIENT LIST: a server that refuses it (an ACL user
+            # without +client, CLIENT renamed away) is used all the same; AUTH or SELECT refused is not.
             cmds.append(_command(b"CLIENT", b"SETNAME", b"kvcore"))
             self.send(cmds, dl)
-            for _ in cmds:
+            for k in range(len(cmds)):
                 line = self.line(dl)
-                if line[:1] == b"-":
+                if line[:1] == b"-" and k < len(cmds) - 1:
                     raise _Refused(line[1:].decode("utf-8", "replace"))
         except BaseException:
             self.close()
@@ -515,6 +528,37 @@ class _Conn:
             self._buf[:k] = self._buf[self._lo : self._hi]
             self._lo, self._hi = 0, k
         self._hi += self._recv_into(self._view[self._hi :], dl)
+
+    def gather(self, lines: int) -> bool:
+        """Take in the reply bytes the kernel holds now, without waiting; True once ``lines`` reply
+        lines are in the buffer (or it is full, or the connection ended or failed: the read that
+        follows finds out, waiting), False while more are to come.
+
+        Why: a lookup reads several nodes' replies in one thread; a node whose reply is not all here
+        (one that trickles it) must not be read waiting while the others' replies sit unread.
+        """
+        sock = self.sock
+        if sock is None:
+            return True
+        while self._buf.count(b"\r\n", self._lo, self._hi) < lines:
+            if self._lo == self._hi:
+                self._lo = self._hi = 0
+            elif self._hi == len(self._buf):
+                if self._lo == 0:
+                    return True
+                k = self._hi - self._lo
+                self._buf[:k] = self._buf[self._lo : self._hi]
+                self._lo, self._hi = 0, k
+            try:
+                n = sock.recv_into(self._view[self._hi :], 0, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return False
+            except OSError:
+                return True
+            if n == 0:
+                return True
+            self._hi += n
+        return True
 
     def line(self, dl: _Deadline) -> bytes:
         """The next reply line, without its CRLF."""
@@ -681,6 +725,9 @@ class _Call:
     index: dict[str, int] = field(default_factory=dict)
     moved: dict[int, int] = field(default_factory=dict)  # cluster slot -> node index a MOVED named
     asked: dict[int, int] = field(default_factory=dict)  # row -> node index an ASK named (to ask once)
+    # Rows of the retry sent after ASKING (RedisTier._run): a row of several commands (a store's SET,
+    # PEXPIRE and GETRANGE) sends ASKING before each, as ASKING holds for one command.
+    asking: set[int] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)  # counts, from several threads
     # Set: cut the call's exchanges short. Made (:meth:`stopper`) before exchanges run at once, and
     # only then: a call with one server, the common case, pays for no event and no lock in ``add``.
@@ -817,15 +864,20 @@ class RedisTier:
             non-empty printable string without whitespace or braces (braces would make a cluster hash
             tag and put every page on one node).
         ttl_ms: None (keys live until the server evicts them: set a ``maxmemory-policy``) or a TTL in
-            milliseconds, set by every store and renewed by every load (``GETEX``, Redis >= 6.2).
-        timeout_s: the longest wait on any socket operation (connect, send, reply), > 0. A server
-            that answers nothing fails after ``timeout_s``; an exchange with one server takes at most
-            ``timeout_s * (2 + value bytes // 64 MiB)``. A call's exchanges with its servers run at
-            once (up to 64 servers; see below), so its time does not grow with the number of nodes:
-            at most about ``timeout_s`` x 2 for a ``CLUSTER SLOTS`` read (when the map is stale),
-            plus, per chunk (up to 1,024 pages, under 64 MiB), x 2 for its exchanges and x 2 for one
-            retry of the rows a ``MOVED`` or ``ASK`` sent elsewhere (a load that deletes corrupt
-            values: x 4 more). Stalled masters, however many: ``timeout_s`` (x 3 with the map re-read).
+            milliseconds, ``1..=MAX_TTL_MS``, set by every store (also one that finds the value there,
+            stored by another instance: ``PEXPIRE``) and renewed by every load (``GETEX``, Redis >= 6.2).
+        timeout_s: the longest wait on any socket operation (connect, send, reply), in
+            ``(0, MAX_TIMEOUT_S]`` (a day). A server that answers nothing fails after ``timeout_s``;
+            an exchange with one server takes at most ``timeout_s * (2 + value bytes // 64 MiB)``. A
+            store's or load's exchanges with its servers run at once, up to 64 at a time (see below),
+            so up to 64 servers its time does not grow with the number of nodes: at most about
+            ``timeout_s`` x 2 for a ``CLUSTER SLOTS`` read (when the map is stale), plus, per chunk (up
+            to 1,024 pages, under 64 MiB), x 2 for its exchanges and x 2 for one retry of the rows a
+            ``MOVED`` or ``ASK`` sent elsewhere (a load that deletes corrupt values: x 4 more). Stalled
+            masters cost ``timeout_s`` per 64 of them in one chunk (x 3 with the map re-read; they go
+            in waves: 512 stalled masters, about 8 x ``timeout_s``) until ``down_after`` failures put
+            them in back-off. An :meth:`exists` reads every node's reply in one thread as it comes:
+            ``timeout_s`` x 2 at most, however many nodes stall or trickle their replies.
         max_lookup_keys: the most keys one :meth:`exists` asks, >= 1 (2,048: a 32k-token prompt of
             16-token pages in one round trip; a bound of 256 cost round-robin instances up to 15
             points of hit rate in the replay, BENCHMARKS.md).
@@ -874,8 +926,8 @@ class RedisTier:
         self.num_slots = _int_arg(num_slots, "num_slots", 1)
         self.max_lookup_keys = _int_arg(max_lookup_keys, "max_lookup_keys", 1)
         self.down_after = _int_arg(down_after, "down_after", 1)
-        self.ttl_ms = None if ttl_ms is None else _int_arg(ttl_ms, "ttl_ms", 1)
-        self.timeout_s = _float_arg(timeout_s, "timeout_s", positive=True)
+        self.ttl_ms = None if ttl_ms is None else _int_arg(ttl_ms, "ttl_ms", 1, MAX_TTL_MS)
+        self.timeout_s = _float_arg(timeout_s, "timeout_s", positive=True, maximum=MAX_TIMEOUT_S)
         self.backoff_s = _float_arg(backoff_s, "backoff_s", positive=False)
         self.bandwidth_gbps = _float_arg(bandwidth_gbps, "bandwidth_gbps", positive=True)
         if not isinstance(name, str) or not name:
@@ -909,6 +961,9 @@ class RedisTier:
         self._set_head = b"*%d\r\n$3\r\nSET\r\n$%d\r\n" % (4 if self.ttl_ms is None else 6, kl)
         self._set_mid = b"\r\n$%d\r\n" % vl
         self._set_tail = b"\r\n$2\r\nNX\r\n" + (b"" if not ttl else b"$2\r\nPX\r\n" + _bulk(ttl))
+        # PEXPIRE after each SET when there is a TTL: SET NX sets PX only where it writes, so a value
+        # another instance stored earlier kept its older (shorter) expiry.
+        self._pexpire = (b"*3\r\n$7\r\nPEXPIRE\r\n$%d\r\n" % kl, b"\r\n" + _bulk(ttl)) if ttl else None
         self._getex = self.ttl_ms is not None  # renew the TTL on load (falls back to GET if refused)
         self._get_plain = (b"*2\r\n$3\r\nGET\r\n$%d\r\n" % kl, b"\r\n")
         self._get_ex = (b"*4\r\n$5\r\nGETEX\r\n$%d\r\n" % kl, b"\r\n$2\r\nPX\r\n" + _bulk(ttl))
@@ -995,8 +1050,20 @@ class RedisTier:
         return planes
 
     def redis_key(self, key: bytes | np.ndarray) -> bytes:
-        """The Redis key of a 16-byte page key: ``{prefix}:{geometry_tag}:{key hex}``."""
-        k = bytes(key) if not isinstance(key, np.ndarray) else key.tobytes()
+        """The Redis key of a 16-byte page key (bytes, or a uint8 array ``[16]``):
+        ``{prefix}:{geometry_tag}:{key hex}``.
+
+        Raises:
+            InvalidDTypeError: a key of another type (an int, a str) or dtype.
+            InvalidArgumentError: a key that is not 16 bytes.
+        """
+        if isinstance(key, np.ndarray) and key.dtype == np.uint8:
+            k = key.tobytes()
+        elif isinstance(key, bytes | bytearray | memoryview):
+            k = bytes(key)
+        else:
+            what = f"{key.dtype} array" if isinstance(key, np.ndarray) else type(key).__name__
+            raise InvalidDTypeError(f"key: expected 16 bytes or a uint8 array, got {what}")
         if len(k) != 16:
             raise InvalidArgumentError(f"key: expected 16 bytes, got {len(k)}")
         return self._key_prefix + k.hex().encode()
@@ -1351,7 +1418,8 @@ class RedisTier:
         :meth:`_moved`; ``route`` follows it) and those an ASK reply sent to one (:meth:`_ask`: with
         ``ASKING`` before the command, and ``route`` left as it is, as an ASK holds for one command)."""
         target = route
-        asking: set[int] = set()  # rows of the retry sent after ASKING
+        asking = call.asking  # rows of the retry sent after ASKING
+        asking.clear()
         call.asked.clear()  # ASKs of an earlier run of the call (not followed: asked twice) are done
 
         def pieces_asking(r: int) -> list[Any]:
@@ -1359,9 +1427,7 @@ class RedisTier:
 
         def handle_asking(conn: _Conn, r: int, dl: _Deadline) -> None:
             if r in asking:
-                line = conn.line(dl)  # ASKING's own reply (+OK; an error: the command tells the rest)
-                if line[:1] not in (b"+", b"-"):
-                    raise _ProtocolError(f"ASKING: unexpected reply {line[:40]!r}")
+                _asking_reply(conn, dl)
             handle(conn, r, dl)
 
         for attempt in (0, 1):
@@ -1510,9 +1576,15 @@ class RedisTier:
         names = self._names(a.keys)
         chunk = self._chunk
         # fp8/int8: the key does not fix the value (see the module doc), so each SET is followed by a
-        # GETRANGE of the scale digest of what the key holds afterwards, in the same pipeline
+        # GETRANGE of the scale digest of what the key holds afterwards, in the same pipeline; with a
+        # TTL, by a PEXPIRE before it (the TTL of a value NX found there). In an ASK retry, each of
+        # these commands goes after an ASKING of its own (call.asking).
         scaled = digest != codec.NO_SCALES
         digest_head, digest_tail = self._digest_get
+        pexpire = self._pexpire
+        extra = [(pexpire[0], pexpire[1])] if pexpire is not None else []
+        if scaled:
+            extra.append((digest_head, digest_tail))
         with self._io_lock, _ClosePending(call, bulk=True):
             route = self._route(names, call, bulk=True)
             pos = np.zeros(n, dtype=np.int64)  # [n] staging row (and header) of each row in its chunk
@@ -1529,13 +1601,21 @@ class RedisTier:
                     *body[r],
                     self._set_tail,
                 ]
-                if scaled:
-                    cmd += [digest_head, names[r], digest_tail]
+                asked = r in call.asking
+                for head, tail in extra:
+                    cmd += [_ASKING, head, names[r], tail] if asked else [head, names[r], tail]
                 return cmd
 
             def handle(conn: _Conn, r: int, dl: _Deadline) -> None:
                 line = conn.line(dl)
+                asked = r in call.asking
+                if pexpire is not None:
+                    if asked:
+                        _asking_reply(conn, dl)
+                    self._expire_reply(conn, dl)
                 if scaled:
+                    if asked:
+                        _asking_reply(conn, dl)
                     held = self._held_digest(conn, dl)
                     if line == b"$-1" and held != digest:
                         status[r] = _SCALES
@@ -1612,6 +1692,14 @@ class RedisTier:
         call.add("store_failed_other", int(np.isin(status, (*_REPLIED, _PENDING, _UNMAPPED)).sum()))
         self._finish(call)
         return ok
+
+    @staticmethod
+    def _expire_reply(conn: _Conn, dl: _Deadline) -> None:
+        """Read a store's PEXPIRE reply: ``:1`` (set), ``:0`` (no such key: the SET failed, which its
+        own reply says) or an error (a MOVED/ASK like the SET's: the SET's reply decides)."""
+        line = conn.line(dl)
+        if line[:1] not in (b":", b"-"):
+            raise _ProtocolError(f"PEXPIRE: unexpected reply {line[:40]!r}")
 
     def _held_digest(self, conn: _Conn, dl: _Deadline) -> bytes | None:
         """The reply to a store's GETRANGE of the scale digest: the 16 bytes the key's value holds
@@ -1825,8 +1913,13 @@ class RedisTier:
         run, each run asked for at most ``max_lookup_keys`` keys.
 
         Raises:
-            InvalidDTypeError, InvalidArgumentError: a run that is not a uint8 ``[m, 16]`` array.
+            InvalidDTypeError, InvalidArgumentError: ``runs`` not a list or tuple, or a run that is not
+                a uint8 ``[m, 16]`` array.
         """
+        if not isinstance(runs, list | tuple):
+            raise InvalidDTypeError(
+                f"runs: expected a list or tuple of key arrays, got {type(runs).__name__}"
+            )
         arrays = [
             index_array(keys, "keys", dtype=np.uint8, trailing=(16,), what="key bytes") for keys in runs
         ]
@@ -1926,38 +2019,57 @@ class RedisTier:
 
         if len(sent) == 1:  # one node (a plain server): read it, waiting
             return [sent[0][0]] if read(*sent[0]) else []
-        until = min(dl.end, time.monotonic() + self.timeout_s)  # by when a first reply byte is due
+        # A node is read once its whole reply is here (_Conn.gather: one line per EXISTS, and per
+        # ASKING), so one that trickles its reply never holds up the others'. A node that sent
+        # nothing by `until` has timed out; one that began its reply has until the pass's deadline.
+        until = min(dl.end, time.monotonic() + self.timeout_s)
+        lines = 2 if asking else 1
         poller = select.poll()
         waiting: dict[int, tuple[int, list[int], list[bytes], bool]] = {}
-        ready = []
-        for item in sent:
-            conn = call.nodes[item[0]].lookup
-            if conn.buffered() or conn.sock is None:
-                ready.append(item)
-            else:
-                fd = conn.sock.fileno()
-                poller.register(fd, select.POLLIN)
-                waiting[fd] = item
+        started: set[int] = set()  # fds of the waiting nodes whose reply began
         answered = []
+        ready = sent
         while True:
-            answered += [item[0] for item in ready if read(*item)]
+            for item in ready:
+                conn = call.nodes[item[0]].lookup
+                if conn.sock is not None and not conn.gather(lines * len(item[1])):
+                    fd = conn.sock.fileno()
+                    poller.register(fd, select.POLLIN)
+                    waiting[fd] = item
+                    if conn.buffered():
+                        started.add(fd)
+                elif read(*item):
+                    answered.append(item[0])
             if not waiting:
                 return answered
             left = until - time.monotonic()
             events = poller.poll(max(0, math.ceil(left * 1000)))
             if not events:
-                break
+                late = [fd for fd in waiting if fd not in started]
+                if until >= dl.end or len(late) == len(waiting):
+                    break
+                self._lookup_timed_out([waiting.pop(fd) for fd in late], call)
+                for fd in late:
+                    poller.unregister(fd)
+                until = dl.end
+                continue
             ready = []
             for fd, _ in events:
                 poller.unregister(fd)
+                started.discard(fd)
                 ready.append(waiting.pop(fd))
-        for node, _, _, _ in waiting.values():  # nothing came from them in time
+        self._lookup_timed_out(list(waiting.values()), call)  # nothing (or not all) came in time
+        return answered
+
+    def _lookup_timed_out(self, items: list[tuple[int, list[int], list[bytes], bool]], call: _Call) -> None:
+        """The nodes of ``items`` (lookup pass items) timed out: their connections closed (their
+        replies may still come), each counted."""
+        for node, _, _, _ in items:
             nd = call.nodes[node]
-            nd.lookup.close()  # its replies may still come
+            nd.lookup.close()
             self.last_error = f"{nd.name}: timeout"
             call.add("timeouts")
             call.failed[node] = _TIMEOUT
-        return answered
 
     def _lookup_io(
         self,
@@ -1994,9 +2106,7 @@ class RedisTier:
                 return True
             for i in mine or ():
                 if asking:
-                    line = conn.line(dl)  # ASKING's own reply
-                    if line[:1] not in (b"+", b"-"):
-                        raise _ProtocolError(f"ASKING: unexpected reply {line[:40]!r}")
+                    _asking_reply(conn, dl)
                 line = conn.line(dl)
                 if line[:1] == b":":
                     found[i] = line != b":0"
@@ -2084,16 +2194,28 @@ class RedisTier:
         )
 
 
-def _int_arg(x: Any, name: str, low: int) -> int:
-    if isinstance(x, bool) or not isinstance(x, int | np.integer) or x < low:
-        raise ConfigError(f"{name}: expected an integer >= {low}, got {x!r}")
+def _int_arg(x: Any, name: str, low: int, high: int | None = None) -> int:
+    if (
+        isinstance(x, bool)
+        or not isinstance(x, int | np.integer)
+        or x < low
+        or (high is not None and x > high)
+    ):
+        bound = f">= {low}" if high is None else f"in [{low}, {high:,}]"
+        raise ConfigError(f"{name}: expected an integer {bound}, got {x!r:.60}")
     return int(x)
 
 
-def _float_arg(x: Any, name: str, *, positive: bool) -> float:
+def _float_arg(x: Any, name: str, *, positive: bool, maximum: float = math.inf) -> float:
     if isinstance(x, bool) or not isinstance(x, int | float | np.integer | np.floating):
         raise ConfigError(f"{name}: expected a number, got {x!r}")
-    v = float(x)
-    if not math.isfinite(v) or v < 0 or (positive and v == 0):
-        raise ConfigError(f"{name}: expected a finite number {'> 0' if positive else '>= 0'}, got {x!r}")
+    try:
+        v = float(x)
+    except OverflowError:  # an integer beyond any double
+        v = math.inf
+    if not math.isfinite(v) or v < 0 or (positive and v == 0) or v > maximum:
+        bound = f" and <= {maximum:g}" if maximum < math.inf else ""
+        raise ConfigError(
+            f"{name}: expected a finite number {'> 0' if positive else '>= 0'}{bound}, got {x!r:.60}"
+        )
     return v
