@@ -74,6 +74,14 @@ pub fn try_boxed_slice<T>(
     what: &str,
     mut init: impl FnMut(usize) -> T,
 ) -> KvResult<Box<[T]>> {
+    let mut v = try_with_capacity(len, what)?;
+    v.extend((0..len).map(&mut init));
+    Ok(v.into_boxed_slice())
+}
+
+/// An empty vector with room for `len` elements, or [`KvError::OutOfMemory`] (naming `what`): an
+/// output a caller sizes (a batch that repeats a long sequence's id) must never abort the process.
+pub fn try_with_capacity<T>(len: usize, what: &str) -> KvResult<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(len).map_err(|_| {
         KvError::OutOfMemory(format!(
@@ -81,6 +89,12 @@ pub fn try_boxed_slice<T>(
             std::mem::size_of::<T>()
         ))
     })?;
-    v.extend((0..len).map(&mut init));
-    Ok(v.into_boxed_slice())
+    Ok(v)
+}
+
+/// `len` copies of `value`, or [`KvError::OutOfMemory`] as [`try_with_capacity`].
+pub fn try_filled<T: Clone>(len: usize, value: T, what: &str) -> KvResult<Vec<T>> {
+    let mut v = try_with_capacity(len, what)?;
+    v.resize(len, value);
+    Ok(v)
 }

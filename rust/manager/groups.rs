@@ -34,7 +34,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use super::{internal, unknown, KVCacheManager, SeqId, Sequence, State};
-use crate::error::{KvError, KvResult};
+use crate::error::{try_with_capacity, KvError, KvResult};
 use crate::keys::{page_key, PageKey};
 use crate::radix::{FxBuildHasher, Namespace, PUBLIC_NAMESPACE};
 use crate::{PageId, NULL_PAGE};
@@ -1035,20 +1035,32 @@ impl KVCacheManager {
         let guard = self.state.lock();
         let g = guard.groups.internal(group)?;
         let ps = self.page_size;
-        let mut out = Vec::new();
+        /// The token ranges of the kept pages of `table` (a sequence of `n` tokens).
+        fn kept(
+            table: &[PageId],
+            n: usize,
+            ps: usize,
+        ) -> impl Iterator<Item = std::ops::Range<usize>> + '_ {
+            let pages = table.iter().enumerate().filter(|&(_, &p)| p != NULL_PAGE);
+            pages.map(move |(i, _)| i * ps..((i + 1) * ps).min(n))
+        }
+        // Counted first, then had fallibly: repeated ids make the output as long as the caller asks.
+        let mut total = 0usize;
         for &id in seq_ids {
             let seq = super::ready(&guard.seqs, id)?;
-            let n = seq.slots;
-            for (i, &p) in seq.table(g).iter().enumerate() {
-                if p == NULL_PAGE {
-                    continue;
-                }
-                let end = ((i + 1) * ps).min(n);
-                out.extend((i * ps..end).map(|t| t as i32));
-            }
+            total = kept(seq.table(g), seq.slots, ps).fold(total, |t, r| t.saturating_add(r.len()));
         }
-        if out.len() > i32::MAX as usize {
-            return Err(KvError::InvalidArgument("positions exceed int32".into()));
+        if total > i32::MAX as usize {
+            return Err(KvError::InvalidArgument(format!(
+                "positions: {total} kept tokens exceed int32"
+            )));
+        }
+        let mut out = try_with_capacity(total, "the positions")?;
+        for id in seq_ids {
+            let seq = &guard.seqs[id];
+            for range in kept(seq.table(g), seq.slots, ps) {
+                out.extend(range.map(|t| t as i32));
+            }
         }
         Ok(out)
     }

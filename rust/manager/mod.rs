@@ -257,9 +257,9 @@ impl KVCacheManager {
             }
             if t.num_slots == 0 || t.num_slots >= u32::MAX as usize {
                 return Err(KvError::InvalidArgument(format!(
-                    "lower tier {:?}: num_slots must be in 1..{}, got {}",
+                    "lower tier {:?}: num_slots must be in 1..={}, got {}",
                     t.name,
-                    u32::MAX,
+                    u32::MAX - 1,
                     t.num_slots
                 )));
             }

@@ -2,7 +2,7 @@
 //! tokens for a prefill chunk), vLLM's dense block table, and slot mappings.
 
 use super::{KVCacheManager, SeqId, State};
-use crate::error::{KvError, KvResult};
+use crate::error::{try_filled, try_with_capacity, KvError, KvResult};
 use crate::NULL_PAGE;
 
 /// FlashInfer's CSR page table of a batch, built by [`KVCacheManager::page_table`].
@@ -14,6 +14,18 @@ pub struct PageTable {
     pub kv_indices: Vec<i32>,
     /// `[batch]` int32, each in `1..=page_size`.
     pub kv_last_page_len: Vec<i32>,
+}
+
+impl PageTable {
+    /// A zeroed table of `batch` rows and `total` indices, had fallibly: repeated ids make a table
+    /// as large as the caller asks (`OutOfMemoryError`, never an aborted process).
+    fn filled(batch: usize, total: usize) -> KvResult<Self> {
+        Ok(Self {
+            kv_indptr: try_filled(batch + 1, 0, "kv_indptr")?,
+            kv_indices: try_filled(total, 0, "kv_indices")?,
+            kv_last_page_len: try_filled(batch, 0, "kv_last_page_len")?,
+        })
+    }
 }
 
 /// What the kernels of one step read for a batch of rows (sequence `i` computes its tokens
@@ -47,13 +59,10 @@ impl KVCacheManager {
         group: usize,
         compact: bool,
     ) -> KvResult<PageTable> {
-        let mut table = PageTable::default();
         let guard = self.state.lock();
         let g = guard.groups.internal(group)?;
         let total = self.page_table_len(&guard, seq_ids, num_tokens, g, compact)?;
-        table.kv_indptr.resize(seq_ids.len() + 1, 0);
-        table.kv_indices.resize(total, 0);
-        table.kv_last_page_len.resize(seq_ids.len(), 0);
+        let mut table = PageTable::filled(seq_ids.len(), total)?;
         self.fill_page_table(
             &guard,
             seq_ids,
@@ -115,7 +124,15 @@ impl KVCacheManager {
         let guard = self.state.lock();
         let g = guard.groups.internal(group)?;
         let width = max_pages(&guard, seq_ids)?;
-        let mut rows = vec![NULL_PAGE as i32; seq_ids.len() * width];
+        // Repeated ids are allowed: the table may be far larger than the manager (a 2**20-page
+        // sequence 50,000 times is 200 GB), so it is had fallibly, never by an aborting allocation.
+        let len = seq_ids.len().checked_mul(width).ok_or_else(|| {
+            KvError::OutOfMemory(format!(
+                "cannot allocate a block table of {} rows of {width} pages",
+                seq_ids.len()
+            ))
+        })?;
+        let mut rows = try_filled(len, NULL_PAGE as i32, "the block table")?;
         fill_block_table(&guard, seq_ids, &mut rows, width, g);
         Ok((rows, width))
     }
@@ -270,7 +287,7 @@ impl KVCacheManager {
         let ps = self.page_size;
         let guard = self.state.lock();
         let g = guard.groups.internal(group)?;
-        let mut ends = Vec::with_capacity(batch);
+        let mut ends = try_with_capacity(batch, "the batch's row ends")?;
         let mut total = 0usize;
         for (i, (&id, (&start, &n))) in seq_ids
             .iter()
@@ -307,11 +324,7 @@ impl KVCacheManager {
             )));
         }
         let pages = self.page_table_len(&guard, seq_ids, Some(&ends), g, false)?;
-        let mut table = PageTable {
-            kv_indptr: vec![0; batch + 1],
-            kv_indices: vec![0; pages],
-            kv_last_page_len: vec![0; batch],
-        };
+        let mut table = PageTable::filled(batch, pages)?;
         self.fill_page_table(
             &guard,
             seq_ids,
@@ -321,9 +334,9 @@ impl KVCacheManager {
             &mut table.kv_indices,
             &mut table.kv_last_page_len,
         );
-        let mut q_indptr = Vec::with_capacity(batch + 1);
-        let mut positions = Vec::with_capacity(total);
-        let mut slot_mapping = Vec::with_capacity(total);
+        let mut q_indptr = try_with_capacity(batch + 1, "q_indptr")?;
+        let mut positions = try_with_capacity(total, "the step's positions")?;
+        let mut slot_mapping = try_with_capacity(total, "the step's slot mapping")?;
         q_indptr.push(0);
         for (id, (&start, &end)) in seq_ids.iter().zip(starts.iter().zip(&ends)) {
             let table = guard.seqs[id].table(g);
@@ -386,10 +399,14 @@ impl KVCacheManager {
                 token.max(start)
             )));
         }
-        // No overflow: new() checks num_pages * page_size fits i64.
-        Ok((start..start + num_tokens)
-            .map(|t| i64::from(table[t / ps]) * ps as i64 + (t % ps) as i64)
-            .collect())
+        // No overflow: new() checks num_pages * page_size fits i64. A sequence's tokens may be
+        // far more than the manager's memory (large pages): had fallibly.
+        let mut out = try_with_capacity(num_tokens, "the slot mapping")?;
+        out.extend(
+            (start..start + num_tokens)
+                .map(|t| i64::from(table[t / ps]) * ps as i64 + (t % ps) as i64),
+        );
+        Ok(out)
     }
 }
 

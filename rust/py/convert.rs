@@ -162,14 +162,18 @@ pub(crate) fn iter_arg<'py>(
 }
 
 /// The items of a list, tuple or range (a snapshot: later changes to a list are not seen), or
-/// `None` for any other object. A range is lazy: its length is checked before anything is
-/// allocated, so `range(10**12)` is an `OutOfMemoryError`, not an aborted process.
+/// `None` for any other object. Room for the items is had fallibly, so a list of 3e8 ids beyond the
+/// memory left, or a lazy `range(10**12)`, is an `OutOfMemoryError`, not an aborted process.
 fn int_sequence<'py>(obj: &Bound<'py, PyAny>) -> PyResult<Option<Vec<Bound<'py, PyAny>>>> {
     if let Ok(list) = obj.cast::<PyList>() {
-        return Ok(Some(list.iter().collect()));
+        let mut items = copy_buffer::<Bound<'py, PyAny>>(list.len())?;
+        items.extend(list.iter());
+        return Ok(Some(items));
     }
     if let Ok(tuple) = obj.cast::<PyTuple>() {
-        return Ok(Some(tuple.iter().collect()));
+        let mut items = copy_buffer::<Bound<'py, PyAny>>(tuple.len())?;
+        items.extend(tuple.iter());
+        return Ok(Some(items));
     }
     if obj.is_instance_of::<PyRange>() {
         // len() of a range past sys.maxsize raises OverflowError: too long either way.
@@ -261,7 +265,10 @@ fn copy_sequence(
         Ok(None) => return None,
         Err(e) => return Some(Err(e)),
     };
-    let mut out = Vec::with_capacity(items.len());
+    let mut out = match copy_buffer::<u32>(items.len()) {
+        Ok(out) => out,
+        Err(e) => return Some(Err(e)),
+    };
     for (i, item) in items.iter().enumerate() {
         match int_value_named(item, || format!("{what}[{i}]")) {
             Ok(v) => match convert(v) {
@@ -533,11 +540,7 @@ pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i6
         }
         // A fresh list: no view of the array survives this line.
         let list = array_as_list(obj)?;
-        return list
-            .iter()
-            .enumerate()
-            .map(|(i, item)| int_value_named(&item, || format!("{name}[{i}]")))
-            .collect();
+        return named_ints(list.iter(), list.len(), name);
     }
     let Some(items) = int_sequence(obj)? else {
         return Err(KvError::InvalidDType(format!(
@@ -546,24 +549,31 @@ pub(crate) fn seq_ids_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<i6
         ))
         .into());
     };
-    items
-        .iter()
-        .enumerate()
-        .map(|(i, item)| int_value_named(item, || format!("{name}[{i}]")))
-        .collect()
+    let len = items.len();
+    named_ints(items.into_iter(), len, name)
+}
+
+/// The `len` items of `items` (a list's, or a snapshot of one) as int64s (`name[i]` in errors), in
+/// a vector had fallibly: a huge list is an `OutOfMemoryError`, never an aborted process.
+fn named_ints<'py>(
+    items: impl Iterator<Item = Bound<'py, PyAny>>,
+    len: usize,
+    name: &str,
+) -> PyResult<Vec<i64>> {
+    let mut out = copy_buffer::<i64>(len)?;
+    for (i, item) in items.enumerate() {
+        out.push(int_value_named(&item, || format!("{name}[{i}]"))?);
+    }
+    Ok(out)
 }
 
 /// Non-negative counts (`num_tokens` per sequence): a list or tuple of ints, or a 1-D integer array.
 pub(crate) fn counts_arg(obj: &Bound<'_, PyAny>, name: &str) -> PyResult<Vec<usize>> {
-    seq_ids_arg(obj, name)?
-        .into_iter()
-        .enumerate()
-        .map(|(i, v)| {
-            usize::try_from(v).map_err(|_| {
-                KvError::InvalidArgument(format!("{name}[{i}] must be >= 0, got {v}")).into()
-            })
-        })
-        .collect()
+    let ids = seq_ids_arg(obj, name)?;
+    if let Some((i, v)) = ids.iter().enumerate().find(|&(_, &v)| v < 0) {
+        return Err(KvError::InvalidArgument(format!("{name}[{i}] must be >= 0, got {v}")).into());
+    }
+    Ok(ids.into_iter().map(|v| v as usize).collect()) // in place: i64 and usize share a layout
 }
 
 /// A fresh, uninitialised `int32` array of `len` elements and a mutable view of it as `PageId`s.

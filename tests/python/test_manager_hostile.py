@@ -166,6 +166,50 @@ def test_copying_a_huge_array_is_an_out_of_memory_error_not_an_abort() -> None:
     assert proc.stdout.split("\n")[:3] == ["refused", "refused", "0 63"]
 
 
+_HUGE_OUTPUTS = """
+import resource, numpy as np, kvcore
+m = kvcore.KVCacheManager(2**20 + 2, 1)
+m.add_sequence(1, np.zeros(2**20, dtype=np.int32), cache_prompt=False)
+big = [1] * 150_000_000  # 1.2 GB of references to one int
+calls = {
+    "block_table": lambda: m.block_table([1] * 50_000),  # [50,000, 2**20] int32: 200 GB
+    "page_table": lambda: m.page_table([1] * 2000),  # 8 GB of kv_indices, a total under int32
+    "batch_layout": lambda: m.batch_layout([1] * 1000, [0] * 1000, [2**20] * 1000),  # 4 + 8 + 4 GB
+    "positions": lambda: m.positions([1] * 2000),  # 8 GB
+    "list_arg": lambda: m.page_table(big),  # the list's copy
+}
+vm = int(next(l for l in open("/proc/self/status") if l.startswith("VmSize")).split()[1]) * 1024
+limit = vm + (1 << 30)
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+before = (len(m), m.stats().num_pages_free)
+for name, call in calls.items():
+    try:
+        call()
+        print(name, "returned")
+    except kvcore.OutOfMemoryError:
+        print(name, "refused")
+    assert (len(m), m.stats().num_pages_free) == before
+print(m.page_table([1]).kv_indices.shape[0], m.block_table([1]).shape)
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="RLIMIT_AS and /proc are Linux's")
+def test_outputs_a_batch_makes_huge_are_out_of_memory_errors_not_aborts() -> None:
+    """Repeated ids are allowed, so a batch's table, positions or slot mapping may be far larger than
+    the manager: they were allocated with Rust's aborting allocator (block_table of 200 GB killed
+    the process with SIGABRT, no limit needed), as was the copy of a long list argument."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-c", _HUGE_OUTPUTS], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[:5] == [
+        f"{n} refused" for n in ("block_table", "page_table", "batch_layout", "positions", "list_arg")
+    ]
+    assert lines[5] == f"{2**20} (1, {2**20})"
+
+
 @pytest.mark.parametrize(
     "call",
     [

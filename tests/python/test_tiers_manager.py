@@ -351,6 +351,10 @@ def test_restore_rebuilds_a_tier_for_the_same_fingerprint_only() -> None:
     ("tiers", "match"),
     [
         ([("host", 0)], "num_slots"),
+        (
+            [("host", 2**32 - 1)],
+            r"num_slots must be in 1\.\.=4294967294, got 4294967295",
+        ),  # was "1..4294967295"
         ([("host", 4), ("host", 4)], "distinct"),
         ([("", 4)], "distinct"),
         ([("host", 4, -1.0)], "bandwidth"),
