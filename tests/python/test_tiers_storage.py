@@ -18,6 +18,7 @@ import stat
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -836,24 +837,38 @@ def test_an_interrupted_load_stops_its_readers_early(tmp_path: Path, monkeypatch
     assert tier.load(pool, slots, dst, m["keys"]).all()
 
 
-def test_an_interrupted_store_leaks_no_descriptor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """KeyboardInterrupt mid-write goes on to the caller, the temp file's descriptor closed; the slot is
-    empty and the next store of it succeeds."""
+@pytest.mark.parametrize("where", ["write", "fstat_recycled", "fstat_new"])
+def test_an_interrupted_store_leaks_no_descriptor(
+    where: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """KeyboardInterrupt mid-write, or right after the temp file's open (its fstat: on the slot's old
+    file, recycled, or on a new one), goes on to the caller, the temp file's descriptor closed (one
+    leaked per interrupt before, holding a removed temp file's blocks); the slot is empty and the
+    next store of it succeeds."""
     pool = make_pool()
     tier = open_disk(tmp_path, pool)
     m = meta(1)
     assert tier.store(pool, i32(1), i32(0), **m).all()
+    slot = 1 if where == "fstat_new" else 0
+    if slot:
+        assert tier.store(pool, i32(1), i32(1), **m).all()
+        tier.forget(i32(1))  # slot 1 empty: its next store opens a new file
     fds = set(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
 
-    def interrupted(fd: int, bufs: list[Any]) -> None:
+    def interrupted(*args: Any) -> None:
+        if where != "write":
+            monkeypatch.undo()  # once
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(disk_module, "_write_all", interrupted)
+    monkeypatch.setattr(*((disk_module, "_write_all") if where == "write" else (os, "fstat")), interrupted)
     with pytest.raises(KeyboardInterrupt):
-        tier.store(pool, i32(2), i32(0), **meta(1, seed=3))
+        tier.store(pool, i32(2), i32(slot), **meta(1, seed=3))
     monkeypatch.undo()
     if fds is not None:
         assert set(os.listdir("/proc/self/fd")) == fds
+    if slot:
+        assert tier.store(pool, i32(2), i32(1), **meta(1, seed=3)).all()
+        return
     assert tier.load(pool, i32(0), i32(3), m["keys"]).tolist() == [False]  # the old page is gone
     assert tier.store(pool, i32(2), i32(0), **m).all()
     assert tier.load(pool, i32(0), i32(3), m["keys"]).all()
@@ -1470,3 +1485,84 @@ def test_cupy_pool_round_trip_matches_numpy(kind: str, tmp_path: Path, quantize:
         if kind == "disk":
             tier.close()
     assert np.array_equal(results[0].view(np.uint8), results[1].view(np.uint8))
+
+
+def test_files_take_whole_blocks_in_the_free_space_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The warning counted bytes, not blocks: 13 slots of 4,608 bytes on a 64 KiB tmpfs of 4 KiB
+    blocks raised none, yet 7 files fit (8 KiB each) and the other 6 slots failed every store."""
+    pool = make_pool()
+    probe = open_disk(tmp_path / "probe", pool, num_slots=1)
+    file_bytes = probe.file_bytes
+    probe.close()
+    block = 4096
+    assert file_bytes % block, "the test needs files that are not whole blocks"
+    slots = 13
+    real = os.statvfs
+
+    class Fs:
+        def __init__(self, st: os.statvfs_result, bavail: int) -> None:
+            self.f_blocks, self.f_frsize, self.f_bsize, self.f_bavail = st.f_blocks, block, block, bavail
+
+    fits_bytes = -(-slots * file_bytes // block)  # the bytes fit, the blocks do not
+    monkeypatch.setattr(os, "statvfs", lambda p: Fs(real(p), fits_bytes))
+    with pytest.warns(ResourceWarning, match="in blocks of 4096"):
+        open_disk(tmp_path / "short", pool, num_slots=slots).close()
+    fits_blocks = slots * -(-file_bytes // block)
+    monkeypatch.setattr(os, "statvfs", lambda p: Fs(real(p), fits_blocks))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ResourceWarning)
+        open_disk(tmp_path / "enough", pool, num_slots=slots).close()
+
+
+def test_files_of_another_geometry_beyond_the_slots_are_removed_at_open(tmp_path: Path) -> None:
+    """A directory used with int4, then unquantized with fewer (larger) slots: the int4 files at slots
+    past the new num_slots were left for good (152 % of the budget on disk); they are removed as
+    out of range. Those at slots in range are left until their slot is stored."""
+    pool = make_pool(kv_dtype="fp16")
+    small = open_disk(tmp_path, pool, num_slots=16, quantize="int4")
+    m = meta(16)
+    assert small.store(pool, np.arange(16, dtype=np.int32) % 11 + 1, np.arange(16, dtype=np.int32), **m).all()
+    small.close()
+    big = open_disk(tmp_path, pool, num_slots=4)
+    s = big.stats()
+    assert (s["open_foreign"], s["open_removed_out_of_range"], s["open_entries"]) == (4, 12, 0)
+    names = sorted(p.name for p in (tmp_path / "tier").iterdir())
+    assert names == sorted([*(slot_filename(i) for i in range(4)), "tier.lock"])
+    assert big.entries() == []
+    assert big.store(pool, i32(1), i32(0), **meta(1, seed=5)).all()  # a foreign file replaced
+    big.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_may_not_use_its_parents_tier(tmp_path: Path) -> None:
+    """A fork shares the directory lock (a second opener is refused, a child is not) but not the slot
+    index: parent and child overwrote each other's files without an error."""
+    pool = make_pool()
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1), i32(0), **{k: v[:1] for k, v in m.items()}).all()
+    pid = os.fork()
+    if pid == 0:  # the child: every call that reads or writes the directory is refused
+        code = 0
+        calls = [
+            lambda: tier.store(pool, i32(2), i32(1), **{k: v[1:] for k, v in m.items()}),
+            lambda: tier.load(pool, i32(0), i32(3), m["keys"][:1]),
+            lambda: tier.forget(i32(0)),
+            tier.entries,
+        ]
+        for call in calls:
+            try:
+                call()
+                code = 1
+            except ConfigError:
+                pass
+            except BaseException:
+                code = 2
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [e.slot for e in tier.entries()] == [0]  # the parent's tier is as it was
+    assert tier.load(pool, i32(0), i32(3), m["keys"][:1]).all()
+    tier.close()

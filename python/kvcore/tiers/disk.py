@@ -125,8 +125,8 @@ _STAT_NAMES = (
     "open_removed_temp",  # temp files a crash left (only those removed: a failure is remove_failed)
     "open_removed_header",  # bad magic, version, header checksum or fields
     "open_removed_truncated",  # a size that disagrees with the header
-    "open_removed_out_of_range",  # a valid file of this geometry at a slot >= num_slots
-    "open_foreign",  # valid files of another geometry: skipped, left alone, not listed
+    "open_removed_out_of_range",  # a valid file (of this geometry or another) at a slot >= num_slots
+    "open_foreign",  # valid files of another geometry at slots < num_slots: not listed, left until stored
     "open_unreadable",  # files that could not be read at open: left alone, not listed
 )
 
@@ -336,7 +336,9 @@ class DiskTier:
             quantization or quantization of an fp8/int8 pool.
         OutOfMemoryError: the slot index (17 bytes a slot) does not fit in host memory.
 
-    Calls are serialized by a lock.
+    Calls are serialized by a lock. One process: a forked child that calls ``store``, ``load``,
+    ``forget`` or ``entries`` gets ConfigError (it would share the parent's lock but not its index);
+    it opens a DiskTier of its own, on its own directory.
     """
 
     def __init__(
@@ -355,6 +357,7 @@ class DiskTier:
         self.name = name
         self.quantize = quantize
         self.fsync = bool(fsync)
+        self._pid = os.getpid()  # the process that holds the directory (see _check_process)
         self._codec = _batch.RowCodec(self.geometry)
         self.header_len = codec.header_len(self.geometry)  # bytes before the payload in every file
         self.payload_len = self._codec.row_bytes  # bytes of payload in every file
@@ -411,6 +414,7 @@ class DiskTier:
         self._whdr = bytearray(self.header_len)  # the header being written
         self._whdr_view = memoryview(self._whdr)
         self._header_check = codec.HeaderCheck(self.geometry, self.payload_len)
+        self._foreign_bytes = 0  # bytes of the files of another geometry at slots of ours, at open
         self._entries = self._scan()
         self._warn_if_short()
 
@@ -439,16 +443,29 @@ class DiskTier:
             fs = os.statvfs(self._dir_fd)
         except OSError:
             return
-        have = fs.f_bavail * fs.f_frsize + int(self._used.sum()) * self.file_bytes
-        if have < self.num_slots * self.file_bytes:
+        # Files take whole blocks: 4,608-byte files on a 64 KiB tmpfs of 4 KiB blocks fit 7, not 13.
+        block = fs.f_frsize or fs.f_bsize or 1
+        per_file = -(-self.file_bytes // block) * block
+        have = fs.f_bavail * fs.f_frsize + int(self._used.sum()) * per_file + self._foreign_bytes
+        if have < self.num_slots * per_file:
             import warnings
 
             warnings.warn(
                 f"DiskTier {self.name!r}: {self.num_slots} slots of {self.file_bytes} bytes need "
-                f"{self.num_slots * self.file_bytes} bytes, {self.path!r} has {have} for them now "
-                f"(free space and the tier's files): stores past it fail with no space",
+                f"{self.num_slots * per_file} bytes on disk (in blocks of {block}), {self.path!r} has "
+                f"{have} for them now (free space and the tier's files): stores past it fail with no "
+                "space",
                 ResourceWarning,
                 stacklevel=3,
+            )
+
+    def _check_process(self) -> None:
+        """Refuse a call from a forked child: it shares the parent's lock (a second opener is refused,
+        a fork is not) but not its slot index, so the two would overwrite each other's files."""
+        if os.getpid() != self._pid:
+            raise ConfigError(
+                f"DiskTier {self.name!r}: opened by process {self._pid}, used in {os.getpid()} (a forked "
+                "child): a process must open a DiskTier of its own, on a directory of its own"
             )
 
     def _file(self, slot: int) -> str:
@@ -520,10 +537,19 @@ class DiskTier:
                 self._stats.add("open_unreadable")
                 continue
             slot = int(m[1])
-            if verdict == "ok" and slot >= self.num_slots:
+            if slot >= self.num_slots and verdict in ("ok", "foreign"):
+                # Beyond the budget, ours or another geometry's (a directory used before with
+                # another quantization or dtype): no store ever replaces it, so it would hold disk
+                # past capacity_bytes for good.
                 verdict = "out_of_range"
             if verdict == "foreign":
+                # At a slot of ours: left until the slot's first store replaces it (counted as
+                # this tier's room until then).
                 self._stats.add("open_foreign")
+                with contextlib.suppress(OSError):
+                    self._foreign_bytes += os.stat(
+                        entry.path, dir_fd=self._dir_fd, follow_symlinks=False
+                    ).st_size
             elif verdict != "ok":
                 if self._remove(entry.path):
                     self._stats.add(f"open_removed_{verdict}")
@@ -587,6 +613,7 @@ class DiskTier:
         before trusting it; an entry it refuses stays on disk until its slot is stored again
         (:meth:`forget` its slot to drop it at once).
         """
+        self._check_process()
         with self._lock:
             known = {e.slot: e for e in self._entries}
             entries: list[DiskEntry] = []
@@ -654,6 +681,7 @@ class DiskTier:
             tokens,
             namespaces,
         )
+        self._check_process()
         n = a.pages.shape[0]
         digest = _batch.scale_digest(pool)
         ok = np.zeros(n, dtype=bool)
@@ -782,7 +810,7 @@ class DiskTier:
                 if fd >= 0:
                     try:
                         st = os.fstat(fd)
-                    except OSError:
+                    except BaseException:  # a KeyboardInterrupt too: the descriptor is not leaked
                         os.close(fd)
                         raise
                     same = st.st_ino == old[1] and st.st_dev == old[0]
@@ -797,7 +825,7 @@ class DiskTier:
             fd = os.open(tmp, flags, 0o644, dir_fd=dir_fd)  # EEXIST again if it could not be removed
         try:
             st = os.fstat(fd)
-        except OSError:
+        except BaseException:  # (a descriptor leaked here kept a removed temp file's blocks)
             os.close(fd)
             raise
         return fd, (st.st_dev, st.st_ino), False
@@ -830,6 +858,7 @@ class DiskTier:
                 slots, a pool of another geometry), before anything is read.
         """
         s, p, k = _batch.check_load(self.geometry, self.num_slots, self.name, pool, slots, pages, keys)
+        self._check_process()
         n = s.shape[0]
         digest = _batch.scale_digest(pool)
         ok = np.zeros(n, dtype=bool)
@@ -1021,6 +1050,7 @@ class DiskTier:
             InvalidDTypeError, InvalidArgumentError: slots that are not integers in ``[0, num_slots)``.
         """
         s = index_array(slots, "slots", dtype=np.int64, low=0, high=self.num_slots, what="slots")
+        self._check_process()
         with self._lock:
             for slot in np.unique(s).tolist():
                 if self._used[slot]:
