@@ -407,6 +407,53 @@ def test_a_store_taken_while_its_parent_was_in_flight_keeps_that_parent_in_the_t
     cache._check_invariants()
 
 
+@pytest.mark.parametrize("answer", [None, float("nan"), 1.0, True, -1, "2"])
+def test_lookup_refuses_an_exists_answer_that_is_not_a_count(answer: Any) -> None:
+    """A shared tier's exists() answer was passed to int(): None raised a builtin TypeError, NaN a
+    ValueError, 1.0 and True were taken as counts."""
+    pool = make_pool(16)
+
+    class Shared(HostTier):
+        def exists(self, keys: np.ndarray) -> Any:
+            return answer
+
+    tier = Shared(pool, 8, name="remote")
+    cache = KVCacheManager(16, PS, lower_tiers=[tier])
+    with pytest.raises(kvcore.ConfigError, match="exists answered"):
+        Mover(cache, pool, [tier]).lookup(list(range(13)), "ns")
+    assert cache.tier_prefix_len("remote", list(range(13)), "ns") == 0
+
+
+def test_lookup_cuts_an_exists_answer_at_the_keys_asked() -> None:
+    """A tier answering more leading keys than it was asked about made mark_tier_pages raise
+    InvalidArgumentError ("4 pages asked, the tokens hold 3") out of the lookup."""
+    pool = make_pool(16)
+
+    class Shared(HostTier):
+        def exists(self, keys: np.ndarray) -> int:
+            return len(keys) + 5
+
+    class SharedRuns(Shared):
+        def exists_runs(self, runs: list[np.ndarray]) -> list[int]:
+            return [len(k) + 5 for k in runs]
+
+    prompt = list(range(13))  # three full pages
+    for kind in (Shared, SharedRuns):
+        tier = kind(pool, 8, name="remote")
+        cache = KVCacheManager(16, PS, lower_tiers=[tier])
+        assert Mover(cache, pool, [tier]).lookup(prompt, "ns") == 3
+        assert cache.tier_prefix_len("remote", prompt, "ns") == 3
+
+    class WrongRuns(Shared):
+        def exists_runs(self, runs: list[np.ndarray]) -> list[int]:
+            return [0]
+
+    tier = WrongRuns(pool, 8, name="remote")
+    cache = KVCacheManager(16, PS, lower_tiers=[tier])
+    with pytest.raises(kvcore.ConfigError, match="answered 1 counts for 2 runs"):
+        Mover(cache, pool, [tier]).lookup(prompt, "ns")
+
+
 def test_lookup_probes_the_public_prefix_only_when_the_index_cannot_tell() -> None:
     """Mover.lookup asks a shared tier for a prompt's public chain and its namespace's chain in one
     round trip (exists_runs; two exists calls for a tier without it), and only for the namespace's

@@ -129,6 +129,13 @@ class Mover:
         the namespace's pages after it. The public question is skipped for a ``"*"`` prompt, and when
         the cache's index already holds the namespace's own pages after the prompt's public ones (the
         public prefix ends there).
+
+        A tier's answer is trusted up to the keys asked (a larger count is cut there). Pages of the
+        tiers before a failing one stay indexed.
+
+        Raises:
+            ConfigError: a tier whose ``exists`` answers something other than a count >= 0 (None, a
+                float, a bool), or whose ``exists_runs`` answers another number of runs.
         """
         added = 0
         for tier in self.tiers:
@@ -177,7 +184,13 @@ class Mover:
             for tokens, ns, public, known in runs
         ]
         many = getattr(tier, "exists_runs", None)
-        return [int(x) for x in many(keys)] if many is not None else [int(tier.exists(k)) for k in keys]
+        answers = list(many(keys)) if many is not None else [tier.exists(k) for k in keys]
+        name = getattr(tier, "name", "?")
+        if len(answers) != len(keys):
+            raise ConfigError(
+                f"tier {name!r}: exists_runs answered {len(answers)} counts for {len(keys)} runs"
+            )
+        return [_leading(name, x, len(k)) for x, k in zip(answers, keys, strict=True)]
 
     def _mark(
         self, tier: str, tokens: Any, namespace: str | None, known: int, found: int, public: int = 0
@@ -317,6 +330,17 @@ class Mover:
             loaded=int(load_ok.sum()),
             load_failed=int(len(load_ok) - load_ok.sum()),
         )
+
+
+def _leading(tier: str, answer: Any, n: int) -> int:
+    """A tier's ``exists`` answer for ``n`` keys: an integer in ``[0, n]`` (more is what was asked: a
+    tier cannot hold keys it was not asked about). None, a float, a bool or a negative count is the
+    tier's bug, refused (a builtin TypeError or ValueError escaped before)."""
+    if isinstance(answer, bool) or not isinstance(answer, int | np.integer) or answer < 0:
+        raise ConfigError(
+            f"tier {tier!r}: exists answered {answer!r:.40}, expected a count of leading keys >= 0"
+        )
+    return min(int(answer), n)
 
 
 def _row_results(tier: str, what: str, result: Any, n: int) -> npt.NDArray[np.bool_]:
