@@ -1564,9 +1564,11 @@ impl KVCacheManager {
     /// Rebuild tier `tier_name`'s index from pages a previous run stored (a reopened disk
     /// directory): each page is accepted only if its key is what this manager computes from its
     /// parent's key (this manager's root key for a first page: same fingerprint only), its
-    /// namespace and its tokens, and its slot is free and in range. Returns, per page, whether
-    /// it was accepted (a rejected one is foreign, orphaned or a duplicate: the caller may reuse
-    /// its slot).
+    /// namespace and its tokens, and its slot is free and in range (or the index holds this very
+    /// page in that slot already: accepted, and the walk goes on below it). Returns, per page,
+    /// whether the index holds it now (a rejected one is foreign, orphaned or a duplicate: the
+    /// caller may reuse its slot). Give every entry in one call: a namespace's own copy of public
+    /// tokens is restored beside the public copy only when both come in the same call.
     pub fn restore_tier(
         &self,
         tier_name: &str,
@@ -1640,14 +1642,22 @@ impl KVCacheManager {
             let continues = path_ns.last().map_or(true, |&parent| {
                 parent == ns || parent == crate::radix::PUBLIC_NAMESPACE
             });
-            if !continues
-                || page_key(&p.parent_key, kns, &p.tokens) != p.key
-                || !free.contains(&p.slot)
-            {
+            if !continues || page_key(&p.parent_key, kns, &p.tokens) != p.key {
                 st.forget_if_unused(ns);
                 continue;
             }
             let below = path_nodes.last().copied().unwrap_or(ROOT);
+            // A slot in use is refused, unless the index holds this very page there already (a
+            // page a reset could not drop, locked by a load in flight, or one an earlier restore
+            // took): the branch then goes on below it, and the entry counts as accepted (its file
+            // must be kept). Refusing it cut every page below from the index for good.
+            let held_here = !free.contains(&p.slot)
+                && st.tiers[t].keys[p.slot as usize] == p.key
+                && st.tiers[t].tree.peek_len_from(ns, below, &p.tokens) == Ok(1);
+            if !held_here && !free.contains(&p.slot) {
+                st.forget_if_unused(ns);
+                continue;
+            }
             let tier = &mut st.tiers[t];
             // A refused insert changes nothing: the entry is rejected like any other bad one.
             let Ok(ins) = tier
@@ -1663,7 +1673,14 @@ impl KVCacheManager {
                 st.forget_if_unused(ns);
                 continue;
             };
-            if ins.num_adopted_pages != 1 {
+            if held_here {
+                // (extend adopted nothing: the page was found) the copy found must be this slot's
+                if ins.num_adopted_pages != 0 || slot_id != p.slot + 1 || kept_ns != ns {
+                    st.forget_if_unused(ns);
+                    continue;
+                }
+                accepted[i] = true;
+            } else if ins.num_adopted_pages != 1 {
                 // A duplicate of a page restored already below the same parent: the branch goes on
                 // from the copy the tier kept, if it is in the same namespace (else its children,
                 // keyed in this chain, would hang below a page keyed in another).

@@ -777,3 +777,36 @@ def test_after_a_reset_the_disk_files_stored_since_open_are_restored(tmp_path: P
     disk.forget(np.array([gone], dtype=np.int32))
     assert gone not in {e.slot for e in disk.entries()}
     cache._check_invariants()
+
+
+def test_a_reset_during_a_load_loses_no_page_below_it(tmp_path: Path) -> None:
+    """A reset cannot drop tier pages a load in flight holds: restore_tier refused their entries (the
+    slot was not free) and with them every page below, then and on every later restore (8 of 10
+    pages never indexed again). An entry the index holds in that very slot is now accepted, and the
+    walk goes on below it; restoring twice changes nothing."""
+    pool = make_pool(32)
+    disk = DiskTier(tmp_path / "disk", 64 * 8192, pool)
+    cache = KVCacheManager(32, PS, fingerprint=b"fp", lower_tiers=[disk], store_policy="all")
+    mover = Mover(cache, pool, [disk])
+    prompt = list(range(1, 42))  # 10 full pages
+    cache.add_sequence(1, prompt)
+    mover.run(stores=False)
+    mover.run()
+    cache.free_sequence(1)
+    cache.evict(1 << 20)
+    assert cache.peek_hit_tokens(prompt)["disk"] == 40
+    cache.add_sequence(2, prompt[:9])  # loads the first two disk pages ...
+    batch = cache.take_transfers(stores=False)  # ... in flight
+    cache.reset_prefix_cache()
+    assert cache.tier_stats()["disk"]["num_slots_locked"] == 2
+    entries = disk.entries()
+    assert cache.restore_tier("disk", entries).tolist() == [True] * 10
+    assert cache.peek_hit_tokens(prompt)["disk"] == 40
+    assert mover.execute(batch).loaded == 2
+    cache.free_sequence(2)
+    cache.evict(1 << 20)
+    assert cache.restore_tier("disk", disk.entries()).tolist() == [True] * 10  # held: kept, not reused
+    stats = cache.tier_stats()["disk"]
+    assert (stats["num_slots_cached"], stats["num_slots_free"]) == (10, disk.num_slots - 10)
+    assert cache.peek_hit_tokens(prompt)["disk"] == 40
+    cache._check_invariants()  # (the tiers' invariants too)
