@@ -40,16 +40,21 @@ from __future__ import annotations
 
 import functools
 import re
+import socket
+import socketserver
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, make_wsgi_app
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.exposition import generate_latest
 
+from kvcore.exceptions import ConfigError
 from kvcore.manager import CacheStats, MissRatioCurve
 
-__all__ = ["KVCoreCollector", "metrics_text", "serve"]
+__all__ = ["KVCoreCollector", "MetricsServer", "metrics_text", "serve"]
 
 _COUNTERS = (
     ("prefix_query_tokens", "Prompt tokens looked up for cached prefixes."),
@@ -265,7 +270,9 @@ def _scheduler_families(sched: Any, prefix: str, tenant_labels: bool) -> Iterato
         )
         # None (the default namespace) and "" are two tenants: a label of its own tells them apart,
         # where any spelling of None in ``tenant`` could be some tenant's real name.
-        for ns, n in sorted(sched._tenant_pages().items(), key=lambda kv: (kv[0] is not None, kv[0] or "")):
+        # tenant_pages, not _tenant_pages: a scrape runs in the server's thread, and must not write
+        # the scheduler's lazy decode counts while the engine's thread steps (it raised there)
+        for ns, n in sorted(sched.tenant_pages().items(), key=lambda kv: (kv[0] is not None, kv[0] or "")):
             ten.add_metric(["", "true"] if ns is None else [ns, "false"], n)
         yield ten
 
@@ -326,13 +333,80 @@ def metrics_text(
     return generate_latest(registry).decode("utf-8")
 
 
-def serve(port: int, collector: KVCoreCollector, addr: str = "127.0.0.1") -> Any:
+MAX_CONNECTIONS = 64  # connections served at once; more are closed at once (never queued)
+CONNECTION_TIMEOUT_S = 10.0  # the longest wait for a client's next bytes
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """One scrape: a socket timeout on every read and write (``timeout``), nothing logged."""
+
+    timeout = CONNECTION_TIMEOUT_S
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
+    """The server :func:`serve` returns: a thread per connection, at most ``max_connections`` at once
+    (more are closed as they come), each read and write timed out after ``CONNECTION_TIMEOUT_S``, so a
+    client that connects and sends nothing, or trickles, holds one thread and one descriptor for
+    seconds, and many of them never starve the engine's process of descriptors. ``shutdown()`` stops
+    serving and closes the listening socket (the port is free again when it returns)."""
+
+    daemon_threads = True
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, address: tuple[str, int], family: int) -> None:
+        self.address_family = family
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._thread: threading.Thread | None = None
+        super().__init__(address, _QuietHandler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)  # over the cap: closed now, not queued behind the others
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def shutdown(self) -> None:
+        """Stop serving, close the listening socket and wait for the serving thread."""
+        super().shutdown()
+        self.server_close()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def serve(port: int, collector: KVCoreCollector, addr: str = "127.0.0.1") -> MetricsServer:
     """Serve ``collector`` at ``http://addr:port/metrics`` from a daemon thread (``port=0``: any free
     port, ``server.server_port`` tells which). Loopback by default: exposing metrics beyond the host is
-    the operator's choice. Returns the HTTP server (``shutdown()`` stops it)."""
-    from prometheus_client import start_http_server
+    the operator's choice. Returns the :class:`MetricsServer` (``shutdown()`` stops it and frees the
+    port).
 
+    Raises:
+        ConfigError: a port outside ``[0, 65535]``, an address that does not resolve, or one that
+            cannot be listened on (the port in use, no permission).
+    """
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"port: expected an integer in [0, 65535], got {port!r}")
+    try:
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0][0]
+        server = MetricsServer((addr, port), family)
+    except (OSError, UnicodeError) as e:  # socket.gaierror is an OSError
+        raise ConfigError(f"metrics: cannot listen on {addr!r} port {port}: {e}") from None
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]
-    server, _thread = start_http_server(port, addr=addr, registry=registry)
+    server.set_app(make_wsgi_app(registry))
+    thread = threading.Thread(target=server.serve_forever, name="kvcore-metrics", daemon=True)
+    server._thread = thread
+    thread.start()
     return server

@@ -4,7 +4,9 @@ scrape, the HTTP endpoint serves them on loopback, and tenants' names appear onl
 from __future__ import annotations
 
 import urllib.request
+from typing import Any
 
+import pytest
 from kv_helpers import metric_value
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
@@ -159,3 +161,163 @@ def test_tier_slots_sum_to_the_tiers_slots_and_bad_and_locked_have_families_of_t
             assert metric_value(text, f"kvcore_tier_slots_{st}", tier="host") == tiers[f"num_slots_{st}"]
         assert metric_value(text, "kvcore_tier_storage_num_slots", tier="host") == 8
     assert metric_value(text, "kvcore_tier_slots_bad", tier="host") == 1
+
+
+def test_a_scrape_with_tenant_labels_never_writes_the_scheduler() -> None:
+    """tenant_pages was read through _tenant_pages, which catches up the scheduler's lazy decode counts:
+    a scrape from the server's thread wrote them while the engine stepped (RuntimeError "dictionary
+    changed size during iteration" in 21 of the scrapes of 20 s; a count written onto a request just
+    finished could make its stale row look live). A scrape now only reads, and matches the engine's
+    own count."""
+    m, sched, mover = busy()
+    engine = TinyEngine(TinyDecoder(1, "fp16"), mover.pool, mover)
+    plan = sched.step(100.0)
+    sched.update(plan, engine.forward(plan))  # a fast (lazy) decode update: counts not caught up
+    lazy = sched._lazy
+    before = {r.rid: (r.computed, r.generated) for r in sched._running.values()}
+    got = sched.tenant_pages()
+    assert {r.rid: (r.computed, r.generated) for r in sched._running.values()} == before
+    assert sched._lazy == lazy
+    scrape(KVCoreCollector(m, scheduler=sched, tenant_labels=True))
+    assert {r.rid: (r.computed, r.generated) for r in sched._running.values()} == before
+    assert got == sched._tenant_pages()  # (which catches up first): the same counts
+
+
+def test_scrapes_from_another_thread_while_the_engine_steps_never_fail() -> None:
+    """The collector runs in the HTTP server's thread; the engine's thread meanwhile steps, submits
+    and finishes requests of three tenants (ceilings on). No scrape may raise."""
+    import random
+    import sys
+    import threading
+
+    m = kvcore.KVCacheManager(64, 4)
+    est = OutputLengthEstimator(0.5, min_samples=1)
+    est.observe("default", 1)
+    sched = Scheduler(
+        m, max_num_batched_tokens=64, max_num_seqs=32, estimator=est, tenant_max_pages={"a": 30}
+    )
+    col = KVCoreCollector(m, scheduler=sched, tenant_labels=True)
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def scraper() -> None:
+        while not done.is_set():
+            try:
+                list(col.collect())
+            except BaseException as e:  # any failure is the finding
+                errors.append(e)
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)  # the race, often
+    thread = threading.Thread(target=scraper, daemon=True)
+    thread.start()
+    try:
+        rng = random.Random(0)
+        rid = 0
+        for step in range(1500):
+            for _ in range(rng.randrange(0, 4)):
+                prompt = [rng.randrange(64) for _ in range(rng.randrange(1, 30))]
+                ns = rng.choice([None, "a", "b"])
+                try:
+                    sched.submit(
+                        Request(rid, prompt, rng.choice([1, 3, 20]), namespace=ns, stop_token_ids={1}), step
+                    )
+                except kvcore.RequestRejected:
+                    pass
+                rid += 1
+            plan = sched.step(step)
+            toks = {int(r): rng.randrange(64) for r in plan.request_ids[plan.sample]}
+            if plan.batch_size and rng.random() < 0.05:
+                sched.finish(int(plan.request_ids[0]), "abort", step)
+            sched.update(plan, toks)
+    finally:
+        done.set()
+        thread.join(10)
+        sys.setswitchinterval(interval)
+    assert not errors, errors[:3]
+
+
+def test_serve_times_out_idle_connections_and_caps_them() -> None:
+    """start_http_server kept a thread and a descriptor per connection for as long as the client held
+    it: 258 half-sent requests exhausted an engine's 256 descriptors (its own files then failed with
+    EMFILE). Connections over the cap are closed at once; an idle one is dropped after the timeout;
+    a scrape is answered once a slot is free."""
+    import socket
+    import time
+
+    from kvcore import metrics
+
+    m = kvcore.KVCacheManager(16, 4)
+    server = serve(0, KVCoreCollector(m))
+    port = server.server_port
+    held = []
+    try:
+        for _ in range(metrics.MAX_CONNECTIONS):
+            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s.sendall(b"GET /metrics HTTP/1.1\r\n")  # half a request
+            held.append(s)
+        time.sleep(0.5)  # every one taken by a thread
+        extra = socket.create_connection(("127.0.0.1", port), timeout=5)
+        extra.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+        assert extra.recv(100) == b""  # over the cap: closed, not queued
+        extra.close()
+        for s in held:
+            s.close()
+        deadline = time.monotonic() + 10
+        while True:  # the slots come back as their threads see the close
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+                    assert b"kvcore_pages" in resp.read()
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+    finally:
+        for s in held:
+            s.close()
+        server.shutdown()
+
+
+def test_serve_drops_a_connection_that_sends_nothing(monkeypatch: Any) -> None:
+    import socket
+
+    from kvcore import metrics
+
+    monkeypatch.setattr(metrics._QuietHandler, "timeout", 0.5)
+    server = serve(0, KVCoreCollector(kvcore.KVCacheManager(16, 4)))
+    try:
+        s = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
+        s.sendall(b"GET /metrics HTT")  # and nothing more
+        assert s.recv(100) == b""  # closed by the server after its timeout, not held
+        s.close()
+    finally:
+        server.shutdown()
+
+
+def test_shutdown_frees_the_port_and_bad_ports_are_config_errors() -> None:
+    """shutdown() only stopped serve_forever: the socket stayed open (clients hung, not refused) and
+    serve() on the same port raised a builtin OSError (EADDRINUSE)."""
+    import socket
+
+    m = kvcore.KVCacheManager(16, 4)
+    server = serve(0, KVCoreCollector(m))
+    port = server.server_port
+    server.shutdown()
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+        raise AssertionError("a stopped server still accepted a connection")
+    except ConnectionRefusedError:
+        pass
+    again = serve(port, KVCoreCollector(m))  # the port is free again
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            assert resp.status == 200
+        with pytest.raises(kvcore.ConfigError, match="cannot listen"):
+            serve(port, KVCoreCollector(m))  # in use
+    finally:
+        again.shutdown()
+    for bad in (-1, 70000, True, "9400", 1.5):
+        with pytest.raises(kvcore.ConfigError, match="port"):
+            serve(bad, KVCoreCollector(m))  # type: ignore[arg-type]
+    with pytest.raises(kvcore.ConfigError, match="cannot listen"):
+        serve(0, KVCoreCollector(m), addr="no-such-host.invalid")

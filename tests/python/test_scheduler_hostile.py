@@ -810,3 +810,39 @@ def test_bad_ids_times_plans_and_signals_are_kvcore_errors_and_change_nothing() 
             controller.observe(*args)  # type: ignore[arg-type]
     assert controller.level == 0
     controller.observe(ok, np.int64(3), 1.0)
+
+
+def test_a_submitted_prompt_cannot_be_changed_under_the_scheduler() -> None:
+    """Request.prompt was a writable copy that the scheduler computes later prefill chunks from: a
+    caller zeroing it after the first chunk made pages committed under the original tokens' keys hold
+    K/V of zeros, and a later request with the original prompt got a wrong answer from the cache."""
+    from kvcore.tiny import TinyDecoder, TinyEngine
+
+    model = TinyDecoder(0, "fp16")
+    pool = TinyEngine.make_pool(model, 33, 4)
+    m = kvcore.KVCacheManager(33, 4)
+    engine = TinyEngine(model, pool)
+    sched = Scheduler(m, max_num_batched_tokens=4)
+    prompt = list(range(10, 22))
+    first = Request(1, prompt, 2)
+    assert not first.prompt.flags.writeable
+    sched.submit(first, 0)
+    out: dict[int, list[int]] = {}
+
+    def run(t: float) -> None:
+        while sched.has_work():
+            plan = sched.step(t)
+            toks = engine.forward(plan)
+            for r, x in toks.items():
+                out.setdefault(r, []).append(x)
+            sched.update(plan, toks)
+            t += 1
+
+    plan = sched.step(0)  # the first 4-token chunk
+    sched.update(plan, engine.forward(plan))
+    with pytest.raises(ValueError, match="read-only"):
+        first.prompt[:] = 0
+    run(1)
+    sched.submit(Request(2, prompt, 5), 10)
+    run(10)
+    assert out[2] == model.generate_no_cache(prompt, 5)

@@ -975,8 +975,14 @@ class Scheduler:
     # ---- views ------------------------------------------------------------------------------------
 
     def stats(self) -> SchedulerStats:
+        """A copy of the counters. Safe to call from another thread while the engine steps (a metrics
+        scrape): the dicts are copied by ``dict()`` (one C call under the GIL), never iterated in
+        Python code (a deepcopy could meet a reason added meanwhile: "dictionary changed size")."""
         s = self._stats
-        out = copy.deepcopy(s)
+        out = copy.copy(s)
+        out.rejected_by_reason = dict(s.rejected_by_reason)
+        out.finished_by_reason = dict(s.finished_by_reason)
+        out.preemptions_by_kind = dict(s.preemptions_by_kind)
         out.num_running = len(self._running)
         out.num_loading = len(self._loading)
         out.num_waiting = len(self._fifo) + len(self._heap) + len(self._preempted)
@@ -1240,6 +1246,24 @@ class Scheduler:
             if victim is r:
                 return False
         return True
+
+    def tenant_pages(self) -> dict[str | None, int]:
+        """Pages each tenant's live requests hold now (None: the default namespace). Read-only and
+        safe from another thread while the engine steps (the metrics scrape's ``tenant_pages``
+        family): the live requests are taken in one C call each, and a decoding request's count is
+        read from its tokens, without catching up the scheduler's own lazy counts (which only the
+        engine's thread may write)."""
+        reqs = [*list(self._running.values()), *list(self._loading.values())]
+        lazy = self._lazy
+        decoding = self._decoding
+        out: dict[str | None, int] = {}
+        for r in reqs:
+            computed = r.computed
+            if lazy and r.rid in decoding:
+                computed = max(computed, len(r.tokens) - 1)
+            n = self._pages.held(max(r.reserved, r.known, computed))
+            out[r.ns] = out.get(r.ns, 0) + n
+        return out
 
     def _tenant_pages(self, expected: bool = False) -> dict[str | None, int]:
         """Pages each tenant's live requests hold (and, ``expected``, will hold with their answers)."""

@@ -55,7 +55,8 @@ class Request:
     ``[0, 2**32)``; a sampled one finishes the request (reason ``"stop"``).
 
     Every field is checked here (InvalidArgumentError naming it), so that a request the scheduler
-    accepts is one the manager accepts too.
+    accepts is one the manager accepts too. ``prompt`` is kept as a read-only uint32 copy: what the
+    scheduler computes is what was submitted, whatever the caller does with its own buffer.
     """
 
     request_id: int
@@ -82,7 +83,12 @@ class Request:
             raise InvalidArgumentError("prompt token ids must be in [0, 2**32)")
         if arr.size >= MAX_SEQ_LEN:
             raise InvalidArgumentError(f"prompt must be shorter than {MAX_SEQ_LEN} tokens")
-        object.__setattr__(self, "prompt", arr.astype(np.uint32, copy=True))  # a private copy
+        # A private, read-only copy: the scheduler computes later prefill chunks from it, under the
+        # keys of the tokens the manager was given at admission; a caller writing to it then made
+        # cached pages of other tokens than their keys say (other requests read them).
+        prompt = arr.astype(np.uint32, copy=True)
+        prompt.setflags(write=False)
+        object.__setattr__(self, "prompt", prompt)
         for name, low in (("max_new_tokens", 1), ("sink_tokens", 0)):
             v = getattr(self, name)
             if not is_int(v) or v < low:
