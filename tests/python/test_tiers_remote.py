@@ -1249,6 +1249,22 @@ def slots_reply(table: list[tuple[int, int, int]]) -> bytes:
     return out
 
 
+@pytest.mark.parametrize("reply", [b":2\r\n", b":-1\r\n", b":10\r\n"])
+def test_an_exists_reply_that_is_no_count_of_one_key_is_a_miss(fake_server: Any, reply: bytes) -> None:
+    """EXISTS of one key answers :0 or :1; any other integer counted as a hit (a key the server never
+    confirmed, then a load that misses). It is now a protocol error: the node's keys are absent and its
+    connection closed."""
+    server = fake_server(lambda args: reply if args[0].upper() == b"EXISTS" else b"+OK\r\n")
+    tier = RedisTier(f"redis://{server.address}", make_pool(), timeout_s=TIMEOUT)
+    m = meta(3)
+    assert tier.exists(m["keys"]) == 0
+    assert tier.exists(m["keys"][:1]) == 0  # the one-key path too
+    assert "EXISTS: unexpected reply" in (tier.last_error or "")
+    server.reply = lambda args: b":1\r\n" if args[0].upper() == b"EXISTS" else b"+OK\r\n"
+    assert tier.exists(m["keys"]) == 3  # a new connection, read again
+    tier.close()
+
+
 def test_a_plain_server_never_follows_moved(fake_server: Any) -> None:
     """A redis:// server is not a cluster: a MOVED from it fails the row (counted) and adds no node
     (each MOVED to a new address used to add one, with its 1 MiB buffer, for good)."""

@@ -2108,8 +2108,10 @@ class RedisTier:
                 if asking:
                     _asking_reply(conn, dl)
                 line = conn.line(dl)
-                if line[:1] == b":":
-                    found[i] = line != b":0"
+                if line == b":0" or line == b":1":  # EXISTS of one key: nothing else is a count of it
+                    found[i] = line == b":1"
+                elif line[:1] == b":":
+                    raise _ProtocolError(f"EXISTS: unexpected reply {line[:40]!r}")
                 elif line[:1] == b"-":
                     if line[:6] == b"-MOVED":
                         self._moved(line, call)
