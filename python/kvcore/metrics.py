@@ -38,10 +38,12 @@ Series (prefix ``kvcore``; fields in ``docs/api.md``):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import socket
 import socketserver
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -335,12 +337,32 @@ def metrics_text(
 
 MAX_CONNECTIONS = 64  # connections served at once; more are closed at once (never queued)
 CONNECTION_TIMEOUT_S = 10.0  # the longest wait for a client's next bytes
+CONNECTION_DEADLINE_S = 30.0  # the longest a connection is served, however its bytes trickle in
 
 
 class _QuietHandler(WSGIRequestHandler):
-    """One scrape: a socket timeout on every read and write (``timeout``), nothing logged."""
+    """One scrape: a socket timeout on every read and write (``timeout``), the connection shut down
+    ``deadline_s`` after it began whatever it is doing (a client trickling a byte every few seconds
+    would never meet the timeout), nothing logged."""
 
     timeout = CONNECTION_TIMEOUT_S
+    deadline_s = CONNECTION_DEADLINE_S
+
+    def setup(self) -> None:
+        super().setup()
+        self._deadline = threading.Timer(self.deadline_s, self._cut)
+        self._deadline.daemon = True
+        self._deadline.start()
+
+    def _cut(self) -> None:
+        # shutdown (not close): a read or write blocked in the handler's thread returns at once
+        with contextlib.suppress(OSError):
+            self.connection.shutdown(socket.SHUT_RDWR)
+
+    def finish(self) -> None:
+        self._deadline.cancel()
+        with contextlib.suppress(OSError):  # a client gone, or cut by the deadline
+            super().finish()
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -348,13 +370,17 @@ class _QuietHandler(WSGIRequestHandler):
 
 class MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
     """The server :func:`serve` returns: a thread per connection, at most ``max_connections`` at once
-    (more are closed as they come), each read and write timed out after ``CONNECTION_TIMEOUT_S``, so a
-    client that connects and sends nothing, or trickles, holds one thread and one descriptor for
-    seconds, and many of them never starve the engine's process of descriptors. ``shutdown()`` stops
-    serving and closes the listening socket (the port is free again when it returns)."""
+    (more are closed as they come), each read and write timed out after ``CONNECTION_TIMEOUT_S`` and
+    each connection cut ``CONNECTION_DEADLINE_S`` after it began, so a client that connects and sends
+    nothing, or trickles, holds one thread and one descriptor for seconds, and many of them never
+    starve the engine's process of descriptors (nor lock scrapes out for longer than the deadline).
+    ``shutdown()`` stops serving and closes the listening socket (the port is free again when it
+    returns)."""
 
     daemon_threads = True
     max_connections = MAX_CONNECTIONS
+    # The listen backlog: socketserver's 5 made a burst of clients wait out 1 s SYN retries.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], family: int) -> None:
         self.address_family = family
@@ -378,12 +404,20 @@ class MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
         finally:
             self._slots.release()
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that timed out, went away or was cut by the deadline is no error worth a
+        traceback on the engine's stderr; anything else is reported as the base class does."""
+        if isinstance(sys.exc_info()[1], OSError):
+            return
+        super().handle_error(request, client_address)
+
     def shutdown(self) -> None:
-        """Stop serving, close the listening socket and wait for the serving thread."""
-        super().shutdown()
-        self.server_close()
+        """Stop serving, close the listening socket and wait for the serving thread (a server that
+        never served, built directly: only closed)."""
         if self._thread is not None:
+            super().shutdown()
             self._thread.join()
+        self.server_close()
 
 
 def serve(port: int, collector: KVCoreCollector, addr: str = "127.0.0.1") -> MetricsServer:

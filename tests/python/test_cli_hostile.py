@@ -25,6 +25,7 @@ from kv_helpers import llama_like
 import kvcore.cli
 import kvcore.demo
 import kvcore.replay.engine
+import kvcore.replay.trace
 from kvcore.exceptions import KVCoreError, TraceFormatError
 from kvcore.replay import ReplayConfig, read_trace, run_replay
 from kvcore.replay.trace import write_trace
@@ -456,16 +457,34 @@ def _in_thread(func: Callable[[], Any], timeout_s: float = 60.0) -> Any:
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
-def test_a_trace_fifo_no_process_writes_is_refused_at_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_a_trace_fifo_no_process_writes_is_refused_after_the_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # open() of a FIFO for reading waits for a writer: kvcore replay FIFO hung forever.
+    monkeypatch.setattr(kvcore.replay.trace, "FIFO_WAIT_S", 0.3)
     fifo = tmp_path / "t.fifo"
     os.mkfifo(fifo)
     code = _in_thread(lambda: kvcore.cli.main(replay_argv(fifo, tmp_path)))
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
-    one_line(err, "t.fifo", "no requests", "FIFO")
+    one_line(err, "t.fifo", "a FIFO that no process wrote to within 0.3 s")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
+def test_a_trace_fifo_whose_writer_comes_late_is_read(tmp_path: Path) -> None:
+    # mkfifo p; kvcore replay p & zcat t.gz > p: the reader opens first, the writer after it.
+    path = write_lines(tmp_path / "t.jsonl", [json.dumps(ROW)] * 4)
+    fifo = tmp_path / "t.fifo"
+    os.mkfifo(fifo)
+
+    def writer() -> None:
+        time.sleep(0.5)
+        with open(fifo, "wb") as f:
+            f.write(path.read_bytes())
+
+    threading.Thread(target=writer, daemon=True).start()
+    trace = _in_thread(lambda: read_trace(fifo, block_size=16))
+    assert trace.num_requests == 4
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
@@ -494,17 +513,18 @@ def test_a_trace_streamed_through_a_fifo_is_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
-def test_save_trace_to_a_fifo_no_process_reads_is_refused_at_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+def test_save_trace_to_a_fifo_no_process_reads_is_refused_after_the_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # open(FIFO, "w") waits for a reader: --save-trace FIFO hung forever before the replay began.
+    monkeypatch.setattr(kvcore.replay.trace, "FIFO_WAIT_S", 0.3)
     fifo = tmp_path / "w.fifo"
     os.mkfifo(fifo)
     argv = ["replay", "--requests", "5", "--save-trace", str(fifo), "--no-plot", "--out", str(tmp_path)]
     code = _in_thread(lambda: kvcore.cli.main(argv))
     out, err = capsys.readouterr()
     assert code == 2, (out, err)
-    one_line(err, "w.fifo", "no process reads")
+    one_line(err, "w.fifo", "a FIFO that no process read within 0.3 s")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
@@ -519,7 +539,7 @@ def test_save_trace_streams_to_a_fifo_with_a_reader(tmp_path: Path) -> None:
 
     thread = threading.Thread(target=reader, daemon=True)
     thread.start()
-    time.sleep(0.2)  # the reader is waiting in open()
+    time.sleep(0.2)  # the reader is waiting in open() (a reader that came later would do too)
     trace = read_trace(write_lines(tmp_path / "t.jsonl", [json.dumps(ROW)] * 3), block_size=16)
     _in_thread(lambda: write_trace(trace, fifo))
     thread.join(10)
@@ -545,6 +565,7 @@ def test_a_trace_with_a_byte_order_mark_is_read(tmp_path: Path) -> None:
         ("--save-trace", "No such file"),
         ("--weight-bytes", "--weight-bytes"),
         ("--params", "--params"),
+        ("--out", "--out"),
     ],
 )
 def test_an_empty_value_is_refused_not_ignored(
@@ -552,7 +573,7 @@ def test_an_empty_value_is_refused_not_ignored(
 ) -> None:
     # `if args.capacity_tokens:` read --capacity-tokens= as "not given": the replay ran at the default
     # capacity, exit 0.
-    argv = ["replay", "--requests", "5", f"{flag}=", "--no-plot", "--out", str(tmp_path)]
+    argv = ["replay", "--requests", "5", "--no-plot", "--out", str(tmp_path), f"{flag}="]  # (the last wins)
     if flag in ("--weight-bytes", "--params"):
         argv += ["--model", "llama-3.1-8b", "--gpu", "H100-80G"]
     refused(argv, capsys, needle)

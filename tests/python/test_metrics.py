@@ -278,8 +278,9 @@ def test_serve_times_out_idle_connections_and_caps_them() -> None:
         server.shutdown()
 
 
-def test_serve_drops_a_connection_that_sends_nothing(monkeypatch: Any) -> None:
+def test_serve_drops_a_connection_that_sends_nothing(monkeypatch: Any, capfd: Any) -> None:
     import socket
+    import time
 
     from kvcore import metrics
 
@@ -290,8 +291,53 @@ def test_serve_drops_a_connection_that_sends_nothing(monkeypatch: Any) -> None:
         s.sendall(b"GET /metrics HTT")  # and nothing more
         assert s.recv(100) == b""  # closed by the server after its timeout, not held
         s.close()
+        time.sleep(0.2)
     finally:
         server.shutdown()
+    assert "Traceback" not in capfd.readouterr().err  # a timed-out client is not an error to print
+
+
+def test_serve_cuts_a_connection_that_trickles_at_its_deadline(monkeypatch: Any) -> None:
+    """A byte every few seconds never meets a per-read timeout: 64 such clients held every slot,
+    and every real scrape was refused, for as long as they went on. The deadline cuts each one."""
+    import socket
+    import time
+
+    from kvcore import metrics
+
+    monkeypatch.setattr(metrics._QuietHandler, "deadline_s", 1.0)
+    server = serve(0, KVCoreCollector(kvcore.KVCacheManager(16, 4)))
+    try:
+        s = socket.create_connection(("127.0.0.1", server.server_port), timeout=5)
+        t0 = time.monotonic()
+        closed = False
+        for byte in b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100:
+            try:
+                s.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.2)  # well under the 10 s timeout
+            s.setblocking(False)
+            try:
+                if s.recv(100) == b"":
+                    closed = True
+                    break
+            except BlockingIOError:
+                pass
+            finally:
+                s.setblocking(True)
+        assert closed and time.monotonic() - t0 < 5
+        s.close()
+    finally:
+        server.shutdown()
+
+
+def test_a_server_that_never_served_shuts_down() -> None:
+    from kvcore.metrics import MetricsServer
+
+    server = MetricsServer(("127.0.0.1", 0), __import__("socket").AF_INET)
+    server.shutdown()  # waited forever on serve_forever's end before
 
 
 def test_shutdown_frees_the_port_and_bad_ports_are_config_errors() -> None:

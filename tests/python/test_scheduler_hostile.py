@@ -842,6 +842,8 @@ def test_a_submitted_prompt_cannot_be_changed_under_the_scheduler() -> None:
     sched.update(plan, engine.forward(plan))
     with pytest.raises(ValueError, match="read-only"):
         first.prompt[:] = 0
+    with pytest.raises(ValueError):
+        first.prompt.setflags(write=True)  # over immutable bytes: not even on purpose
     run(1)
     sched.submit(Request(2, prompt, 5), 10)
     run(10)

@@ -1169,6 +1169,7 @@ class FakeServer:
         self.open = 0
         self.commands: list[list[bytes]] = []
         self.trickle_s = 0.0
+        self.client_reply = b"+OK\r\n"  # the reply to CLIENT SETNAME
         self._lock = threading.Lock()
         self._conns: list[socket.socket] = []
         threading.Thread(target=self._accept, daemon=True).start()
@@ -1191,7 +1192,7 @@ class FakeServer:
                 while (args := _read_command(f)) is not None:
                     with self._lock:
                         self.commands.append(args)
-                    out = b"+OK\r\n" if args[0].upper() == b"CLIENT" else self.reply(args)
+                    out = self.client_reply if args[0].upper() == b"CLIENT" else self.reply(args)
                     if out is None:
                         break
                     if self.trickle_s and args[0].upper() != b"CLIENT":
@@ -1262,6 +1263,37 @@ def test_an_exists_reply_that_is_no_count_of_one_key_is_a_miss(fake_server: Any,
     assert "EXISTS: unexpected reply" in (tier.last_error or "")
     server.reply = lambda args: b":1\r\n" if args[0].upper() == b"EXISTS" else b"+OK\r\n"
     assert tier.exists(m["keys"]) == 3  # a new connection, read again
+    tier.close()
+
+
+@pytest.mark.parametrize(
+    ("client_reply", "usable"),
+    [
+        (b"-NOPERM this user has no permissions to run the 'client|setname' command\r\n", True),
+        (b"-ERR unknown command 'CLIENT', with args beginning with: 'SETNAME'\r\n", True),
+        (b"-NOAUTH Authentication required.\r\n", False),  # a password needed, none in the URL
+        (b"-LOADING Redis is loading the dataset in memory\r\n", False),
+    ],
+)
+def test_only_a_refusal_to_name_the_connection_is_ignored(
+    fake_server: Any, client_reply: bytes, usable: bool
+) -> None:
+    """CLIENT SETNAME, the hand-shake's last command, may be refused for want of the right (an ACL
+    user without +client, CLIENT renamed away): the connection is used all the same. NOAUTH or
+    LOADING there means the server serves nothing: the connection fails, counted, toward back-off."""
+    server = fake_server(lambda args: b"+OK\r\n" if args[0].upper() == b"SET" else b":1\r\n")
+    server.client_reply = client_reply
+    pool = make_pool()
+    tier = RedisTier(f"redis://{server.address}", pool, timeout_s=TIMEOUT, down_after=2)
+    m = meta(2)
+    ok = tier.store(pool, i32(1, 2), i32(0, 1), **m)
+    s = tier.stats()
+    if usable:
+        assert ok.all() and tier.exists(m["keys"]) == 2 and s["connection_errors"] == 0
+    else:
+        assert not ok.any() and s["store_failed_connection"] == 2 and s["connection_errors"] >= 1
+        assert client_reply[1:8].decode() in (tier.last_error or "")
+        assert tier.exists(m["keys"]) == 0 and tier.stats()["lookup_failed"] == 1
     tier.close()
 
 

@@ -299,6 +299,8 @@ def _out_dir(text: str) -> Path:
     """
     from kvcore.exceptions import ConfigError
 
+    if not text:  # Path("") is ".": the reports would land in the working directory unasked
+        raise ConfigError("--out: '' is not a directory name")
     path = Path(text)
     try:
         probe = path.absolute()

@@ -35,7 +35,9 @@ import io
 import json
 import math
 import os
+import select
 import stat
+import time
 from array import array
 from dataclasses import dataclass
 from pathlib import Path
@@ -250,33 +252,64 @@ def _timestamp(stamp: object, at: _Line) -> float:
     raise at.fail("timestamp", f"expected a number of ms >= 0 (and finite), got {show(stamp)}")
 
 
+FIFO_WAIT_S = 10.0  # how long a FIFO may wait for its other end (a writer to read, a reader to write)
+
+
 def _open_stream(path: str | os.PathLike[str], *, write: bool) -> tuple[IO[bytes], bool]:
     """``path`` opened for reading, or for writing (created or truncated), and whether it is a FIFO.
 
-    A FIFO streams (``kvcore replay <(zcat t.jsonl.gz)``, ``--save-trace >(gzip > t.gz)``), but is never
-    waited on: opened non-blocking, so one with no process at the other end does not hang the call. Read
-    from, it then gives end of file at once (no requests); written to, it is refused (``ENXIO``). Then
-    the descriptor blocks again, as a file's.
+    A FIFO streams (``kvcore replay <(zcat t.jsonl.gz)``, ``--save-trace >(gzip > t.gz)``, or a named
+    one whose other end comes a little later), but never waits for good: its other end must appear
+    within :data:`FIFO_WAIT_S`. Read from, a FIFO is opened non-blocking and polled for its first
+    bytes (or its writer's close); written to, the open is retried while no process reads. Then the
+    descriptor blocks again, as a file's.
 
     Raises:
-        OSError: the path cannot be opened, is a directory, or is a FIFO no process reads.
+        OSError: the path cannot be opened, is a directory, or is a FIFO whose other end did not
+            come in time (ETIMEDOUT, ENXIO).
     """
-    flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY
-    try:
-        fd = os.open(path, flags | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0), 0o666)
-    except OSError as exc:
-        if write and exc.errno == errno.ENXIO:
-            raise OSError(errno.ENXIO, "a FIFO that no process reads", os.fspath(path)) from None
-        raise
+    name = os.fspath(path)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_TRUNC if write else os.O_RDONLY) | os.O_NONBLOCK
+    flags |= getattr(os, "O_CLOEXEC", 0)
+    deadline = time.monotonic() + FIFO_WAIT_S
+    while True:
+        try:
+            fd = os.open(path, flags, 0o666)
+            break
+        except OSError as exc:
+            if not (write and exc.errno == errno.ENXIO and _is_fifo(path)):
+                raise  # (ENXIO is also a socket's answer, /dev/stdout on one: not a FIFO's wait)
+            if time.monotonic() >= deadline:
+                raise OSError(
+                    errno.ENXIO, f"a FIFO that no process read within {FIFO_WAIT_S:g} s", name
+                ) from None
+            time.sleep(0.05)
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise IsADirectoryError(errno.EISDIR, "is a directory, not a trace file", os.fspath(path))
+            raise IsADirectoryError(errno.EISDIR, "is a directory, not a trace file", name)
+        fifo = stat.S_ISFIFO(mode)
+        if fifo and not write:
+            # POLLIN at the first bytes, POLLHUP once a writer came and closed; neither while no
+            # writer has come (a non-blocking reader of a FIFO no one opened reads end of file)
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            if not poller.poll(max(0, math.ceil((deadline - time.monotonic()) * 1000))):
+                raise OSError(
+                    errno.ETIMEDOUT, f"a FIFO that no process wrote to within {FIFO_WAIT_S:g} s", name
+                )
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "wb" if write else "rb"), stat.S_ISFIFO(mode)
+        return os.fdopen(fd, "wb" if write else "rb"), fifo
     except BaseException:
         os.close(fd)
         raise
+
+
+def _is_fifo(path: str | os.PathLike[str]) -> bool:
+    try:
+        return stat.S_ISFIFO(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def read_trace(
@@ -313,7 +346,7 @@ def read_trace(
     has_prio = has_out = False
     first_line = 0
     # Binary lines: a line that is not UTF-8 is an error of that line, not of the whole file.
-    f, fifo = _open_stream(path, write=False)
+    f, _fifo = _open_stream(path, write=False)
     with f:
         while limit is None or len(inputs) < limit:
             raw = f.readline(MAX_LINE_BYTES + 1)
@@ -364,8 +397,7 @@ def read_trace(
             inputs.append(n_in)
             outputs.append(n_out)
     if not inputs:
-        hint = " (a FIFO that no process writes?)" if fifo else ""
-        raise TraceFormatError(f"{at.path}: no requests{hint}")
+        raise TraceFormatError(f"{at.path}: no requests")
     if has_out:
         for k, (count, n_out) in enumerate(zip(out_counts, outputs, strict=True)):
             if count != -(-n_out // block_size):

@@ -86,8 +86,8 @@ class Request:
         # A private, read-only copy: the scheduler computes later prefill chunks from it, under the
         # keys of the tokens the manager was given at admission; a caller writing to it then made
         # cached pages of other tokens than their keys say (other requests read them).
-        prompt = arr.astype(np.uint32, copy=True)
-        prompt.setflags(write=False)
+        # Over immutable bytes: setflags(write=True) cannot make it writable again.
+        prompt = np.frombuffer(arr.astype(np.uint32, copy=False).tobytes(), dtype=np.uint32)
         object.__setattr__(self, "prompt", prompt)
         for name, low in (("max_new_tokens", 1), ("sink_tokens", 0)):
             v = getattr(self, name)

@@ -465,7 +465,8 @@ class DiskTier:
         if os.getpid() != self._pid:
             raise ConfigError(
                 f"DiskTier {self.name!r}: opened by process {self._pid}, used in {os.getpid()} (a forked "
-                "child): a process must open a DiskTier of its own, on a directory of its own"
+                "child): give the child a DiskTier of its own on a directory of its own (this one's "
+                "stays locked while any process holds the inherited descriptor: close() it in the child)"
             )
 
     def _file(self, slot: int) -> str:
@@ -808,14 +809,14 @@ class DiskTier:
                         raise
                     fd = -1
                 if fd >= 0:
-                    try:
+                    try:  # everything after the open: a KeyboardInterrupt too closes the descriptor
                         st = os.fstat(fd)
-                    except BaseException:  # a KeyboardInterrupt too: the descriptor is not leaked
+                        same = st.st_ino == old[1] and st.st_dev == old[0]
+                        if same and st.st_nlink == 1 and stat.S_ISREG(st.st_mode):
+                            return fd, old, True
+                    except BaseException:
                         os.close(fd)
                         raise
-                    same = st.st_ino == old[1] and st.st_dev == old[0]
-                    if same and st.st_nlink == 1 and stat.S_ISREG(st.st_mode):
-                        return fd, old, True
                     os.close(fd)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _SAFE_OPEN
         try:

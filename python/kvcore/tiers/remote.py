@@ -435,14 +435,20 @@ class _Conn:
                 cmds.append(_command(b"AUTH", *user, self.auth.password.encode()))
             if self.auth.db:
                 cmds.append(_command(b"SELECT", str(self.auth.db).encode()))
-            # The name only labels the connection in CLIENT LIST: a server that refuses it (an ACL user
-            # without +client, CLIENT renamed away) is used all the same; AUTH or SELECT refused is not.
+            # The name only labels the connection in CLIENT LIST: a server that may not run it for
+            # this user (an ACL user without +client: NOPERM; CLIENT renamed away: unknown command)
+            # is used all the same. Any other refusal fails the connection, as AUTH's or SELECT's
+            # does: NOAUTH (a password needed and none given), LOADING, DENIED, ...
             cmds.append(_command(b"CLIENT", b"SETNAME", b"kvcore"))
             self.send(cmds, dl)
             for k in range(len(cmds)):
                 line = self.line(dl)
-                if line[:1] == b"-" and k < len(cmds) - 1:
-                    raise _Refused(line[1:].decode("utf-8", "replace"))
+                if line[:1] != b"-":
+                    continue
+                naming = k == len(cmds) - 1
+                if naming and (line.startswith(b"-NOPERM") or line.startswith(b"-ERR unknown")):
+                    continue
+                raise _Refused(line[1:].decode("utf-8", "replace"))
         except BaseException:
             self.close()
             raise
