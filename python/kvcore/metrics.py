@@ -411,9 +411,14 @@ class MetricsServer(socketserver.ThreadingMixIn, WSGIServer):
             return
         super().handle_error(request, client_address)
 
+    def start(self) -> None:
+        """Serve from a daemon thread of its own (what :func:`serve` does)."""
+        self._thread = threading.Thread(target=self.serve_forever, name="kvcore-metrics", daemon=True)
+        self._thread.start()
+
     def shutdown(self) -> None:
-        """Stop serving, close the listening socket and wait for the serving thread (a server that
-        never served, built directly: only closed)."""
+        """Stop serving, close the listening socket and wait for the serving thread (a server never
+        started: only closed)."""
         if self._thread is not None:
             super().shutdown()
             self._thread.join()
@@ -440,7 +445,5 @@ def serve(port: int, collector: KVCoreCollector, addr: str = "127.0.0.1") -> Met
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)  # type: ignore[arg-type]
     server.set_app(make_wsgi_app(registry))
-    thread = threading.Thread(target=server.serve_forever, name="kvcore-metrics", daemon=True)
-    server._thread = thread
-    thread.start()
+    server.start()
     return server

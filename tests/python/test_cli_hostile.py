@@ -456,6 +456,15 @@ def _in_thread(func: Callable[[], Any], timeout_s: float = 60.0) -> Any:
     return box[0]
 
 
+def refused_in_time(argv: list[str], capsys: pytest.CaptureFixture[str], *needles: str) -> str:
+    """:func:`refused`, the command run in a thread that must end in time (one that used to hang)."""
+    code = _in_thread(lambda: kvcore.cli.main(argv))
+    out, err = capsys.readouterr()
+    assert code == 2, (code, out, err)
+    assert out == ""
+    return one_line(err, *needles)
+
+
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
 def test_a_trace_fifo_no_process_writes_is_refused_after_the_wait(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
@@ -464,10 +473,9 @@ def test_a_trace_fifo_no_process_writes_is_refused_after_the_wait(
     monkeypatch.setattr(kvcore.replay.trace, "FIFO_WAIT_S", 0.3)
     fifo = tmp_path / "t.fifo"
     os.mkfifo(fifo)
-    code = _in_thread(lambda: kvcore.cli.main(replay_argv(fifo, tmp_path)))
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    one_line(err, "t.fifo", "a FIFO that no process wrote to within 0.3 s")
+    refused_in_time(
+        replay_argv(fifo, tmp_path), capsys, "t.fifo", "a FIFO that no process wrote to within 0.3 s"
+    )
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")
@@ -521,10 +529,7 @@ def test_save_trace_to_a_fifo_no_process_reads_is_refused_after_the_wait(
     fifo = tmp_path / "w.fifo"
     os.mkfifo(fifo)
     argv = ["replay", "--requests", "5", "--save-trace", str(fifo), "--no-plot", "--out", str(tmp_path)]
-    code = _in_thread(lambda: kvcore.cli.main(argv))
-    out, err = capsys.readouterr()
-    assert code == 2, (out, err)
-    one_line(err, "w.fifo", "a FIFO that no process read within 0.3 s")
+    refused_in_time(argv, capsys, "w.fifo", "a FIFO that no process read within 0.3 s")
 
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs")

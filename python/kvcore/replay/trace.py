@@ -255,8 +255,8 @@ def _timestamp(stamp: object, at: _Line) -> float:
 FIFO_WAIT_S = 10.0  # how long a FIFO may wait for its other end (a writer to read, a reader to write)
 
 
-def _open_stream(path: str | os.PathLike[str], *, write: bool) -> tuple[IO[bytes], bool]:
-    """``path`` opened for reading, or for writing (created or truncated), and whether it is a FIFO.
+def _open_stream(path: str | os.PathLike[str], *, write: bool) -> IO[bytes]:
+    """``path`` opened for reading, or for writing (created or truncated).
 
     A FIFO streams (``kvcore replay <(zcat t.jsonl.gz)``, ``--save-trace >(gzip > t.gz)``, or a named
     one whose other end comes a little later), but never waits for good: its other end must appear
@@ -288,8 +288,7 @@ def _open_stream(path: str | os.PathLike[str], *, write: bool) -> tuple[IO[bytes
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
             raise IsADirectoryError(errno.EISDIR, "is a directory, not a trace file", name)
-        fifo = stat.S_ISFIFO(mode)
-        if fifo and not write:
+        if stat.S_ISFIFO(mode) and not write:
             # POLLIN at the first bytes, POLLHUP once a writer came and closed; neither while no
             # writer has come (a non-blocking reader of a FIFO no one opened reads end of file)
             poller = select.poll()
@@ -299,7 +298,7 @@ def _open_stream(path: str | os.PathLike[str], *, write: bool) -> tuple[IO[bytes
                     errno.ETIMEDOUT, f"a FIFO that no process wrote to within {FIFO_WAIT_S:g} s", name
                 )
         os.set_blocking(fd, True)
-        return os.fdopen(fd, "wb" if write else "rb"), fifo
+        return os.fdopen(fd, "wb" if write else "rb")
     except BaseException:
         os.close(fd)
         raise
@@ -346,7 +345,7 @@ def read_trace(
     has_prio = has_out = False
     first_line = 0
     # Binary lines: a line that is not UTF-8 is an error of that line, not of the whole file.
-    f, _fifo = _open_stream(path, write=False)
+    f = _open_stream(path, write=False)
     with f:
         while limit is None or len(inputs) < limit:
             raw = f.readline(MAX_LINE_BYTES + 1)
@@ -439,7 +438,7 @@ def write_trace(trace: Trace, path: str | os.PathLike[str]) -> None:
     indptr = trace.hash_indptr.tolist()
     out_ids = trace.output_ids.tolist() if trace.output_ids is not None else None
     out_indptr = trace.output_indptr.tolist() if trace.output_indptr is not None else None
-    raw, _ = _open_stream(path, write=True)
+    raw = _open_stream(path, write=True)
     with io.TextIOWrapper(raw, encoding="utf-8") as f:
         for i in range(trace.num_requests):
             row: dict[str, Any] = {}
