@@ -248,10 +248,13 @@ impl KVCacheManager {
         }
         let mut names = HashSet::new();
         for t in &config.lower_tiers {
-            if t.name.is_empty() || t.name == "hbm" || !names.insert(t.name.as_str()) {
+            if t.name.is_empty()
+                || t.name.eq_ignore_ascii_case("hbm")
+                || !names.insert(t.name.as_str())
+            {
                 return Err(KvError::InvalidArgument(format!(
-                    "lower tier names must be distinct, non-empty and not \"hbm\" (the first \
-                     tier's name in hits and floors), got {:?}",
+                    "lower tier names must be distinct, non-empty and not \"hbm\" in any case (the \
+                     first tier's name in hits, floors and metrics), got {:?}",
                     t.name
                 )));
             }

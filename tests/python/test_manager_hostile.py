@@ -779,5 +779,8 @@ def test_block_table_refuses_a_fortran_ordered_buffer() -> None:
 
 
 def test_a_lower_tier_cannot_be_named_hbm() -> None:
-    with pytest.raises(InvalidArgumentError, match="hbm"):
-        kvcore.KVCacheManager(50, 4, lower_tiers=[("hbm", 8)])
+    for name in ("hbm", "HBM", "Hbm"):  # "HBM" beside "hbm" in hits and metrics labels read as one tier
+        with pytest.raises(InvalidArgumentError, match="hbm"):
+            kvcore.KVCacheManager(50, 4, lower_tiers=[("host", 4), (name, 8)])
+    m = kvcore.KVCacheManager(50, 4, lower_tiers=[("hbm2", 8), ("HBMx", 8)])
+    assert m.tier_names == ["hbm2", "HBMx"]

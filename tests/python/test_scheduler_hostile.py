@@ -848,3 +848,24 @@ def test_a_submitted_prompt_cannot_be_changed_under_the_scheduler() -> None:
     sched.submit(Request(2, prompt, 5), 10)
     run(10)
     assert out[2] == model.generate_no_cache(prompt, 5)
+
+
+def test_a_copied_or_unpickled_request_is_checked_and_read_only_too() -> None:
+    """pickle and copy.deepcopy restored a Request's __dict__ without __post_init__: the copy's prompt
+    was a writable array again (the cache poisoning above, through a request sent to a worker)."""
+    import copy
+    import pickle
+
+    r = Request(7, [3, 1, 4, 1, 5], 6, priority=2, namespace="t", window=5, sink_tokens=1, stop_token_ids={9})
+    for c in (pickle.loads(pickle.dumps(r)), copy.deepcopy(r), copy.copy(r)):
+        assert c is not r
+        assert not c.prompt.flags.writeable
+        with pytest.raises(ValueError):
+            c.prompt.setflags(write=True)
+        assert c.prompt.tolist() == [3, 1, 4, 1, 5]
+        assert (c.request_id, c.max_new_tokens, c.priority, c.namespace) == (7, 6, 2, "t")
+        assert (c.window, c.sink_tokens, c.stop_token_ids) == (5, 1, frozenset({9}))
+    # Rebuilt through the constructor, so its checks run: a reduced form with a bad field is refused.
+    cls, args = r.__reduce__()
+    with pytest.raises(InvalidArgumentError, match="request_id"):
+        cls(-1, *args[1:])

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -114,6 +114,11 @@ class Request:
         if not isinstance(self.request_class, str):
             raise InvalidArgumentError("request_class must be a string")
         object.__setattr__(self, "stop_token_ids", _stop_ids(self.stop_token_ids))
+
+    def __reduce__(self) -> tuple[type[Request], tuple[Any, ...]]:
+        # pickle and copy.deepcopy rebuild through __init__, so the copy is checked and its prompt
+        # read-only as well (their default restores __dict__, with a writable prompt array).
+        return (type(self), tuple(getattr(self, f.name) for f in fields(self)))
 
     @property
     def prompt_len(self) -> int:
