@@ -1,7 +1,7 @@
 """Type stubs of the native module (checked against the built module by ``mypy.stubtest``)."""
 
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, Protocol, TypeAlias, final
+from typing import Any, Literal, Protocol, TypeAlias, final, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -236,11 +236,27 @@ class KVCacheManager:
         over that many public pages (nothing is indexed if the tier's path here is otherwise)."""
     def tier_stats(self) -> dict[str, dict[str, int]]:
         """``{tier name: {counter: value}}``: occupancy and counters of each lower tier."""
+    @overload
     def restore_tier(
-        self, name: str, entries: Iterable[tuple[int, bytes, bytes, str | None, _Tokens]]
-    ) -> npt.NDArray[np.bool_]:
+        self,
+        name: str,
+        entries: Iterable[tuple[int, bytes, bytes, str | None, _Tokens]],
+        *,
+        reasons: Literal[False] = False,
+    ) -> npt.NDArray[np.bool_]: ...
+    @overload
+    def restore_tier(
+        self,
+        name: str,
+        entries: Iterable[tuple[int, bytes, bytes, str | None, _Tokens]],
+        *,
+        reasons: Literal[True],
+    ) -> list[str]:
         """Rebuild a lower tier's index from ``DiskTier.entries()``; accepted or not, per entry
-        (only pages whose keys this cache computes: same fingerprint, namespace and tokens)."""
+        (only pages whose keys this cache computes: same fingerprint, namespace and tokens). With
+        ``reasons=True``, per entry ``"accepted"`` or why not: ``"unknown_parent"`` (another
+        fingerprint's, or its parent's file is gone), ``"parent_refused"``, ``"key_mismatch"``,
+        ``"crosses_namespace"``, ``"slot_in_use"``, ``"duplicate"``, ``"index_refused"``."""
     def _check_invariants(self) -> None:
         """Check the tree's and the lower tiers' invariants (tests); InternalError if broken."""
     def reserve(self, seq_id: int, num_tokens: int) -> bool:

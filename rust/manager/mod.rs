@@ -65,7 +65,8 @@ pub use page_table::{BatchLayout, PageTable};
 pub use prefix::PrefixMatch;
 pub use stats::CacheStats;
 pub use tiers::{
-    LoadRow, RestoredPage, StorePolicy, StoreRow, TierConfig, TierStats, TransferBatch, ValueModel,
+    LoadRow, RestoreOutcome, RestoredPage, StorePolicy, StoreRow, TierConfig, TierStats,
+    TransferBatch, ValueModel,
 };
 
 /// Largest page size: `kv_last_page_len` is int32, and no engine uses pages of more tokens.

@@ -525,6 +525,44 @@ pub struct RestoredPage {
     pub tokens: Vec<u32>,
 }
 
+/// What `restore_tier` made of one entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RestoreOutcome {
+    /// The index holds the page in its slot now.
+    Accepted,
+    /// Its parent key is neither this cache's root key nor another entry's key: a page made under
+    /// another fingerprint, or one whose parent's file is gone.
+    UnknownParent,
+    /// Its parent is another entry, which was not restored.
+    ParentRefused,
+    /// Its key is not what this cache computes from its parent key, namespace and tokens.
+    KeyMismatch,
+    /// It continues a page of another namespace (only a public page may be continued by another).
+    CrossesNamespace,
+    /// Its slot holds another page already.
+    SlotInUse,
+    /// A page restored already (another slot holds the same key): its branch goes on from there.
+    Duplicate,
+    /// The tier's index could not take it.
+    IndexRefused,
+}
+
+impl RestoreOutcome {
+    /// The outcome's name, as Python gets it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Accepted => "accepted",
+            Self::UnknownParent => "unknown_parent",
+            Self::ParentRefused => "parent_refused",
+            Self::KeyMismatch => "key_mismatch",
+            Self::CrossesNamespace => "crosses_namespace",
+            Self::SlotInUse => "slot_in_use",
+            Self::Duplicate => "duplicate",
+            Self::IndexRefused => "index_refused",
+        }
+    }
+}
+
 impl KVCacheManager {
     /// Names of the lower tiers, in order (index = a transfer row's `tier`).
     pub fn tier_names(&self) -> Vec<String> {
@@ -1574,7 +1612,7 @@ impl KVCacheManager {
         tier_name: &str,
         pages: &[RestoredPage],
         now: u64,
-    ) -> KvResult<Vec<bool>> {
+    ) -> KvResult<Vec<RestoreOutcome>> {
         let mut guard = self.state.lock();
         let st = &mut *guard;
         let t = Self::tier_index(st, tier_name, "restore_tier")?;
@@ -1598,8 +1636,13 @@ impl KVCacheManager {
         for (i, p) in pages.iter().enumerate() {
             children.entry(p.parent_key).or_default().push(i);
         }
-        let mut accepted = vec![false; pages.len()];
+        // Entries the walk never reaches keep `UnknownParent` or become `ParentRefused` (below).
+        let mut outcome = vec![RestoreOutcome::UnknownParent; pages.len()];
         let mut free: HashSet<u32> = st.tiers[t].free.iter().copied().collect();
+        // Keys whose children are on the stack already: a key names one chain, so one tier node,
+        // and entries with the same key (duplicate files) must not push their children again: with
+        // two copies per level that visited 2^depth entries under the manager's lock.
+        let mut expanded: HashSet<PageKey> = HashSet::new();
         // Depth-first from the root key: (page index, depth); the path's tokens and slots are
         // kept for the current branch only.
         // Siblings in a namespace's own branch go before public ones (the stack pops the last
@@ -1643,6 +1686,11 @@ impl KVCacheManager {
                 parent == ns || parent == crate::radix::PUBLIC_NAMESPACE
             });
             if !continues || page_key(&p.parent_key, kns, &p.tokens) != p.key {
+                outcome[i] = if continues {
+                    RestoreOutcome::KeyMismatch
+                } else {
+                    RestoreOutcome::CrossesNamespace
+                };
                 st.forget_if_unused(ns);
                 continue;
             }
@@ -1655,6 +1703,7 @@ impl KVCacheManager {
                 && st.tiers[t].keys[p.slot as usize] == p.key
                 && st.tiers[t].tree.peek_len_from(ns, below, &p.tokens) == Ok(1);
             if !held_here && !free.contains(&p.slot) {
+                outcome[i] = RestoreOutcome::SlotInUse;
                 st.forget_if_unused(ns);
                 continue;
             }
@@ -1664,26 +1713,30 @@ impl KVCacheManager {
                 .tree
                 .extend(ns, below, &p.tokens, &[p.slot + 1], 0, now)
             else {
+                outcome[i] = RestoreOutcome::IndexRefused;
                 st.forget_if_unused(ns);
                 continue;
             };
             let mut kept = Vec::with_capacity(1);
             tier.tree.path_pages(ins.node, 1, &mut kept);
             let Some(&(slot_id, kept_ns)) = kept.first() else {
+                outcome[i] = RestoreOutcome::IndexRefused;
                 st.forget_if_unused(ns);
                 continue;
             };
             if held_here {
                 // (extend adopted nothing: the page was found) the copy found must be this slot's
                 if ins.num_adopted_pages != 0 || slot_id != p.slot + 1 || kept_ns != ns {
+                    outcome[i] = RestoreOutcome::IndexRefused;
                     st.forget_if_unused(ns);
                     continue;
                 }
-                accepted[i] = true;
+                outcome[i] = RestoreOutcome::Accepted;
             } else if ins.num_adopted_pages != 1 {
                 // A duplicate of a page restored already below the same parent: the branch goes on
                 // from the copy the tier kept, if it is in the same namespace (else its children,
                 // keyed in this chain, would hang below a page keyed in another).
+                outcome[i] = RestoreOutcome::Duplicate;
                 if kept_ns != ns {
                     st.forget_if_unused(ns);
                     continue;
@@ -1692,7 +1745,7 @@ impl KVCacheManager {
                 free.remove(&p.slot);
                 tier.keys[p.slot as usize] = p.key;
                 tier.stats.num_restored_pages += 1;
-                accepted[i] = true;
+                outcome[i] = RestoreOutcome::Accepted;
                 // The tier's own key of the page before (its slot is the path's previous one).
                 let parent = (depth > 0).then(|| tier.keys[(path_slots[depth - 1] - 1) as usize]);
                 record_tier_stored(st, t, ns, &[p.key], parent, &[p.slot], &p.tokens);
@@ -1701,12 +1754,20 @@ impl KVCacheManager {
             path_ns.push(ns);
             path_nodes.push(ins.node);
             if let Some(kids) = children.get(&p.key) {
-                public_last(kids, depth + 1, &mut stack);
+                if expanded.insert(p.key) {
+                    public_last(kids, depth + 1, &mut stack);
+                }
+            }
+        }
+        let given: HashSet<PageKey> = pages.iter().map(|p| p.key).collect();
+        for (o, p) in outcome.iter_mut().zip(pages) {
+            if *o == RestoreOutcome::UnknownParent && given.contains(&p.parent_key) {
+                *o = RestoreOutcome::ParentRefused;
             }
         }
         let tier = &mut st.tiers[t];
         tier.free.retain(|s| free.contains(s));
-        Ok(accepted)
+        Ok(outcome)
     }
 
     /// Check the tiers' invariants (slots partitioned, counts exact); for tests.

@@ -1290,13 +1290,16 @@ impl PyKVCacheManager {
     /// `(slot, key, parent_key, namespace, tokens)` each). A page is accepted only if its key is
     /// what this cache computes from its parent (this cache's root key for a first page: same
     /// fingerprint only), namespace and tokens, and its slot is free. Returns a bool array:
-    /// accepted or not, per entry.
+    /// accepted or not, per entry; with `reasons=True`, a list of str: `"accepted"` or why not.
+    #[pyo3(signature = (name, entries, *, reasons = None))]
     fn restore_tier<'py>(
         &self,
         py: Python<'py>,
         name: &Bound<'py, PyAny>,
         entries: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<bool>>> {
+        reasons: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let reasons = reasons.map_or(Ok(false), |r| bool_arg(r, "reasons"))?;
         let name = str_arg(name, "name")?;
         let mut pages = Vec::new();
         for (i, e) in iter_arg(entries, "entries")?.enumerate() {
@@ -1328,8 +1331,15 @@ impl PyKVCacheManager {
             });
         }
         let now = self.now(py)?;
-        let accepted = self.run(py, true, |m| m.restore_tier(&name, &pages, now))?;
-        Ok(PyArray1::from_vec(py, accepted))
+        let outcome = self.run(py, true, |m| m.restore_tier(&name, &pages, now))?;
+        if reasons {
+            let names: Vec<&str> = outcome.iter().map(|o| o.name()).collect();
+            return Ok(PyList::new(py, names)?.into_any());
+        }
+        let accepted = outcome
+            .iter()
+            .map(|&o| o == crate::manager::RestoreOutcome::Accepted);
+        Ok(PyArray1::from_iter(py, accepted).into_any())
     }
 
     /// Check the lower tiers' and the tree's invariants (tests); `InternalError` on a violation.

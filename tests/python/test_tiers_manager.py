@@ -627,3 +627,74 @@ def test_a_shared_tier_page_whose_load_failed_is_indexed_again_by_a_lookup() -> 
     m.add_sequence(3, PROMPT)
     assert m.hit_tokens(3) == {"hbm": 0, "remote": 12}
     m._check_invariants()
+
+
+def test_restore_tier_says_why_it_refused_each_entry() -> None:
+    """reasons=True: per entry "accepted" or why not, so an operator can tell a fingerprint change
+    from a damaged directory; the bool answer is the same walk's."""
+    m = KVCacheManager(16, 2, lower_tiers=[("disk", 16)])
+    root = bytes(m.root_key())
+    k1 = ref_page_key(root, "a", [1, 2])
+    k2 = ref_page_key(k1, "a", [3, 4])
+    k3 = ref_page_key(k2, "a", [5, 6])
+    other_root = bytes(KVCacheManager(4, 2, fingerprint=b"other").root_key())
+    o1 = ref_page_key(other_root, "a", [1, 2])
+    x = ref_page_key(k1, "b", [7, 8])  # b's page below a's: a chain no cache writes
+    entries = [
+        (0, k1, root, "a", [1, 2]),
+        (1, k2, k1, "a", [3, 4]),
+        (2, k2, k1, "a", [3, 4]),  # the same page in another file
+        (3, k3, k2, "a", [5, 9]),  # tampered tokens
+        (4, ref_page_key(k3, "a", [7, 7]), k3, "a", [7, 7]),  # below the tampered page
+        (5, o1, other_root, "a", [1, 2]),  # another fingerprint's
+        (0, ref_page_key(k1, "a", [9, 9]), k1, "a", [9, 9]),  # slot 0 holds k1
+        (6, x, k1, "b", [7, 8]),
+    ]
+    want = [
+        "accepted",
+        "accepted",
+        "duplicate",  # (or the other way round with the entry before: which copy comes first)
+        "key_mismatch",
+        "parent_refused",
+        "unknown_parent",
+        "slot_in_use",
+        "crosses_namespace",
+    ]
+    got = m.restore_tier("disk", entries, reasons=True)
+    assert sorted(got[1:3]) == ["accepted", "duplicate"]
+    assert got[:1] + got[3:] == want[:1] + want[3:]
+    assert m.tier_stats()["disk"]["num_restored_pages"] == 2
+    fresh = KVCacheManager(16, 2, lower_tiers=[("disk", 16)])
+    assert fresh.restore_tier("disk", entries).tolist() == [w == "accepted" for w in got]
+    # Restoring again: the index holds both pages in their slots, the rest is refused as before.
+    assert m.restore_tier("disk", entries, reasons=True) == got
+    assert m.tier_prefix_len("disk", [1, 2, 3, 4, 5, 6], "a") == 2
+    m._check_invariants()
+    with pytest.raises(InvalidDTypeError, match="reasons"):
+        m.restore_tier("disk", entries, reasons="yes")
+
+
+def test_restore_tier_of_duplicate_files_at_every_level_takes_linear_time() -> None:
+    """Two files per page of one chain (the same pages stored again in other slots): each copy
+    pushed its children again, 2^depth visits under the manager's lock; depth 60 never returned.
+    Run in a child process, so that the old behaviour fails the test instead of hanging it."""
+    import subprocess
+    import sys
+
+    code = """
+import kvcore
+ps, depth = 4, 60
+toks = list(range(1, ps * depth + 1))
+m = kvcore.KVCacheManager(8, ps, lower_tiers=[("disk", 2 * depth)])
+keys, parent, entries = m.prompt_keys(toks), bytes(m.root_key()), []
+for d in range(depth):
+    for c in range(2):
+        entries.append((2 * d + c, bytes(keys[d]), parent, None, toks[d * ps:(d + 1) * ps]))
+    parent = bytes(keys[d])
+got = m.restore_tier("disk", entries, reasons=True)
+assert all(sorted(got[2 * d:2 * d + 2]) == ["accepted", "duplicate"] for d in range(depth)), got
+assert m.tier_prefix_len("disk", toks) == depth  # (pages)
+print("ok")
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
