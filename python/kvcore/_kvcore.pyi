@@ -255,8 +255,9 @@ class KVCacheManager:
         """Rebuild a lower tier's index from ``DiskTier.entries()``; accepted or not, per entry
         (only pages whose keys this cache computes: same fingerprint, namespace and tokens). With
         ``reasons=True``, per entry ``"accepted"`` or why not: ``"unknown_parent"`` (another
-        fingerprint's, or its parent's file is gone), ``"parent_refused"``, ``"key_mismatch"``,
-        ``"crosses_namespace"``, ``"slot_in_use"``, ``"duplicate"``, ``"index_refused"``."""
+        fingerprint's, its parent's file is gone, or its parent came in an earlier call),
+        ``"parent_refused"``, ``"key_mismatch"``, ``"crosses_namespace"``, ``"slot_in_use"``,
+        ``"duplicate"``, ``"index_refused"``."""
     def _check_invariants(self) -> None:
         """Check the tree's and the lower tiers' invariants (tests); InternalError if broken."""
     def reserve(self, seq_id: int, num_tokens: int) -> bool:

@@ -1644,19 +1644,15 @@ impl KVCacheManager {
         // two copies per level that visited 2^depth entries under the manager's lock.
         let mut expanded: HashSet<PageKey> = HashSet::new();
         // Depth-first from the root key: (page index, depth); the path's tokens and slots are
-        // kept for the current branch only.
-        // Siblings in a namespace's own branch go before public ones (the stack pops the last
-        // first): a namespace's own copy of public tokens is restored beside the public copy, not
-        // found as a duplicate of it (which would end its branch).
-        let public_last = |kids: &[usize], depth: usize, stack: &mut Vec<(usize, usize)>| {
-            let public =
-                |i: usize| pages[i].namespace.as_deref() == Some(super::PUBLIC_NAMESPACE_NAME);
-            stack.extend(kids.iter().filter(|&&i| public(i)).map(|&i| (i, depth)));
-            stack.extend(kids.iter().filter(|&&i| !public(i)).map(|&i| (i, depth)));
+        // kept for the current branch only. Siblings in any order: each page is added among its
+        // own namespace's pages (`extend_own`), so a namespace's own copy of public tokens and
+        // the public copy are two pages whichever comes first, in one call or two.
+        let push = |kids: &[usize], depth: usize, stack: &mut Vec<(usize, usize)>| {
+            stack.extend(kids.iter().map(|&i| (i, depth)));
         };
         let mut stack: Vec<(usize, usize)> = Vec::new();
         if let Some(kids) = children.get(&self.root_key) {
-            public_last(kids, 0, &mut stack);
+            push(kids, 0, &mut stack);
         }
         // The current branch: per depth, the slot id (+1) and namespace of its page, and the tier
         // node ending there. Each page joins the tier below its parent's node (not found again from
@@ -1709,9 +1705,11 @@ impl KVCacheManager {
             }
             let tier = &mut st.tiers[t];
             // A refused insert changes nothing: the entry is rejected like any other bad one.
+            // Own pages only: the entry's key is chained in `ns`, so a public copy of the same
+            // tokens (restored by an earlier call) is another page, not this one.
             let Ok(ins) = tier
                 .tree
-                .extend(ns, below, &p.tokens, &[p.slot + 1], 0, now)
+                .extend_own(ns, below, &p.tokens, &[p.slot + 1], 0, now)
             else {
                 outcome[i] = RestoreOutcome::IndexRefused;
                 st.forget_if_unused(ns);
@@ -1755,7 +1753,7 @@ impl KVCacheManager {
             path_nodes.push(ins.node);
             if let Some(kids) = children.get(&p.key) {
                 if expanded.insert(p.key) {
-                    public_last(kids, depth + 1, &mut stack);
+                    push(kids, depth + 1, &mut stack);
                 }
             }
         }

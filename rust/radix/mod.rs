@@ -592,6 +592,23 @@ impl RadixTree {
         self.insert_below("extend", ns, node, tokens, pages, priority, now)
     }
 
+    /// [`extend`](Self::extend), but a namespace's own pages only: a public path below `node` is
+    /// not continued (for `ns` other than [`PUBLIC_NAMESPACE`]), so a namespace's own copy of
+    /// tokens that are public too is added beside the public copy (what caching it before the
+    /// public one existed made), not found as the public copy. For re-indexing pages keyed in
+    /// `ns`'s chain (a lower tier's restore).
+    pub fn extend_own(
+        &mut self,
+        ns: Namespace,
+        node: NodeId,
+        tokens: &[u32],
+        pages: &[PageId],
+        priority: i32,
+        now: u64,
+    ) -> KvResult<InsertResult> {
+        self.insert_below("extend_own", ns, node, tokens, pages, priority, now)
+    }
+
     /// `insert` (from the root) and `extend` (from `node`); `op` names the call in errors.
     #[allow(clippy::too_many_arguments)]
     fn insert_below(
@@ -619,7 +636,11 @@ impl RadixTree {
                 self.page_size
             )));
         }
-        let found = self.find_from(ns, node, tokens);
+        let found = if op == "extend_own" {
+            self.find_own(ns, node, tokens)
+        } else {
+            self.find_from(ns, node, tokens)
+        };
         let suffix = &pages[found.total..];
         self.claim_pages(op, suffix)?;
         // Validated; from here on nothing fails.
@@ -1496,11 +1517,7 @@ impl RadixTree {
         }
         if self.nodes[start as usize].ns != PUBLIC_NAMESPACE {
             // Below a private node only its namespace's nodes continue the path.
-            let page = &tokens[..ps];
-            return match self.child(start, ns, self.hash(page), page) {
-                Some(c) => self.walk(c, ns, tokens, 0),
-                None => best,
-            };
+            return self.find_own(ns, start, tokens);
         }
         // Walk the public trunk; at each of its node boundaries (the root included) try `ns`'s
         // own branch first, so that a tie goes to the path with fewer public pages.
@@ -1538,6 +1555,24 @@ impl RadixTree {
             cur = c;
         }
         best
+    }
+
+    /// The longest continuation of `start`'s path by `ns`'s own nodes (no public one).
+    fn find_own(&self, ns: Namespace, start: NodeId, tokens: &[u32]) -> Found {
+        let ps = self.page_size;
+        let whole = Found {
+            node: start,
+            in_node: self.nodes[start as usize].pages.len(),
+            total: 0,
+        };
+        if tokens.len() < ps {
+            return whole;
+        }
+        let page = &tokens[..ps];
+        match self.child(start, ns, self.hash(page), page) {
+            Some(c) => self.walk(c, ns, tokens, 0),
+            None => whole,
+        }
     }
 
     /// Follows `ns`'s nodes from `c` (a child matching the page at `pos`) as far as `tokens`

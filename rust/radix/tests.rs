@@ -180,3 +180,30 @@ fn peek_from_public_counts_the_public_pages_found_below_a_node() {
     assert_eq!(t.peek_from_public(7, b, &tokens[..2]).unwrap(), (0, 0)); // nothing there
     assert!(t.peek_from_public(7, 999, &tokens).is_err());
 }
+
+#[test]
+fn extend_own_adds_a_namespace_copy_beside_a_public_one() {
+    let mut t = RadixTree::new(2, EvictionPolicy::Lru).unwrap();
+    let tokens: Vec<u32> = (0..8).collect();
+    t.insert(PUBLIC_NAMESPACE, &tokens[..4], &[1, 2], 0, 0)
+        .unwrap();
+    // `extend` finds the public copy; `extend_own` adds namespace 7's own beside it.
+    let found = t.extend(7, ROOT, &tokens[..2], &[3], 0, 0).unwrap();
+    assert_eq!((found.num_existing_pages, found.num_adopted_pages), (1, 0));
+    let own = t.extend_own(7, ROOT, &tokens[..2], &[3], 0, 0).unwrap();
+    assert_eq!((own.num_existing_pages, own.num_adopted_pages), (0, 1));
+    assert_eq!(pages_of(&t, own.node), vec![3]);
+    // Found again as its own (no second copy), and continued in namespace 7.
+    let again = t.extend_own(7, ROOT, &tokens[..2], &[4], 0, 0).unwrap();
+    assert_eq!((again.node, again.num_adopted_pages), (own.node, 0));
+    t.extend_own(7, own.node, &tokens[2..4], &[5], 0, 0)
+        .unwrap();
+    assert_eq!(t.peek_prefix_public(7, &tokens[..4]), (2, 0));
+    assert_eq!(t.peek_prefix_public(8, &tokens[..4]), (2, 2)); // others still see the public copy
+                                                               // The public namespace's own is the public path.
+    let public = t
+        .extend_own(PUBLIC_NAMESPACE, ROOT, &tokens[..4], &[6, 7], 0, 0)
+        .unwrap();
+    assert_eq!(public.num_adopted_pages, 0);
+    t.check_invariants().unwrap();
+}

@@ -579,6 +579,19 @@ def test_a_restore_keeps_no_page_below_a_copy_in_other_namespaces(tmp_path: Path
     assert fresh.is_ready(9) and fresh.hit_tokens(9)[disk.name] == 16
     assert (fresh.page_keys(9) == kvcore.page_keys(np.array(prompt, np.int32), PS, namespace="a")).all()
     fresh._check_invariants()
+    # Given in two calls, public entries first or last: the same two paths (the tenant's own copy
+    # was refused as a duplicate of the public one restored before it, and every page below with it).
+    public = [e for e in entries if e.namespace == "*"]
+    tenant = [e for e in entries if e.namespace != "*"]
+    for first, second in ((public, tenant), (tenant, public)):
+        split = KVCacheManager(32, PS, lower_tiers=[("d", disk.num_slots)], store_policy="all")
+        assert split.restore_tier("d", first, reasons=True) == ["accepted"] * len(first)
+        assert split.restore_tier("d", second, reasons=True) == ["accepted"] * len(second)
+        assert split.tier_prefix_len("d", [*system, *own], "a") == 4
+        assert split.tier_prefix_len("d", system, "*") == 2
+        assert split.tier_prefix_len("d", system, "b") == 2  # public: visible from every tenant
+        assert split.tier_prefix_len("d", [*system, *own], "b") == 2
+        split._check_invariants()
 
 
 @pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 2, 1]])
