@@ -254,3 +254,53 @@ def test_a_writer_racing_the_checks_never_gets_an_unchecked_page_id_through() ->
         stop.set()
         t.join()
         sys.setswitchinterval(old)
+
+
+def test_calibrate_scales_of_tiny_and_huge_samples() -> None:
+    """A finite sample whose scale underflows float32 was refused, blamed on k_scale; one whose scale
+    overflows was blamed on v_scale with a RuntimeWarning. The first now gets 1.0 (as an all-zero
+    head), the second is refused naming its sample and the headroom; nothing changes either way."""
+    import warnings
+
+    from kvcore.exceptions import InvalidArgumentError
+    from kvcore.pool import KVPool
+
+    for kv_dtype, qmax in (("int8", 127.0), ("fp8", 448.0)):
+        p = KVPool(num_layers=1, num_pages=2, num_kv_heads=2, head_dim=4, page_size=2, kv_dtype=kv_dtype)
+        tiny = np.full((1, 2, 4), 1e-44, np.float32)
+        tiny[0, 1] = 2.0  # head 1 has a usual magnitude
+        p.calibrate_scales(0, tiny, np.ones((1, 2, 4), np.float32))
+        assert p.k_scale[0].tolist() == [1.0, np.float32(2.0 / qmax)]
+        before = (p.k_scale.copy(), p.v_scale.copy())
+        huge = np.full((1, 2, 4), 3e38, np.float32)
+        ones = np.ones((1, 2, 4), np.float32)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # (headroom * amax overflowed float32 on the way)
+            with pytest.raises(InvalidArgumentError, match=r"^k: headroom 1000"):
+                p.calibrate_scales(0, huge, ones, headroom=1e3)
+            with pytest.raises(InvalidArgumentError, match=r"^v: headroom 1000"):
+                p.calibrate_scales(0, ones, huge, headroom=1e3)
+            assert np.array_equal(p.k_scale, before[0]) and np.array_equal(p.v_scale, before[1])
+            p.calibrate_scales(0, huge, huge, headroom=2.0)  # 6e38 / qmax fits a float32 scale
+        assert p.k_scale[0].tolist() == [np.float32(6e38 / qmax)] * 2
+
+
+def test_encode_and_decode_refuse_a_scale_that_does_not_broadcast_to_the_values() -> None:
+    """A scale of another shape was a bare ValueError from NumPy (or, broadcasting the other way, an
+    output of another shape than the values'): InvalidArgumentError now."""
+    from kvcore.exceptions import InvalidArgumentError
+    from kvcore.pool import dtypes
+
+    x = np.ones((2, 2), np.float32)
+    for kv_dtype in ("int8", "fp8"):
+        for scale in (np.array([1.0, 2.0, 3.0], np.float32), np.ones((3, 2, 2), np.float32)):
+            with pytest.raises(InvalidArgumentError, match="broadcast"):
+                dtypes.encode(x, kv_dtype, scale)
+            stored = dtypes.encode(x, kv_dtype, 1.0)
+            with pytest.raises(InvalidArgumentError, match="broadcast"):
+                dtypes.decode(stored, kv_dtype, scale)
+        per_row = np.array([[1.0], [2.0]], np.float32)  # broadcasts: fine
+        assert (
+            dtypes.decode(dtypes.encode(x * per_row, kv_dtype, per_row), kv_dtype, per_row).tolist()
+            == (x * per_row).tolist()
+        )

@@ -442,9 +442,10 @@ def test_storage_counters_are_prometheus_counters() -> None:
 
     text = storage_text({})
     types = {f.name: f.type for f in text_string_to_metric_families(text)}
-    for stat in ("stores", "loads", "bytes_written", "bytes_read", "checksum_mismatches"):
+    for stat in ("stores", "loads", "bytes_written", "bytes_read", "forgets", "load_failed_key"):
         assert types[f"kvcore_tier_storage_{stat}"] == "counter"
         assert re.search(rf"^kvcore_tier_storage_{stat}_total\{{tier=\"host\"\}} ", text, re.M)
+    assert "kvcore_tier_storage_checksum" not in text  # host memory keeps no checksum: no dead counter
     for stat in ("bytes", "slots_used", "num_slots", "capacity_bytes"):
         assert types[f"kvcore_tier_storage_{stat}"] == "gauge"
     # As the cache's own counters are.

@@ -237,12 +237,27 @@ def test_codec_zero_and_non_finite_groups() -> None:
         )
     x[0, 1, 0, 0, 0] = np.nan
     x[0, 1, 0, 1, 0] = np.inf
+    x[0, 1, 0, 1, 1] = -2.0  # in the infinity's own V group (token 1 of head 0)
     x[0, 1, 0, 2, 1] = 3.0
-    y = codec.dequantize_page(codec.quantize_page(x, "int8", "HND"), "int8", "HND", x.shape)
-    assert y[0, 1, 0, 0, 0] == 0.0  # NaN is stored as 0
-    assert y[0, 1, 0, 1, 0] > 1e38  # +inf saturates to the largest magnitude
-    assert abs(y[0, 1, 0, 2, 1] - 3.0) <= 3.0 / 254 * 1.0001  # its own token group is unaffected
-    assert np.isfinite(y[:, 0]).all()
+    x[0, 0, 0, 0, 2] = -np.inf  # a K group (channel 2 of head 0) ...
+    x[0, 0, 0, 1, 2] = 0.5  # ... with finite values beside it
+    x[0, 0, 0, 3, 2] = 0.25
+    for mode, qmax in (("int8", 127), ("int4", 7)):
+        y = codec.dequantize_page(codec.quantize_page(x, mode, "HND"), mode, "HND", x.shape)
+        assert y[0, 1, 0, 0, 0] == 0.0  # NaN is stored as 0
+        # The scales come from the finite values: an infinity is its group's largest finite
+        # magnitude, with its sign, and the rest of its group keeps its values (the scale was
+        # FLT_MAX / qmax, so they all came back 0).
+        assert y[0, 1, 0, 1, 0] == 2.0 and y[0, 1, 0, 1, 1] == -2.0
+        assert y[0, 0, 0, 0, 2] == -0.5
+        assert abs(y[0, 0, 0, 1, 2] - 0.5) <= 0.5 / (2 * qmax) * 1.0001
+        assert abs(y[0, 0, 0, 3, 2] - 0.25) <= 0.5 / (2 * qmax) * 1.0001
+        assert abs(y[0, 1, 0, 2, 1] - 3.0) <= 3.0 / (2 * qmax) * 1.0001  # its own token group
+        assert np.isfinite(y).all()
+    only_inf = np.zeros((1, 2, H, P, D), dtype=np.float32)
+    only_inf[0, 1, 0, 0, :] = np.inf  # a group of infinities only: no finite magnitude, so 0
+    y = codec.dequantize_page(codec.quantize_page(only_inf, "int8", "HND"), "int8", "HND", x.shape)
+    assert (y == 0).all()
 
 
 def test_quantize_refuses_fp8_int8_pools_and_unknown_modes(tmp_path: Path) -> None:
@@ -1566,3 +1581,61 @@ def test_a_forked_child_may_not_use_its_parents_tier(tmp_path: Path) -> None:
     assert [e.slot for e in tier.entries()] == [0]  # the parent's tier is as it was
     assert tier.load(pool, i32(0), i32(3), m["keys"][:1]).all()
     tier.close()
+
+
+# ------------------------------------------------------------------------------------------ review
+
+
+def test_a_host_store_interrupted_mid_copy_never_loads_new_bytes_under_old_keys() -> None:
+    """The slots' keys were updated after the copy: an exception during it (KeyboardInterrupt, a
+    signal handler that raises) left page B's bytes under page A's key, and a load of A returned
+    B's K/V. Slots are now empty while their bytes change: every load of them misses."""
+    pool = make_pool(num_pages=12)
+    tier = HostTier(pool, 8)
+    slots, first, second = i32(0, 1, 2, 3, 4, 5), i32(1, 2, 3, 4, 5, 6), i32(7, 8, 9, 10, 11, 1)
+    m1, m2 = meta(6, seed=1), meta(6, seed=2)
+    tier.store(pool, first, slots, **m1)
+    real = tier._codec.pages_to_rows
+
+    def interrupted(pool_: KVPool, pages: np.ndarray, rows: np.ndarray, at: np.ndarray) -> None:
+        real(pool_, pages[:3], rows, at[:3])  # half the rows copied, then the interrupt
+        raise KeyboardInterrupt
+
+    tier._codec.pages_to_rows = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        tier.store(pool, second, slots, **m2)
+    tier._codec.pages_to_rows = real  # type: ignore[method-assign]
+    before = [page_bytes(pool, p) for p in range(12)]
+    for keys in (m1["keys"], m2["keys"]):
+        assert not tier.load(pool, slots, i32(6, 7, 8, 9, 10, 11), keys).any()
+    assert all(np.array_equal(page_bytes(pool, p), before[p]) for p in range(12))  # nothing written
+    assert tier.slot_keys() == {} and tier.stats()["slots_used"] == 0
+    assert tier.stats()["load_failed_empty"] == 12
+    # Stored again, the slots hold and load the new pages.
+    assert tier.store(pool, second, slots, **m2).all()
+    want = [page_bytes(pool, p) for p in second]
+    assert tier.load(pool, slots, i32(6, 7, 8, 9, 10, 11), m2["keys"]).all()
+    assert all(np.array_equal(page_bytes(pool, p), w) for p, w in zip(range(6, 12), want, strict=True))
+
+
+def test_host_and_disk_tiers_name_their_errors() -> None:
+    """A slot count NumPy cannot allocate was a bare ValueError (OutOfMemoryError is documented); an
+    fp8 pool given to a quantizing tier's store was ConfigError (another geometry:
+    InvalidArgumentError, as for any other pool); a list as quantize was a TypeError (unhashable)."""
+    from kvcore.exceptions import OutOfMemoryError
+
+    pool = make_pool()
+    for n in (2**62, np.uint64(2**63)):
+        with pytest.raises(OutOfMemoryError):
+            HostTier(pool, n)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="quantize"):
+        HostTier(pool, 2, quantize=["int8"])  # type: ignore[arg-type]
+    tier = HostTier(pool, 2, quantize="int8")
+    fp8 = make_pool("fp8")
+    with pytest.raises(InvalidArgumentError, match="stores pages of"):
+        tier.load(fp8, i32(0), i32(1), np.zeros((1, 16), np.uint8))
+    with pytest.raises(InvalidArgumentError, match="stores pages of"):
+        tier.store(fp8, i32(1), i32(0), **meta(1))
+    assert tier.stats()["stores"] == 0
+    # The host tier keeps no checksum: it reports no checksum counter that could never move.
+    assert "checksum_mismatches" not in tier.stats()

@@ -28,7 +28,7 @@ from typing import Any, Final
 import numpy as np
 
 from kvcore import dtypes as _table
-from kvcore.exceptions import ConfigError, InvalidDTypeError
+from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError
 from kvcore.pool.checks import positive_array
 
 __all__ = [
@@ -175,12 +175,20 @@ def e4m3_bits_to_float(bits: Any, xp: ModuleType = np) -> Any:
 # ------------------------------------------------------------------------------------- encode/decode
 
 
-def _scale(scale: Any, xp: ModuleType) -> Any:
-    """A quantization scale as float32: host scales must be finite and > 0 (x / 0 or x * NaN would be
-    stored silently); device scales are the pool's, checked when set (reading them here would synchronize)."""
-    if xp is np:
-        return positive_array(scale, "scale")
-    return xp.asarray(scale, dtype=xp.float32)
+def _scale(scale: Any, shape: tuple[int, ...], xp: ModuleType) -> Any:
+    """A quantization scale as float32, broadcastable to ``shape`` (the values' shape, kept): host scales
+    must be finite and > 0 (x / 0 or x * NaN would be stored silently); device scales are the pool's,
+    checked when set (reading them here would synchronize)."""
+    s = positive_array(scale, "scale") if xp is np else xp.asarray(scale, dtype=xp.float32)
+    try:
+        fits = np.broadcast_shapes(s.shape, shape) == shape
+    except ValueError:
+        fits = False
+    if not fits:
+        raise InvalidArgumentError(
+            f"scale: shape {list(s.shape)} does not broadcast to the values' {list(shape)}"
+        )
+    return s
 
 
 def to_float32(x: Any, xp: ModuleType = np) -> Any:
@@ -197,7 +205,9 @@ def encode(x: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) -> Any:
     """Values as stored in a pool of ``kv_dtype``: ``x`` (fp16/bf16) or ``x / scale`` (fp8/int8).
 
     Args:
-        x: activation values (any float dtype, or uint16 bf16 bits), any shape ``S``.
+        x: activation values (any float dtype, or uint16 bf16 bits), any shape ``S``. float64 values are
+            rounded to float32 first, as :func:`to_float32` does (so a value within about 2**-29 of a tie
+            of the target may round the other way; the kernels take 16-bit or float32 activations).
         kv_dtype: the pool precision.
         scale: float32 broadcastable to ``S`` (per-head scales broadcast over the head axis), finite and
             > 0; only used by fp8 and int8.
@@ -207,7 +217,8 @@ def encode(x: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) -> Any:
 
     Raises:
         InvalidDTypeError: ``x`` is not float activations, or a host ``scale`` is not real numbers.
-        InvalidArgumentError: a host ``scale`` that is not finite and > 0 (fp8, int8).
+        InvalidArgumentError: a host ``scale`` that is not finite and > 0, or that does not broadcast to
+            ``S`` (fp8, int8).
     """
     name = normalize_kv_dtype(kv_dtype)
     f = to_float32(x, xp)
@@ -215,7 +226,7 @@ def encode(x: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) -> Any:
         return f.astype(xp.float16)
     if name == "bf16":
         return float_to_bf16_bits(f, xp)
-    y = f / _scale(scale, xp)
+    y = f / _scale(scale, f.shape, xp)
     if name == "fp8":
         return float_to_e4m3_bits(y, xp)
     return xp.clip(xp.rint(y), -INT8_MAX, INT8_MAX).astype(xp.int8)
@@ -232,7 +243,8 @@ def decode(stored: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) ->
     Raises:
         InvalidDTypeError: ``stored`` is not the storage dtype of ``kv_dtype``, or a host ``scale`` is
             not real numbers.
-        InvalidArgumentError: a host ``scale`` that is not finite and > 0 (fp8, int8).
+        InvalidArgumentError: a host ``scale`` that is not finite and > 0, or that does not broadcast to
+            ``S`` (fp8, int8).
     """
     name = normalize_kv_dtype(kv_dtype)
     s = xp.asarray(stored)
@@ -243,4 +255,4 @@ def decode(stored: Any, kv_dtype: str, scale: Any = 1.0, xp: ModuleType = np) ->
     if name == "bf16":
         return bf16_bits_to_float(s, xp)
     base = e4m3_bits_to_float(s, xp) if name == "fp8" else s.astype(xp.float32)
-    return base * _scale(scale, xp)
+    return base * _scale(scale, base.shape, xp)

@@ -25,6 +25,8 @@ __all__ = ["KVPool", "Layout", "PoolStrides"]
 
 Layout = Literal["HND", "NHD"]
 
+_F32_MAX = float(np.finfo(np.float32).max)  # the largest scale a pool holds
+
 
 @dataclass(frozen=True)
 class PoolStrides:
@@ -319,8 +321,9 @@ class KVPool:
     def calibrate_scales(self, layer: int, k: Any, v: Any, headroom: float = 1.0) -> None:
         """Set one layer's scales from sample K/V so that the largest magnitude per head fits.
 
-        ``scale[h] = headroom * max|x[:, h, :]| / qmax`` (qmax = 448 for fp8, 127 for int8); heads whose
-        sample is all zero get scale 1.0.
+        ``scale[h] = headroom * max|x[:, h, :]| / qmax`` (qmax = 448 for fp8, 127 for int8), in float64
+        then rounded to float32; heads whose sample is all zero, or whose scale underflows float32 (a
+        sample below about 1e-43), get scale 1.0.
 
         Args:
             layer: the layer.
@@ -331,7 +334,8 @@ class KVPool:
 
         Raises:
             InvalidArgumentError: a bad layer or headroom, an empty sample, a sample holding NaN or an
-                infinity (its scale would be NaN, infinite, or a silent 1.0), or a fp16/bf16 pool.
+                infinity (its scale would be NaN, infinite, or a silent 1.0), a scale beyond float32
+                (headroom times the sample's largest magnitude), or a fp16/bf16 pool.
             InvalidDTypeError: a sample that is not float activations of that shape (or a device array
                 on a NumPy pool).
         """
@@ -340,8 +344,15 @@ class KVPool:
         q = dtypes.qmax(self.kv_dtype)
         scales = []
         for name, x in (("k", k), ("v", v)):
-            amax = np.abs(self._sample(x, name)).max(axis=(0, 2))
-            scales.append(np.where(amax > 0, room * amax / q, 1.0).astype(np.float32))
+            amax = np.abs(self._sample(x, name)).max(axis=(0, 2)).astype(np.float64)
+            wide = room * amax / q
+            if not (wide <= _F32_MAX).all():
+                raise InvalidArgumentError(
+                    f"{name}: headroom {room} times the sample's largest magnitude {amax.max():.6g} gives a "
+                    f"scale beyond float32 ({wide.max():.6g})"
+                )
+            s32 = wide.astype(np.float32)
+            scales.append(np.where(s32 > 0, s32, np.float32(1.0)).astype(np.float32))
         self.set_scales(layer, scales[0], scales[1])
 
     def to(self, backend: str) -> KVPool:

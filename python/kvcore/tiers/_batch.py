@@ -20,7 +20,7 @@ from typing import Any, Final
 
 import numpy as np
 
-from kvcore.exceptions import InvalidArgumentError, InvalidDTypeError, InvalidPageError
+from kvcore.exceptions import ConfigError, InvalidArgumentError, InvalidDTypeError, InvalidPageError
 from kvcore.pool import KVPool
 from kvcore.pool import dtypes as kv_dtypes
 from kvcore.pool.checks import index_array
@@ -64,7 +64,10 @@ def check_pool(geometry: Geometry, pool: Any, who: str) -> None:
     """``pool`` must be a KVPool of exactly the tier's geometry (InvalidArgumentError otherwise)."""
     if not isinstance(pool, KVPool):
         raise InvalidDTypeError(f"pool: expected a KVPool, got {type(pool).__name__}")
-    got = Geometry.of_pool(pool, geometry.quantize)
+    try:
+        got = Geometry.of_pool(pool, geometry.quantize)
+    except ConfigError:  # an fp8/int8 pool given to a quantizing tier: another geometry, not a setting
+        got = Geometry.of_pool(pool, None)
     if got != geometry:
         raise InvalidArgumentError(f"pool: {who} stores pages of {geometry}, this pool has {got}")
 

@@ -9,8 +9,9 @@ ICML 2024): K is quantized *per channel* (one float32 scale per (layer, kv head,
 the page's tokens, since K's outliers sit in fixed channels) and V *per token* (one scale per (layer, kv
 head, token), over head_dim). Symmetric: ``scale = max|x| / qmax`` (qmax 127 or 7; 1.0 for an all-zero
 group), ``q = clip(rint(x / scale), -qmax, qmax)``, ``x' = q * scale``, so ``|x - x'| <= scale / 2``.
-NaN is stored as 0 and an infinity as the largest finite float32 of its sign (a K/V cache holds finite
-values; this only keeps a stray one from poisoning its whole group's scale).
+NaN is stored as 0 and an infinity as the largest finite magnitude of its group, with its sign (a K/V
+cache holds finite values; the scales come from the finite ones, so a stray infinity or NaN does not
+poison its whole group).
 
 Quantized payload of one page, little-endian, always in HND order whatever the pool's layout::
 
@@ -110,7 +111,6 @@ _LAYOUT_CODE: Final[dict[str, int]] = {"HND": 0, "NHD": 1}
 _DTYPE_CODE: Final[dict[str, int]] = {"fp16": 0, "bf16": 1, "fp8": 2, "int8": 3}
 _QUANT_CODE: Final[dict[str | None, int]] = {None: 0, "int8": 1, "int4": 2}
 _QMAX: Final[dict[str, float]] = {"int8": 127.0, "int4": 7.0}
-_F32_MAX: Final[float] = float(np.finfo(np.float32).max)
 
 NS_DEFAULT: Final[int] = 0
 NS_NAMED: Final[int] = 1
@@ -171,7 +171,7 @@ class Geometry:
         """
         if not isinstance(pool, KVPool):
             raise InvalidDTypeError(f"pool: expected a KVPool, got {type(pool).__name__}")
-        if quantize not in _QUANT_CODE:
+        if not (quantize is None or isinstance(quantize, str)) or quantize not in _QUANT_CODE:
             raise ConfigError(f"quantize: expected None, 'int8' or 'int4', got {quantize!r}")
         if quantize is not None and pool.kv_dtype not in ("fp16", "bf16"):
             raise ConfigError(
@@ -266,10 +266,14 @@ def quantize_pages(x: Any, mode: str, layout: str, xp: ModuleType = np) -> Any:
     k_amax = xp.abs(k).max(axis=3)  # [n, L, H, D]: per channel over the page's tokens
     v_amax = xp.abs(v).max(axis=4)  # [n, L, H, P]: per token over head_dim
     if not (bool(xp.isfinite(k_amax).all()) and bool(xp.isfinite(v_amax).all())):
-        x = xp.nan_to_num(x, nan=0.0, posinf=_F32_MAX, neginf=-_F32_MAX)
-        k, v = x[:, :, 0], x[:, :, 1]
-        k_amax = xp.abs(k).max(axis=3)
-        v_amax = xp.abs(v).max(axis=4)
+        # The scales from the finite values only (an infinity made its group's scale FLT_MAX/qmax:
+        # every other value of it came back 0); NaN is 0, an infinity its group's largest magnitude.
+        finite = xp.where(xp.isfinite(x), x, xp.float32(0.0))
+        k_amax = xp.abs(finite[:, :, 0]).max(axis=3)
+        v_amax = xp.abs(finite[:, :, 1]).max(axis=4)
+        k_lim, v_lim = k_amax[:, :, :, None, :], v_amax[..., None]
+        k = xp.clip(xp.nan_to_num(k, nan=0.0), -k_lim, k_lim)
+        v = xp.clip(xp.nan_to_num(v, nan=0.0), -v_lim, v_lim)
     k_scale = _scales(k_amax, qmax, xp)
     v_scale = _scales(v_amax, qmax, xp)
     q = xp.empty((n, L, 2, H, P, D), dtype=xp.int8)

@@ -37,7 +37,6 @@ _STAT_NAMES = (
     "load_failed_empty",
     "load_failed_key",
     "load_failed_scales",
-    "checksum_mismatches",
     "bytes_written",
     "bytes_read",
     "forgets",
@@ -82,7 +81,8 @@ class HostTier:
             # [num_slots, slot_bytes] uint8: slot i is row i (page-major page bytes, or a quantized payload)
             self._rows: np.ndarray = pool.backend.empty_host((self.num_slots, self.slot_bytes), np.uint8)
             self._rows.fill(0)
-        except MemoryError as e:  # NumPy's, and CuPy's OutOfMemoryError (a MemoryError)
+        except (MemoryError, ValueError, OverflowError) as e:  # CuPy's OutOfMemoryError is a
+            # MemoryError; NumPy says ValueError ("array is too big") past its size limit
             raise OutOfMemoryError(
                 f"{name}: {self.num_slots} slots of {self.slot_bytes} bytes do not fit in host memory ({e})"
             ) from None
@@ -136,10 +136,14 @@ class HostTier:
         n = a.pages.shape[0]
         digest = np.frombuffer(_batch.scale_digest(pool), dtype=np.uint8)
         with self._lock:
+            # Empty while their bytes change: a store interrupted mid-copy (KeyboardInterrupt, a
+            # signal handler that raises) left new bytes under the slots' old keys, and a load of
+            # the old page returned the new one's K/V. Now such slots miss until stored again.
+            self._used[a.slots] = False
             self._codec.pages_to_rows(pool, a.pages, self._rows, a.slots)
-            self._used[a.slots] = True
             self._keys[a.slots] = a.keys
             self._scales[a.slots] = digest
+            self._used[a.slots] = True
             self._stats.add("stores", n)
             self._stats.add("bytes_written", n * self.slot_bytes)
         return np.ones(n, dtype=bool)
