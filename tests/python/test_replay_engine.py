@@ -427,3 +427,67 @@ def test_gpu_and_bytes_routes_agree_on_the_replayed_page(model: str) -> None:
         assert (by_gpu.pages, page) == (p.usable_pages, p.page_bytes)
     else:  # a group page holds group_size layer slots, fewer than the model's layers
         assert page > p.page_bytes and by_gpu.pages < p.usable_pages
+
+
+@pytest.mark.parametrize("tiered", [False, True])
+def test_timed_a_request_admitted_then_refused_is_not_in_the_served_figures(tiered: bool) -> None:
+    """A request admitted, then refused when its answer outgrew the cache, stayed in prompt_tokens,
+    hit_tokens (and its tiers' hits), saved tokens and pages, documented as the served requests':
+    the report said 5 % hit rate, served, while the served requests had no hit at all."""
+    ps = 4
+    # Seventeen one-page requests teach the estimator one-token answers; then a page of prompt C,
+    # then D: C's page again (a hit) and an answer that can never fit 10 pages.
+    rows = [([100 + k], 4, 1) for k in range(17)] + [([0], 4, 1), ([0, 99], 8, 3000)]
+    times = [1000.0 * k for k in range(17)] + [20_000, 21_000]
+    trace = make_trace(rows, bs=ps, times_ms=times)
+    kw: dict[str, Any] = {"host_tier_slots": 64} if tiered else {}
+    r, _ = timed(trace, 10, ps, prefill_rate=1e9, decode_rate=1000.0, **kw)
+    assert (r.num_served, r.num_refused_too_large) == (18, 1)
+    # A model of the served requests: 18 one-page prompts, none with a prefix anyone cached before.
+    assert (r.prompt_tokens, r.prompt_pages) == (18 * ps, 18)
+    assert (r.hit_tokens, r.hit_pages, r.prefill_tokens_saved) == (0, 0, 0)
+    assert r.hit_rate_tokens == 0.0
+    if tiered:
+        assert all(t.hit_tokens == 0 for t in r.tiers)
+
+
+def test_the_sweep_counts_refused_prompts_as_misses(tmp_path: Any) -> None:
+    """The sweep (table and plot) showed the served requests' hit rate: at small capacities large
+    prompts were refused and left the denominator, so the curve fell as capacity grew. It now shows
+    hits over every prompt token, which LRU (a stack algorithm) never lowers with more cache."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from kvcore.replay.plot import plot_sweep
+    from kvcore.replay.report import hit_rate_of_all_prompts
+
+    # A long prompt repeated (refused at 4 and 8 pages) and short ones repeated (hit at every capacity).
+    long = ([1, 2, 3, 4, 5, 6, 7, 8, 9, 10], 40, 1)
+    short = [([20 + k], 4, 1) for k in range(3)]
+    trace = make_trace([long, *short, long, *short, long, *short], bs=4)
+    cfg = ReplayConfig(capacity_pages=64, page_size=4, mode="sequential")
+    report = run_replay(trace, cfg, sweep_pages=[4, 8, 64])
+    rows = {r.capacity_pages: r for r in report.sweep}
+    assert [rows[c].num_refused for c in (4, 8, 64)] == [3, 3, 0]
+    total = 3 * 40 + 9 * 4
+    # The model: the short prompts hit twice each (2 x 3 x 4 tokens) at every capacity; at 64 pages
+    # the long prompt hits twice too (2 x 40).
+    want = {4: 24 / total, 8: 24 / total, 64: (24 + 80) / total}
+    for c, rate in want.items():
+        assert hit_rate_of_all_prompts(rows[c], report.workload) == pytest.approx(rate)
+    assert rows[4].hit_rate_tokens == pytest.approx(24 / 36)  # served only: higher than at 64 pages
+    text = format_report(report)
+    assert f"{100 * want[4]:.1f} % (3 refused; {100 * 24 / 36:.1f} % of served)" in text
+    captured: list[list[float]] = []
+    real_plot = plt.Axes.plot
+
+    def spy(self: Any, x: Any, y: Any, *a: Any, **kw: Any) -> Any:
+        captured.append(list(y))
+        return real_plot(self, x, y, *a, **kw)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(plt.Axes, "plot", spy)
+        plot_sweep(report, tmp_path / "s.png")
+    assert captured == [[pytest.approx(100 * want[c]) for c in (4, 8, 64)]]

@@ -758,6 +758,8 @@ class _Timed:
         self.first_token = np.full(n, math.nan)  # [num_requests] first token sampled, s (NaN: none)
         self.waits: list[float] = []  # arrival to first admission, per admitted request
         self.got = [0] * n  # uncapped hit tokens at first admission, per request
+        self.saved = [0] * n  # prefill tokens saved at first admission, per request
+        self.tier_got: dict[int, dict[str, int]] = {}  # hit tokens per tier at first admission (tiered)
         self.looked_up = np.zeros(n, dtype=bool)  # admitted at least once
         self.running = 0  # admitted and not yet preempted or ended (loading ones included)
         self.num_steps = 0  # scheduler steps, empty ones included
@@ -778,9 +780,26 @@ class _Timed:
         self.done += 1
         if reason in ("length", "stop"):
             self.served[rid] = True
+            self.tier_got.pop(rid, None)
             return
         key = "too_large" if reason == "capacity" else reason
         self.refused[key] = self.refused.get(key, 0) + 1
+        if rid >= 0 and self.looked_up[rid]:
+            self.unobserve(rid)
+
+    def unobserve(self, rid: int) -> None:
+        """A request admitted, then refused (its answer outgrew the cache): out of the served
+        requests' figures its first admission entered (it counted as served in the hit rate)."""
+        c, ps, length, got = self.c, self.ps, self.in_lens[rid], self.got[rid]
+        c["prompt_tokens"] -= length
+        c["hit_tokens"] -= got
+        c["hit_pages"] -= got // ps
+        c["prompt_pages"] -= -(-length // ps)
+        c["prefill_tokens_saved"] -= self.saved[rid]
+        for name, tokens in self.tier_got.pop(rid, {}).items():
+            self.tier_hits[name] -= tokens
+        self.got[rid] = self.saved[rid] = 0
+        self.looked_up[rid] = False
 
     def submit(self, t: float) -> None:
         """Submit the arrivals due by ``t``. A prompt that cannot fit the cache with its first token
@@ -823,10 +842,12 @@ class _Timed:
                     hit = sum(split.values())
                     for name in self.tier_names:
                         self.tier_hits[name] += split[name]
+                    self.tier_got[rid] = {name: split[name] for name in self.tier_names}
                 # A whole page-aligned prompt in HBM counts uncapped (hit_tokens is at most len - 1).
                 prefix = ev.detail["hbm_prefix_tokens"]
                 got = prefix if prefix == length else hit
                 self.got[rid] = got
+                self.saved[rid] = hit
                 self.looked_up[rid] = True
                 self.admitted_at[rid] = ev.time_s
                 self.waits.append(ev.time_s - self.arrival[rid])

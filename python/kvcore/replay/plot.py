@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvcore.replay.report import ReplayReport
+from kvcore.replay.report import ReplayReport, hit_rate_of_all_prompts
 
 __all__ = ["matplotlib_available", "plot_pressure", "plot_sweep", "plot_timeline"]
 
@@ -41,7 +41,9 @@ def plot_sweep(report: ReplayReport, path: str | os.PathLike[str]) -> Path:
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
     for policy in dict.fromkeys(r.policy for r in report.sweep):
         points = sorted(
-            (r.capacity_pages * ps, r.hit_rate_tokens) for r in report.sweep if r.policy == policy
+            (r.capacity_pages * ps, hit_rate_of_all_prompts(r, report.workload))
+            for r in report.sweep
+            if r.policy == policy
         )
         ax.plot([p[0] for p in points], [100 * p[1] for p in points], marker="o", label=policy)
     ideal = 100 * report.workload.ideal_token_hit_rate
@@ -49,7 +51,7 @@ def plot_sweep(report: ReplayReport, path: str | os.PathLike[str]) -> Path:
     ax.axvline(report.capacity.tokens, color="gray", linestyle=":", label="configured capacity")
     ax.set_xscale("log")
     ax.set_xlabel(f"cache capacity (tokens; pages of {ps})")
-    ax.set_ylabel("prefix hit rate (% of prompt tokens)")
+    ax.set_ylabel("prefix hit rate (% of all prompt tokens)")
     ax.set_ylim(bottom=0)
     ax.set_title(f"{report.workload.name}: hit rate vs capacity ({report.mode})")
     ax.grid(True, which="both", alpha=0.3)

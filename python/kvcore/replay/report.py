@@ -358,10 +358,20 @@ def _peak_mean(peak: float, mean: float, total: int) -> str:
     return f"{_pct(peak / total).strip()} / {_pct(mean / total).strip()}"
 
 
-def _sweep_cell(r: PolicyResult | None) -> str:
+def hit_rate_of_all_prompts(r: PolicyResult, workload: WorkloadSummary) -> float:
+    """Hit tokens over every prompt token of the workload: refused prompts count as misses. The sweep's
+    figure: comparable with the best case, and across capacities (the served requests' rate has a
+    denominator that shrinks as smaller capacities refuse more, so it could fall as capacity grew)."""
+    return r.hit_tokens / workload.prompt_tokens if workload.prompt_tokens else 0.0
+
+
+def _sweep_cell(r: PolicyResult | None, workload: WorkloadSummary) -> str:
     if r is None:
         return ""
-    return _pct(r.hit_rate_tokens) + (f" ({r.num_refused:,} refused)" if r.num_refused else "")
+    cell = _pct(hit_rate_of_all_prompts(r, workload))
+    if r.num_refused:
+        cell += f" ({r.num_refused:,} refused; {_pct(r.hit_rate_tokens).strip()} of served)"
+    return cell
 
 
 def format_report(report: ReplayReport) -> str:
@@ -430,7 +440,7 @@ def format_report(report: ReplayReport) -> str:
     if report.mode == "sequential":
         lines.append("  (usage split sampled at admissions; in use = the one live request)")
     if report.sweep:
-        lines += ["", "hit rate (tokens) vs capacity"]
+        lines += ["", "hit rate (tokens) vs capacity, of all prompt tokens (a refused prompt misses)"]
         policies = list(dict.fromkeys(r.policy for r in report.sweep))
         caps = sorted({r.capacity_pages for r in report.sweep})
         by_key = {(r.capacity_pages, r.policy): r for r in report.sweep}
@@ -439,14 +449,14 @@ def format_report(report: ReplayReport) -> str:
             marker = " *" if c == cap.pages else ""
             sweep_rows.append(
                 [f"{c:,} pages ({_tokens(c * cap.page_size)} tok){marker}"]
-                + [_sweep_cell(by_key.get((c, p))) for p in policies]
+                + [_sweep_cell(by_key.get((c, p)), w) for p in policies]
             )
         lines += _table(sweep_rows, ["capacity", *policies])
         best = _pct(w.ideal_token_hit_rate).strip()
         lines.append(f"  infinite cache, prompts only: {best};  * = the capacity above")
         if report.mode == "timed":
             lines.append(
-                "  (timed mode also caches answers, which later turns may hit; refused requests do not count)"
+                "  (timed mode also caches answers, which later turns may hit)"
             )
     if report.plots:
         lines.append("")
