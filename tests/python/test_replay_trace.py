@@ -183,7 +183,7 @@ def test_reading_holds_the_ids_as_int64_not_as_python_objects(tmp_path: Path) ->
 
     rng = np.random.default_rng(0)
     n, per = 4000, 40
-    ids = rng.integers(10_000, 100_000, size=(n, per))
+    ids = rng.permutation(np.arange(10_000, 10_000 + n * per)).reshape(n, per)  # distinct: chained
     rows = [
         {"timestamp": i, "input_length": per * 16, "output_length": 8, "hash_ids": ids[i].tolist()}
         for i in range(n)
@@ -295,3 +295,81 @@ def test_answer_at_gives_each_rows_answer_token() -> None:
         got = src.answer_at(ids, pos)
         assert got.dtype == np.uint32 and got.tolist() == want
         assert src.answer_at(ids[::-1], pos[::-1]).tolist() == want[::-1]
+
+
+def _unchained_model(rows: list[list[int]]) -> bool:
+    """True when some id sits behind two different prefixes (the id before it, or none)."""
+    seen: dict[int, int | None] = {}
+    for ids in rows:
+        for j, h in enumerate(ids):
+            before = ids[j - 1] if j else None
+            if seen.setdefault(h, before) != before:
+                return True
+    return False
+
+
+@pytest.mark.parametrize(
+    ("rows", "second"),
+    [
+        ([[0, 0], [0, 0]], 2),  # the same id at two positions: the best case said 74 %, the replay 50 %
+        ([[0, 1], [2, 1]], 2),  # id 1 behind 0, then behind 2
+        ([[5, 6], [6]], 2),  # id 6 behind 5, then first
+    ],
+)
+def test_replay_refuses_ids_that_are_not_prefix_chained(
+    tmp_path: Path, rows: list[list[int]], second: int
+) -> None:
+    import subprocess
+    import sys
+
+    from kvcore.replay.trace import check_chained
+
+    lines = [{"timestamp": 0, "input_length": 16 * len(r), "output_length": 1, "hash_ids": r} for r in rows]
+    path = rows_file(tmp_path / "t.jsonl", lines)  # type: ignore[arg-type]
+    trace = read_trace(path, block_size=16)  # read: the reader's memory stays the ids' bytes
+    with pytest.raises(
+        TraceFormatError, match=rf"t.jsonl: hash id \d+ follows another prefix in request {second}"
+    ):
+        check_chained(trace)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "kvcore",
+            "replay",
+            str(path),
+            "--trace-block-size",
+            "16",
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 2 and "prefix chained" in out.stderr and "Traceback" not in out.stderr
+    one = [{"input_length": 32, "output_length": 1, "hash_ids": [7, 7]}]
+    with pytest.raises(TraceFormatError, match="hash id 7 follows another prefix twice in request 1"):
+        check_chained(read_trace(rows_file(tmp_path / "one.jsonl", one), block_size=16))  # type: ignore[arg-type]
+    chained = [
+        {"input_length": 16 * len(r), "output_length": 1, "hash_ids": r} for r in ([0, 1], [0, 2], [3])
+    ]
+    check_chained(read_trace(rows_file(tmp_path / "ok.jsonl", chained), block_size=16))  # type: ignore[arg-type]
+
+
+def test_unchained_finds_exactly_the_traces_the_model_does() -> None:
+    from kvcore.replay.trace import unchained
+
+    rng = np.random.default_rng(3)
+    found = 0
+    for _ in range(400):
+        rows = [rng.integers(0, 6, int(rng.integers(0, 5))).tolist() for _ in range(int(rng.integers(1, 5)))]
+        indptr = np.cumsum([0] + [len(r) for r in rows]).astype(np.int64)
+        ids = np.array([h for r in rows for h in r], dtype=np.int64)
+        got = unchained(indptr, ids)
+        assert (got is not None) == _unchained_model(rows), rows
+        if got is not None:
+            found += 1
+            h, a, b = got
+            assert a <= b and h in rows[a] and h in rows[b] and (a < b or rows[a].count(h) > 1)
+    assert 50 < found < 400  # both outcomes exercised

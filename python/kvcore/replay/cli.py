@@ -420,7 +420,7 @@ def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
     from kvcore.exceptions import ConfigError
     from kvcore.replay.capacity import resolve_capacity
     from kvcore.replay.generator import WorkloadConfig, generate_workload
-    from kvcore.replay.trace import read_trace
+    from kvcore.replay.trace import check_chained, read_trace
     from kvcore.sizing import parse_bytes, parse_count
 
     if args.trace is not None:
@@ -435,6 +435,7 @@ def _trace_and_capacity(args: argparse.Namespace) -> tuple[Trace, Capacity]:
         )
     if args.trace is not None:
         trace = read_trace(args.trace, block_size=args.trace_block_size, limit=args.limit)
+        check_chained(trace)
     else:
         trace = generate_workload(WorkloadConfig(seed=args.seed, num_requests=args.requests or 4000))
         if args.limit is not None:

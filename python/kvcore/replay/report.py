@@ -455,9 +455,7 @@ def format_report(report: ReplayReport) -> str:
         best = _pct(w.ideal_token_hit_rate).strip()
         lines.append(f"  infinite cache, prompts only: {best};  * = the capacity above")
         if report.mode == "timed":
-            lines.append(
-                "  (timed mode also caches answers, which later turns may hit)"
-            )
+            lines.append("  (timed mode also caches answers, which later turns may hit)")
     if report.plots:
         lines.append("")
         lines += [f"plot written: {p}" for p in report.plots]

@@ -12,7 +12,9 @@ Format (one JSON object per line, FAST'25 release of Mooncake):
 - ``hash_ids``: one id per ``block_size`` prompt tokens (512 in Mooncake's traces), prefix chained: an
   id names a block *and everything before it*, so two requests share a prefix exactly as far as their
   ids agree. There must be ``ceil(input_length / block_size)`` of them: a wrong count almost always
-  means a wrong ``--trace-block-size``.
+  means a wrong ``--trace-block-size``. An id found behind two different prefixes (at two positions,
+  or after two different ids) is refused by ``kvcore replay`` (:func:`check_chained`): the best case
+  would count it as one block.
 
 Two optional fields are kvcore's own (the generator writes them; other tools ignore them):
 ``priority`` (retention priority for the ``priority`` policy, an int) and ``output_hash_ids`` (the
@@ -137,8 +139,9 @@ class Trace:
     def ideal_block_hit_rate(self) -> float:
         """Block hit rate of an infinite cache in trace order: ``1 - unique / total`` blocks.
 
-        Valid because ids are prefix chained (the same id always sits behind the same prefix); this is
-        how Mooncake's "cache ratio" counts, the partial last block included.
+        Valid because ids are prefix chained (the same id always sits behind the same prefix: the
+        replay command refuses a file where it does not, :func:`check_chained`; a Trace built in code
+        is trusted); this is how Mooncake's "cache ratio" counts, the partial last block included.
         """
         total = len(self.hash_ids)
         return 1.0 - self.num_unique_blocks / total if total else 0.0
@@ -187,6 +190,46 @@ class Trace:
                 else None
             ),
             name=self.name,
+        )
+
+
+def unchained(indptr: _I64, ids: _I64) -> tuple[int, int, int] | None:
+    """``(id, request, other request)`` of the first id found behind two different prefixes (another
+    id before it, or none in one request and one in the other), or None when the ids are prefix
+    chained, as the format requires: the best case (``ideal_*_hit_rate``) and the hit figures count
+    an id's block as the same prefix wherever it occurs. O(n log n) in the ids."""
+    n = len(ids)
+    if n < 2:
+        return None
+    starts = np.zeros(n, dtype=bool)  # [n] first id of its request
+    counts = np.diff(indptr)
+    starts[indptr[:-1][counts > 0]] = True
+    parent = np.empty(n, dtype=np.int64)  # [n] the id before (-1: the request's first)
+    parent[0] = -1
+    parent[1:] = ids[:-1]
+    parent[starts] = -1
+    order = np.lexsort((parent, ids))
+    sid, spar = ids[order], parent[order]
+    bad = np.flatnonzero((sid[1:] == sid[:-1]) & (spar[1:] != spar[:-1]))
+    if not len(bad):
+        return None
+    k = int(bad[0])
+    owner = np.searchsorted(indptr, order[[k, k + 1]], side="right") - 1  # the requests of both
+    a, b = sorted(int(x) for x in owner)
+    return int(sid[k]), a, b
+
+
+def check_chained(trace: Trace) -> None:
+    """Raise :class:`TraceFormatError` if an id of ``trace`` sits behind two different prefixes (see
+    :func:`unchained`). Not part of :func:`read_trace`, whose peak memory follows the ids' bytes: the
+    check sorts them, as the best case does anyway (``kvcore replay`` runs it after reading)."""
+    clash = unchained(trace.hash_indptr, trace.hash_ids)
+    if clash is not None:
+        h, a, b = clash
+        where = f"in request {b + 1} than in request {a + 1}" if a != b else f"twice in request {a + 1}"
+        raise TraceFormatError(
+            f"{trace.name}: hash id {h} follows another prefix {where} (in file order): ids must be prefix "
+            "chained (an id names a block and everything before it)"
         )
 
 
