@@ -512,3 +512,154 @@ def test_the_demo_checks_each_answer_in_one_pass(
     # One pass of every layer per checked answer (it was one per generated token).
     assert len(calls) == 3 * layers
     assert re.search(r"checked\s+3/3 answers .*\(served in [\d.]+ s, checked in [\d.]+ s\)", out)
+
+
+# ---- session review: HF defaults, Llama 4, Falcon, request mixes, commas, manager bounds ------------
+
+
+def _per_token(groups: tuple[LayerGroup, ...]) -> int:
+    """bf16 bytes per token, by hand: layers x tensors x kv heads x head_dim x 2."""
+    return sum(g.num_layers * g.num_tensors * g.num_kv_heads * g.head_dim * 2 for g in groups)
+
+
+def test_gemma_configs_without_head_dim_take_the_hf_default() -> None:
+    """google/gemma-3-12b-it's text_config has no head_dim: HF's Gemma3TextConfig gives 256, kvcore took
+    hidden_size / num_attention_heads = 240 (6.25 % short, exit 0). gemma-3-4b-it has no head counts:
+    HF gives 8 query and 4 K/V heads; kvcore refused it."""
+    twelve = {
+        "model_type": "gemma3",
+        "text_config": {
+            "model_type": "gemma3_text",
+            "hidden_size": 3840,
+            "num_attention_heads": 16,
+            "num_hidden_layers": 48,
+            "num_key_value_heads": 8,
+            "sliding_window": 1024,
+        },
+    }
+    spec = model_from_config(twelve)
+    assert {g.head_dim for g in spec.groups} == {256}
+    assert (
+        _per_token(spec.groups)
+        == 48 * 2 * 8 * 256 * 2
+        == kvcore.sizing.model_preset("gemma-3-12b").bytes_per_token()
+    )
+    four = {
+        "model_type": "gemma3",
+        "text_config": {"hidden_size": 2560, "num_hidden_layers": 34, "sliding_window": 1024},
+    }
+    spec = model_from_config(four)
+    assert {(g.num_kv_heads, g.head_dim) for g in spec.groups} == {(4, 256)}
+    assert [(g.kind, g.num_layers) for g in spec.groups] == [("sliding_attention", 29), ("full_attention", 5)]
+    # Stated fields win over the defaults; other architectures keep hidden_size / heads.
+    stated = model_from_config({**twelve, "text_config": {**twelve["text_config"], "head_dim": 128}})
+    assert {g.head_dim for g in stated.groups} == {128}
+    llama = model_from_config({"hidden_size": 4096, "num_attention_heads": 32, "num_hidden_layers": 2})
+    assert llama.groups[0].head_dim == 128 and llama.groups[0].num_kv_heads == 32
+
+
+@pytest.mark.parametrize(
+    ("no_rope", "extra", "chunked"),
+    [
+        ([], {}, [i for i in range(48) if (i + 1) % 4]),  # HF's default: every 4th layer NoPE (full)
+        (None, {"no_rope_layer_interval": 3}, [i for i in range(48) if (i + 1) % 3]),
+        ([1, 0] * 24, {}, list(range(0, 48, 2))),
+    ],
+)
+def test_llama4_layers_come_from_no_rope_layers(
+    no_rope: Any, extra: dict[str, Any], chunked: list[int]
+) -> None:
+    """Real Llama 4 configs say attention_chunk_size and no_rope_layers, not layer_types: they were
+    refused. HF's rule: a RoPE layer (1) attends in chunks, a NoPE layer (0) to everything."""
+    text = {
+        "model_type": "llama4_text",
+        "attention_chunk_size": 8192,
+        "head_dim": 128,
+        "hidden_size": 5120,
+        "num_attention_heads": 40,
+        "num_hidden_layers": 48,
+        "num_key_value_heads": 8,
+        **extra,
+    }
+    if no_rope is not None:
+        text["no_rope_layers"] = no_rope
+    spec = model_from_config({"model_type": "llama4", "text_config": text})
+    by_kind = {g.kind: g for g in spec.groups}
+    assert by_kind["chunked_attention"].num_layers == len(chunked)
+    assert by_kind["chunked_attention"].window == 8192
+    assert by_kind["full_attention"].num_layers == 48 - len(chunked)
+    assert spec.layer_group_index is not None
+    kinds = [spec.groups[k].kind for k in spec.layer_group_index]
+    assert [i for i, k in enumerate(kinds) if k == "chunked_attention"] == chunked
+    with pytest.raises(ConfigError, match="no_rope_layers"):
+        model_from_config({"model_type": "llama4", "text_config": {**text, "no_rope_layers": [1, 0, 2] * 16}})
+    with pytest.raises(ConfigError, match="no_rope_layers"):
+        model_from_config({"model_type": "llama4", "text_config": {**text, "no_rope_layers": [1] * 47}})
+    # Another architecture with a chunk size and no layer_types is still refused: no rule says which.
+    with pytest.raises(ConfigError, match="attention_chunk_size"):
+        model_from_config({**text, "model_type": "llama"})
+
+
+def test_falcon_new_decoder_architecture_ignores_multi_query() -> None:
+    cfg = {
+        "model_type": "falcon",
+        "hidden_size": 8192,
+        "num_attention_heads": 128,
+        "num_hidden_layers": 60,
+        "num_kv_heads": 8,
+        "multi_query": True,
+        "new_decoder_architecture": True,
+    }
+    assert _per_token(model_from_config(cfg).groups) == 60 * 2 * 8 * 64 * 2 == 122_880
+    old = {"model_type": "falcon", "hidden_size": 4544, "num_attention_heads": 71, "num_hidden_layers": 32}
+    assert model_from_config({**old, "multi_query": True}).groups[0].num_kv_heads == 1
+    with pytest.raises(ConfigError, match="multi_query"):
+        model_from_config({**old, "multi_query": True, "num_kv_heads": 8})
+
+
+def test_a_plan_with_a_context_and_a_longer_mix_does_not_fit_unless_the_mix_does() -> None:
+    """With --context and --request, only the context was needed: "fits", exit 0, while not one
+    request of the mix could be served (max_requests_worst_case 0)."""
+    p = plan("llama-3.1-8b", gpu="L4", concurrency=2, context_len=4096, requests=[(64_000, 0)])
+    assert not p.fits and p.max_requests_worst_case == 0 and p.shortfall_bytes > 0
+    assert "the mix's longest" in p.warnings[0]
+    alone = plan("llama-3.1-8b", gpu="L4", requests=[(64_000, 0)])
+    assert p.shortfall_bytes == alone.shortfall_bytes  # one such request: the same cache missing
+    ok = plan("llama-3.1-8b", gpu="L4", concurrency=2, context_len=4096, requests=[(8_000, 0)])
+    assert ok.fits and ok.max_requests_worst_case >= 1
+    # The fit follows the worst case: a plan fits exactly when one of the mix's longest fits too.
+    for prompt in (10_000, 30_000, 40_000, 45_000, 60_000):
+        q = plan("llama-3.1-8b", gpu="L4", context_len=1024, requests=[(prompt, 0)])
+        assert q.fits == (q.max_requests_worst_case >= 1), prompt
+
+
+def test_numbers_take_commas_only_between_thousands(capsys: pytest.CaptureFixture[str]) -> None:
+    """Every comma was dropped: 1,5TB was 15 TB, --tp 1,6 was 16; and lists split inside a number:
+    --context 131,072 sized 131 and 72 tokens, --request 1,000+500 a 1-token and a 500-token request."""
+    assert parse_tokens("131,072") == 131_072 and parse_bytes("1,500GB") == 1_500 * 10**9
+    assert parse_count("1,000,000") == 10**6
+    for bad in ("1,5TB", "1,50GB", "12,3456", "1,000,0", ",100", "1,000,"):
+        with pytest.raises(ConfigError, match="comma"):
+            parse_bytes(bad, "gpu_mem")
+    for argv in (
+        ["size", "llama-3.1-8b", "--context", "131,072"],
+        ["plan", "llama-3.1-8b", "--gpu", "H100-80G", "--request", "1,000+500"],
+        ["plan", "llama-3.1-8b", "--gpu-mem", "1,5TB"],
+        ["plan", "llama-3.1-8b", "--gpu", "H100-80G", "--tp", "1,6"],
+    ):
+        assert kvcore.cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "comma" in err and "Traceback" not in err
+    assert kvcore.cli.main(["size", "llama-3.1-8b", "--context", "4k, 131072", "--json"]) == 0
+    reports = json.loads(capsys.readouterr().out)["reports"]
+    assert [r["context_len"] for r in reports] == [4096, 131_072]
+
+
+def test_a_plan_is_one_a_manager_accepts() -> None:
+    """page_size past 2**20 gave a plan (fits, exit 0) whose manager_kwargs() KVCacheManager refused."""
+    with pytest.raises(ConfigError, match="page_size"):
+        plan("qwen2.5-0.5b", gpu="H200-141G", weight_bytes=10**9, page_size=2**21)
+    with pytest.raises(ConfigError, match="int32 page ids"):
+        plan("qwen2.5-0.5b", gpu=9 * 10**18, weight_bytes=0, page_size=1)
+    p = plan("qwen2.5-0.5b", gpu="H200-141G", weight_bytes=10**9, page_size=2**20)
+    kvcore.KVCacheManager(**{**p.manager_kwargs(), "num_pages": min(p.num_pages, 64)})

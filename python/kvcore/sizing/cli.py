@@ -9,13 +9,16 @@ traceback. ``plan`` exits 1 when what was asked does not fit (the warning says b
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import re
 import sys
 from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
 from kvcore.exceptions import ConfigError
+from kvcore.sizing.units import plain_number
 
 __all__ = ["register"]
 
@@ -99,7 +102,7 @@ def _cmd_size(args: argparse.Namespace) -> int:
     tp = _int(args.tp, "tp")
     batch = _int(args.batch, "batch")
     # Every item is a count: an empty one ("1k,,2k") is refused, as --sweep-tokens refuses it.
-    contexts = [parse_tokens(c.strip(), "context") for c in str(args.context).split(",")]
+    contexts = [parse_tokens(c.strip(), "context") for c in _split_list(str(args.context), "context")]
     reports = [size(spec, ctx, batch=batch, kv_dtype=args.kv_dtype, tp=tp) for ctx in contexts]
     if args.json:
         print(json.dumps({"reports": [r.to_dict() for r in reports]}, indent=2))
@@ -171,7 +174,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         else GpuSpec("custom", parse_bytes(args.gpu_mem, "gpu_mem"))
     )
     reserve_bytes, reserve_fraction = _parse_reserve(args.reserve)
-    requests = [_parse_request(item) for arg in args.request for item in arg.split(",")]
+    requests = [_parse_request(item) for arg in args.request for item in _split_list(arg, "request")]
     result = plan(
         spec,
         gpu=gpu,
@@ -285,7 +288,7 @@ def _int(text: str, field: str) -> int:
     """A plain non-negative integer (GPU, request and page counts take no suffixes), at most int64."""
     from kvcore.sizing.formula import check_int
 
-    value = text.strip().replace(",", "").replace("_", "")
+    value = plain_number(text, field)
     # ASCII digits only: "²".isdigit() is True, and int("²") raises.
     if not (value.isascii() and value.isdigit()):
         raise ConfigError(f"{field}: {text!r:.60} is not a whole number")
@@ -315,6 +318,25 @@ def _parse_reserve(text: str) -> tuple[int | None, float]:
     if not value:
         raise ConfigError(f"reserve: {text!r:.60} is empty; give a size or a percentage (example: 10%)")
     return parse_bytes(value, "reserve"), DEFAULT_RESERVE_FRACTION
+
+
+_THOUSANDS_GROUP = re.compile(r"[0-9]{3}(?![0-9])")
+
+
+def _split_list(text: str, field: str) -> list[str]:
+    """Comma-separated values; a comma that reads as a thousands separator (a digit before it, three
+    digits after: ``131,072``, ``1,000+500``) is refused as ambiguous: split, it silently gave two
+    values (131 and 72 tokens; a 1-token and a 500-token request). A space after the comma says
+    "two values"."""
+    items = text.split(",")
+    for before, item in itertools.pairwise(items):
+        if before[-1:].isdigit() and _THOUSANDS_GROUP.match(item):
+            raise ConfigError(
+                f"{field}: {text!r:.60} is ambiguous: a comma separates values here; write numbers without "
+                f"thousands separators ({before.strip()}{item.strip()}), or a space after a comma "
+                "that separates two values"
+            )
+    return items
 
 
 def _parse_request(text: str) -> tuple[int, int]:

@@ -592,6 +592,15 @@ _ALL_LAYERS_SLIDE = frozenset({"mistral", "mixtral", "phi3", "phimoe", "starcode
 # Architectures with an implied alternation when the config states none (HF defaults):
 # Gemma 2 alternates sliding/full starting with sliding; Gemma 3 has 5 sliding then 1 full.
 _IMPLIED_PATTERN = {"gemma2": 2, "gemma3": 6, "gemma3_text": 6}
+# Attention shapes an architecture's HF config class defaults to when its config.json leaves them out
+# (HF fills them in at load time, so the checkpoint has them): Gemma's head_dim is 256 whatever
+# hidden_size / num_attention_heads gives (gemma-3-12b: 3840 / 16 = 240, its heads are 256 wide).
+_HF_ATTENTION_DEFAULTS: dict[str, dict[str, int]] = {
+    "gemma": {"num_attention_heads": 16, "num_key_value_heads": 16, "head_dim": 256},
+    "gemma2": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256},
+    "gemma3": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256},
+    "gemma3_text": {"num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256},
+}
 # Sub-configs that hold the language model of a multimodal config.
 _TEXT_CONFIG_KEYS = ("text_config", "language_config", "llm_config")
 _KNOWN_LAYER_TYPES = frozenset(
@@ -807,6 +816,8 @@ def _layer_kinds(f: _Fields, num_layers: int, model_type: str, window: int | Non
                 raise f.fail("layer_types", f"contradicts sliding_window_pattern = {pattern}")
         return list(layer_types)
     if f.data.get("attention_chunk_size") is not None:
+        if model_type in ("llama4", "llama4_text"):
+            return _llama4_kinds(f, num_layers)
         raise f.fail("attention_chunk_size", "is set but no layer_types says which layers are chunked")
     interval = f.int_("full_attention_interval")
     if interval is not None:
@@ -836,6 +847,24 @@ def _layer_kinds(f: _Fields, num_layers: int, model_type: str, window: int | Non
         f"is {window} but kvcore does not know which layers of model_type {model_type!r} use it; "
         "add 'layer_types' (one 'full_attention'/'sliding_attention' per layer) to the config",
     )
+
+
+def _llama4_kinds(f: _Fields, num_layers: int) -> list[str]:
+    """Llama 4's layers without ``layer_types`` (HF ``Llama4TextConfig``): ``no_rope_layers[i]`` is 1
+    for a RoPE layer, which attends in chunks, 0 for a NoPE layer, which attends to everything; an
+    empty or missing list means every ``no_rope_layer_interval``-th layer (4) is NoPE."""
+    flags = f.data.get("no_rope_layers")
+    if flags:
+        if not isinstance(flags, list) or not all(type(x) is int and x in (0, 1) for x in flags):
+            raise f.fail("no_rope_layers", "expected a list of 0 (NoPE: full attention) or 1 (RoPE: chunked)")
+        if len(flags) != num_layers:
+            raise f.fail("no_rope_layers", f"has {len(flags)} entries for {num_layers} layers")
+    else:
+        if flags is not None and not isinstance(flags, list):
+            raise f.fail("no_rope_layers", "expected a list of 0 (NoPE: full attention) or 1 (RoPE: chunked)")
+        interval = f.int_("no_rope_layer_interval") or 4
+        flags = [int((i + 1) % interval != 0) for i in range(num_layers)]
+    return ["chunked_attention" if x else "full_attention" for x in flags]
 
 
 def _hybrid_kinds(f: _Fields, num_layers: int, model_type: str, window: int | None) -> list[str] | None:
@@ -888,12 +917,16 @@ def model_from_config(
     - layers ``num_hidden_layers`` [n_layer, num_layers]; multimodal configs are read from ``text_config``;
     - K/V heads ``num_key_value_heads`` [num_kv_heads, n_head_kv, multi_query_group_num], else
       ``multi_query`` -> 1 (MQA), else ``num_attention_heads`` (MHA);
-    - ``head_dim``, else ``hidden_size / num_attention_heads`` (must divide exactly);
+    - ``head_dim``, else the architecture's HF default (Gemma 1-3: 256; their head counts too, 16/16
+      for Gemma, 8/4 for Gemma 2 and 3), else ``hidden_size / num_attention_heads`` (must divide exactly);
+    - Falcon: ``multi_query`` is ignored when ``new_decoder_architecture`` is true (HF ``FalconConfig``);
     - MLA: ``kv_lora_rank`` + ``qk_rope_head_dim`` elements, one latent per token per layer;
-    - windows: ``layer_types`` (full/sliding/chunked/linear_attention), ``sliding_window_pattern``,
-      ``full_attention_interval``, ``use_sliding_window`` + ``max_window_layers`` (Qwen), ``sliding_window``
-      [sliding_window_size] applied to every layer only for Mistral-family architectures, implied
-      alternation for Gemma 2 (1:1) and Gemma 3 (5:1) when the config states none;
+    - windows: ``layer_types`` (full/sliding/chunked/linear_attention), Llama 4's
+      ``attention_chunk_size`` with ``no_rope_layers`` (or every ``no_rope_layer_interval``-th layer, 4,
+      full), ``sliding_window_pattern``, ``full_attention_interval``, ``use_sliding_window`` +
+      ``max_window_layers`` (Qwen), ``sliding_window`` [sliding_window_size] applied to every layer
+      only for Mistral-family architectures, implied alternation for Gemma 2 (1:1) and Gemma 3 (5:1)
+      when the config states none;
     - Gemma 4 full-attention layers: ``global_head_dim`` and, with ``attention_k_eq_v``,
       ``num_global_key_value_heads``. K and V are still both cached: K=V shares the projection, but the
       cached K is normalised and rotated and V is not, so they differ;
@@ -977,7 +1010,7 @@ def model_from_config(
                 "num_kv_shared_layers", "shared K/V layers with a Mamba hybrid layout is not one kvcore knows"
             )
         kinds = _layer_kinds(f, num_layers, model_type, window)[:own]
-        groups = _attention_groups(f, config, kinds, window)
+        groups = _attention_groups(f, config, kinds, window, model_type)
         # _attention_groups makes one group per kind, in order of first appearance.
         position = {kind: i for i, kind in enumerate(dict.fromkeys(kinds))}
         layer_group_index = tuple(position[kind] for kind in kinds)
@@ -995,11 +1028,18 @@ def model_from_config(
 
 
 def _attention_groups(
-    f: _Fields, config: Mapping[str, Any], kinds: list[str], window: int | None
+    f: _Fields, config: Mapping[str, Any], kinds: list[str], window: int | None, model_type: str
 ) -> list[LayerGroup]:
+    defaults = _HF_ATTENTION_DEFAULTS.get(model_type, {})
     num_heads = f.int_("num_attention_heads", "n_head", "num_heads")
+    if num_heads is None:
+        num_heads = defaults.get("num_attention_heads")
     kv_heads = f.int_("num_key_value_heads", "num_kv_heads", "n_head_kv", "multi_query_group_num")
-    if f.flag("multi_query"):
+    # Falcon: the new decoder architecture (40B, 180B) ignores multi_query (HF FalconConfig).
+    mqa = f.flag("multi_query") and not f.flag("new_decoder_architecture")
+    if kv_heads is None and not mqa:
+        kv_heads = defaults.get("num_key_value_heads")
+    if mqa:
         if kv_heads not in (None, 1):
             raise f.fail("multi_query", f"is true but num_key_value_heads = {kv_heads}")
         kv_heads = 1
@@ -1010,6 +1050,8 @@ def _attention_groups(
     if num_heads is not None and (kv_heads > num_heads or num_heads % kv_heads):
         raise f.fail("num_key_value_heads", f"{kv_heads} does not divide num_attention_heads = {num_heads}")
     head_dim = f.int_("head_dim")
+    if head_dim is None:
+        head_dim = defaults.get("head_dim")
     if head_dim is None:
         hidden = f.int_("hidden_size", "n_embd", "d_model")
         if hidden is None or num_heads is None:

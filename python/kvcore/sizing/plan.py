@@ -72,6 +72,9 @@ DEFAULT_RESERVE_FRACTION = 0.10
 # Most KV-cache groups KVCacheManager accepts (MAX_GROUPS in rust/manager/groups.rs; a test checks the two
 # agree): a plan with more could not be built.
 MAX_KV_CACHE_GROUPS = 64
+# The manager's bounds (rust/manager/mod.rs): tokens per page, and pages with int32 ids.
+MAX_PAGE_SIZE = 2**20
+MAX_NUM_PAGES = 2**31 - 1
 
 ModelLike = ModelSpec | Mapping[str, Any] | str | os.PathLike[str]
 
@@ -428,7 +431,7 @@ def plan(
     kv_dtype = normalize_kv_dtype(kv_dtype)
     check_int(tp, "tp", minimum=1)
     spec.validate_tp(tp)
-    check_int(page_size, "page_size", minimum=1)
+    check_int(page_size, "page_size", minimum=1, maximum=MAX_PAGE_SIZE)
     if context_len is not None:
         check_int(context_len, "context_len", minimum=1)
     if concurrency is not None:
@@ -512,6 +515,11 @@ def plan(
         reserved_requests = max(stated, default=0)
     state_reserved = reserved_requests * state
     num_pages = pages_for_budget(max(0, budget - scales - state_reserved), page)
+    if num_pages > MAX_NUM_PAGES:
+        raise ConfigError(
+            f"page_size: the pool would hold {num_pages:,} pages of {page_size} tokens, beyond the "
+            f"{MAX_NUM_PAGES:,} a KVCacheManager holds (int32 page ids): use larger pages"
+        )
     usable = max(0, num_pages - 1)
     if state:
         if max_at_context is not None and ctx_pages is not None:
@@ -549,6 +557,13 @@ def plan(
         need = scales + page + cost(max(request_lens))
     elif concurrency is not None:
         need = scales + page + concurrency * cost(1)
+    asked = _describe_ask(concurrency, context_len, request_lens)
+    if context_len is not None and request_lens:
+        # The mix must fit one of its longest requests too: it said "fits" while not one request of a
+        # mix longer than context_len could be served.
+        mix_need = scales + page + cost(max(request_lens))
+        if mix_need > need:
+            need, asked = mix_need, f"1 request of {max(request_lens):,} tokens (the mix's longest)"
     shortfall = max(0, need - budget)
     fits = shortfall == 0
 
@@ -559,7 +574,6 @@ def plan(
             f"with the cache asked for, short by {format_bytes(shortfall)}"
         )
     elif not fits:
-        asked = _describe_ask(concurrency, context_len, request_lens)
         detail = f"{asked} need{'s' if asked.startswith('1 ') else ''} {format_bytes(need)} of cache"
         warnings.append(
             f"does not fit: {detail} but {format_bytes(budget)} is left after weights and reserve: "

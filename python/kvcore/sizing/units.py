@@ -90,13 +90,28 @@ def _text(text: object, field: str, what: str) -> str | int:
     return text
 
 
+_THOUSANDS = re.compile(r"[0-9]{1,3}(?:,[0-9]{3})+(?![0-9,])")
+
+
+def plain_number(text: str, field: str) -> str:
+    """``text`` stripped, without its digit separators: ``_`` anywhere, ``,`` only between groups of
+    three digits of the leading number (``1,048,576``, ``131,072k``). Any other comma is an error:
+    dropping it silently turned ``1,5TB`` into 15 TB and ``--tp 1,6`` into 16."""
+    t = text.strip()
+    if "," in t:
+        m = _THOUSANDS.match(t)
+        if m is None or "," in t[m.end() :]:
+            raise ConfigError(f"{field}: {text!r:.60}: a comma may only separate thousands (1,048,576)")
+    return t.replace(",", "").replace("_", "")
+
+
 def parse_tokens(text: str | int, field: str = "tokens") -> int:
     """Token count from ``4096``, ``32k``, ``128K`` or ``1m`` (k = 1024, m = 1024²); must be >= 0."""
     text = _text(text, field, "a token count")
     if isinstance(text, int):
         value = text
     else:
-        match = _TOKENS_RE.match(text.strip().replace(",", "").replace("_", ""))
+        match = _TOKENS_RE.match(plain_number(text, field))
         if match is None:
             raise ConfigError(f"{field}: {text!r} is not a token count (examples: 4096, 32k, 128K)")
         value = _whole(match, _TOKEN_SUFFIX[match.group(3).lower()], text, field)
@@ -109,7 +124,7 @@ def parse_bytes(text: str | int, field: str = "bytes") -> int:
     if isinstance(text, int):
         value = text
     else:
-        match = _BYTES_RE.match(text.strip().replace(",", "").replace("_", ""))
+        match = _BYTES_RE.match(plain_number(text, field))
         suffix = match.group(3).lower() if match else ""
         if match is None or suffix not in _BYTE_SUFFIX:
             raise ConfigError(f"{field}: {text!r} is not a size (examples: 80GiB, 24GB, 81559MiB, 1048576)")
@@ -123,7 +138,7 @@ def parse_count(text: str | int, field: str = "count") -> int:
     if isinstance(text, int):
         value = text
     else:
-        match = _COUNT_RE.match(text.strip().replace(",", "").replace("_", ""))
+        match = _COUNT_RE.match(plain_number(text, field))
         if match is None:
             raise ConfigError(f"{field}: {text!r} is not a count (examples: 8.03B, 70B, 8e9, 405000000000)")
         value = _whole(match, _COUNT_SUFFIX[match.group(3).lower()], text, field)
