@@ -58,7 +58,10 @@ def int_arg(minimum: int, maximum: int = _INT64) -> Callable[[str], int]:
             raise argparse.ArgumentTypeError(f"{text!r:.60} is not a whole number")
         value = int(text) if len(digits) <= 19 else None  # more digits: beyond any bound, not converted
         if value is None or not minimum <= value <= maximum:
-            bound = f">= {minimum:,}" if maximum == _INT64 else f"in [{minimum:,}, {maximum:,}]"
+            too_big = value is None or value > maximum
+            bound = (
+                f">= {minimum:,}" if maximum == _INT64 and not too_big else f"in [{minimum:,}, {maximum:,}]"
+            )
             raise argparse.ArgumentTypeError(f"must be {bound}, got {text:.60}")
         return value
 

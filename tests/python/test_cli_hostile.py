@@ -629,3 +629,19 @@ def test_instances_hold_memory_by_the_trace_not_by_the_index_cap(tmp_path: Path)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["num_instances"] == 40
+
+
+def test_a_whole_number_past_int64_names_the_upper_bound() -> None:
+    """--seed 99999999999999999999999 said "must be >= 0": the bound it broke is the upper one."""
+    import argparse
+
+    from kvcore.cli import int_arg
+
+    parse = int_arg(0)
+    with pytest.raises(argparse.ArgumentTypeError, match=r"in \[0, 9,223,372,036,854,775,807\]"):
+        parse("99999999999999999999999")
+    with pytest.raises(argparse.ArgumentTypeError, match=r"in \[0, 9,223,372,036,854,775,807\]"):
+        parse("9223372036854775808")
+    with pytest.raises(argparse.ArgumentTypeError, match="must be >= 0, got -1"):
+        parse("-1")
+    assert parse("9223372036854775807") == 2**63 - 1

@@ -491,3 +491,32 @@ def test_the_sweep_counts_refused_prompts_as_misses(tmp_path: Any) -> None:
         mp.setattr(plt.Axes, "plot", spy)
         plot_sweep(report, tmp_path / "s.png")
     assert captured == [[pytest.approx(100 * want[c]) for c in (4, 8, 64)]]
+
+
+def test_a_sequential_replay_sets_no_token_ids_aside_for_answers() -> None:
+    """Sequential mode generates nothing, yet its token source numbered every answer: a valid trace
+    with one output_length of 2**32 was refused ("8,388,610 distinct blocks ... do not fit"), the
+    trace having 2 blocks. Timed mode still needs them, and says the answers are the cause."""
+    from kvcore.exceptions import TraceFormatError
+
+    trace = make_trace([([0, 1], 1000, 2**32), ([0, 2], 1000, 5)], bs=512, times_ms=[0.0, 1.0])
+    r = replay(trace, ReplayConfig(capacity_pages=100, page_size=16, mode="sequential"))
+    assert (r.num_served, r.hit_tokens) == (2, 512)  # the shared first block, whole pages of 16
+    report = run_replay(trace, ReplayConfig(capacity_pages=100, page_size=16, mode="sequential"))
+    assert report.results[0].hit_tokens == 512
+    with pytest.raises(TraceFormatError, match="for the answers' output_length"):
+        replay(trace, ReplayConfig(capacity_pages=100, page_size=16, mode="timed"))
+    src = TokenSource(trace, answers=False)
+    assert (
+        src.prompt(1).tolist()[:3]
+        == TokenSource(make_trace([([0, 2], 1000, 5)], bs=512)).prompt(0).tolist()[:3]
+    )
+    with pytest.raises(ConfigError, match="answers=False"):
+        src.output(1)
+    small = make_trace([([0], 16, 2)], bs=16, times_ms=[0.0])
+    with pytest.raises(ConfigError, match="has none"):
+        replay(
+            small,
+            ReplayConfig(capacity_pages=10, page_size=16, mode="timed"),
+            tokens=TokenSource(small, answers=False),
+        )

@@ -179,3 +179,28 @@ def test_cli_errors(
     assert kvcore.cli.main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_runs_at_one_load_share_one_goodput_window() -> None:
+    """Goodput was good requests over each run's own span: a mode that refused more ended sooner and
+    scored higher with the same good requests. same_window puts the runs of one load over the longest
+    of their spans (and leaves other loads alone)."""
+    from dataclasses import replace
+
+    from kvcore.replay.pressure import PressureResult, same_window
+
+    base = PressureResult(
+        pressure="none", load=1.0, num_submitted=10, num_served=8, num_good=8, num_refused=2,
+        refused_by_reason={}, num_preemptions=0, preemptions_by_kind={}, preemption_tax=0.0,
+        queue_wait_p50_s=0.0, queue_wait_p99_s=0.0, ttft_p99_s=0.0, goodput_rps=8 / 120,
+        simulated_s=120.0, num_steps=1, peak_usage=0.5, max_level=0, goodput_window_s=120.0,
+    )  # fmt: skip
+    quick = replace(base, pressure="graduated", simulated_s=73.0, goodput_rps=8 / 73, goodput_window_s=73.0)
+    other = replace(base, load=2.0, simulated_s=50.0, num_good=5, goodput_rps=0.1, goodput_window_s=50.0)
+    none_good = replace(base, load=2.0, pressure="graduated", simulated_s=30.0, num_good=0, goodput_rps=0.0)
+    a, b, c, d = same_window([base, quick, other, none_good])
+    assert a.goodput_rps == b.goodput_rps == pytest.approx(8 / 120)
+    assert a.goodput_window_s == b.goodput_window_s == 120.0
+    assert b.simulated_s == 73.0  # its own span is still reported
+    assert (c.goodput_rps, c.goodput_window_s) == (pytest.approx(5 / 50), 50.0)
+    assert (d.goodput_rps, d.goodput_window_s) == (0.0, 50.0)

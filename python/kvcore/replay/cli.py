@@ -602,6 +602,7 @@ def _run_pressure(args: argparse.Namespace) -> int:
         arrival_times,
         format_pressure,
         replay_pressure,
+        same_window,
     )
     from kvcore.replay.tokens import TokenSource
     from kvcore.replay.trace import write_trace
@@ -658,11 +659,13 @@ def _run_pressure(args: argparse.Namespace) -> int:
     if args.save_trace is not None:
         write_trace(trace, args.save_trace)
     src = TokenSource(trace)
-    results = [
-        replay_pressure(trace, config, pressure=mode, load=load, tokens=src)
-        for load in loads
-        for mode in modes
-    ]
+    results = same_window(
+        [
+            replay_pressure(trace, config, pressure=mode, load=load, tokens=src)
+            for load in loads
+            for mode in modes
+        ]
+    )
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = {

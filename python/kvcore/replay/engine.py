@@ -1038,7 +1038,10 @@ def replay(
     Raises:
         ConfigError: timed mode on a trace without timestamps (ConfigError is a ValueError).
     """
-    src = tokens if tokens is not None else TokenSource(trace)
+    timed = config.mode != "sequential"
+    src = tokens if tokens is not None else TokenSource(trace, answers=timed)
+    if timed and not src.has_answers:
+        raise ConfigError("tokens: a timed replay generates answers; this TokenSource has none")
     if config.mode == "sequential":
         result = _sequential(trace, config, src, progress, observer)
     else:
@@ -1091,7 +1094,7 @@ def run_replay(
         )
     if capacity.pages != config.capacity_pages or capacity.page_size != config.page_size:
         raise ConfigError("capacity does not describe config")
-    src = TokenSource(trace)
+    src = TokenSource(trace, answers=config.mode != "sequential")  # sequential replays generate nothing
 
     def bar(label: str) -> Progress:
         return Progress(trace.num_requests, label, enabled=progress)

@@ -173,7 +173,10 @@ def replay_instances(
     if config.mode == "timed" and trace.timestamps_ms is None:
         raise ConfigError("timed mode needs a trace with timestamps")
     assign = split_requests(trace, num_instances, split)
-    src = tokens if tokens is not None else TokenSource(trace)
+    timed = config.mode != "sequential"
+    src = tokens if tokens is not None else TokenSource(trace, answers=timed)
+    if timed and not src.has_answers:
+        raise ConfigError("tokens: a timed replay generates answers; this TokenSource has none")
     shared = store if store is not None else MemoryStore()
     n = trace.num_requests
     runs: dict[bool, list[_Run]] = {}

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from kvcore.exceptions import TraceFormatError
+from kvcore.exceptions import ConfigError, TraceFormatError
 from kvcore.replay.trace import MAX_REQUEST_TOKENS, Trace
 
 __all__ = ["TokenSource"]
@@ -85,8 +85,10 @@ def _dense(
     blocks plus ``num_extra`` more do not fit uint32 token ids."""
     uniq, inverse = np.unique(ids, return_inverse=True)
     if (len(uniq) + num_extra) * bs > _TOKEN_LIMIT:
+        answers = f", {num_extra:,} of them for the answers' output_length" if num_extra else ""
         raise TraceFormatError(
-            f"{name}: {len(uniq) + num_extra:,} distinct blocks of {bs} tokens do not fit uint32 token ids"
+            f"{name}: {len(uniq) + num_extra:,} distinct blocks of {bs} tokens{answers} do not fit uint32 "
+            "token ids"
         )
     return inverse.astype(np.int64, copy=False), len(uniq)
 
@@ -98,15 +100,24 @@ class TokenSource:
     repeats an answer finds it cached); otherwise fresh ids after the largest prompt id, so each answer
     is unique, as it would be for a trace that does not link turns.
 
+    ``answers=False``: prompts only (a sequential replay generates nothing): no token ids are set
+    aside for the answers, so a trace whose ``output_length`` values would not leave room for them in
+    uint32 is still replayed; the answer calls then raise ConfigError.
+
     Raises:
-        TraceFormatError: the distinct blocks of the trace do not fit uint32 token ids.
+        TraceFormatError: the distinct blocks of the trace (and its answers') do not fit uint32 token ids.
     """
 
-    def __init__(self, trace: Trace) -> None:
+    def __init__(self, trace: Trace, *, answers: bool = True) -> None:
         bs = trace.block_size
         prompt_ids = trace.hash_ids
         top_prompt = int(prompt_ids.max()) if len(prompt_ids) else -1
-        if trace.output_ids is not None and trace.output_indptr is not None:
+        self.has_answers = answers
+        if not answers:
+            if (top_prompt + 1) * bs > _TOKEN_LIMIT:
+                prompt_ids, _ = _dense(prompt_ids, 0, bs, trace.name)
+            self._output = _Runs([0] * (trace.num_requests + 1), [], [], [])
+        elif trace.output_ids is not None and trace.output_indptr is not None:
             out_ids = trace.output_ids
             top = max(top_prompt, int(out_ids.max()) if len(out_ids) else -1)
             if (top + 1) * bs > _TOKEN_LIMIT:
@@ -134,6 +145,10 @@ class TokenSource:
         self._answer_base: npt.NDArray[np.int64] | None = None
         self._answer_lens: npt.NDArray[np.int64] = np.zeros(0, dtype=np.int64)
         self._answer_single = False  # every request's answer is one run (or empty)
+
+    def _need_answers(self) -> None:
+        if not self.has_answers:
+            raise ConfigError("this TokenSource was built with answers=False (prompts only)")
 
     @staticmethod
     def _grown(buf: _U32, n: int) -> _U32:
@@ -170,6 +185,7 @@ class TokenSource:
 
     def output(self, i: int) -> _U32:
         """Request ``i``'s answer, ``[output_len]`` uint32, a new array."""
+        self._need_answers()
         n = self._output_lens[i]
         out = np.empty(n, dtype=np.uint32)
         self._fill(self._output, i, out, n)
@@ -179,6 +195,7 @@ class TokenSource:
         """Tokens ``[start, stop)`` of request ``i``'s answer (``0 <= start <= stop <= output_len``),
         ``[stop - start]`` uint32: a view of an internal buffer that the next call overwrites. What the
         engine appends per decode step, so an answer is never built whole."""
+        self._need_answers()
         n = stop - start
         if len(self._answer) < n:
             self._answer = self._grown(self._answer, n)
@@ -202,6 +219,7 @@ class TokenSource:
         tokens a timed replay's engine samples in one step. A position at or past ``output_len`` (the
         one token a request of output length 0 still samples to finish) gives 0: it is never computed.
         One vectorized add for answers that are one run of ids (every fresh answer, the generator's)."""
+        self._need_answers()
         if self._answer_base is None:
             runs = self._output
             n = len(self._output_lens)
@@ -233,6 +251,7 @@ class TokenSource:
     def prompt_and_answer(self, i: int, num_answer: int) -> _U32:
         """The prompt followed by the first ``num_answer`` answer tokens (what a preempted request
         recomputes); buffer view as in :meth:`prompt`."""
+        self._need_answers()
         n = self._input_lens[i]
         if not 0 <= num_answer <= self._output_lens[i]:
             raise IndexError(f"{num_answer} answer tokens outside [0, {self._output_lens[i]}]")
