@@ -240,7 +240,9 @@ class Plan:
     """What fits on one GPU of a deployment, and the page count to give the pool (all per GPU).
 
     Invariant: ``weight_bytes_per_gpu + reserve_bytes + scale_bytes + num_pages * page_bytes +
-    state_reserved_bytes <= gpu_mem_bytes`` whenever the weights and reserve fit (``kv_budget_bytes >= 0``).
+    state_reserved_bytes <= gpu_mem_bytes`` whenever ``fits`` is True. When False it may not hold even
+    with ``kv_budget_bytes >= 0``: the scales or the state set aside alone can exceed a small budget
+    (``num_pages`` is then 0 and ``shortfall_bytes`` says by how much).
     """
 
     # Model name as resolved.
