@@ -242,7 +242,7 @@ class KVCacheManager:
         name: str,
         entries: Iterable[tuple[int, bytes, bytes, str | None, _Tokens]],
         *,
-        reasons: Literal[False] = False,
+        reasons: Literal[False] | None = None,
     ) -> npt.NDArray[np.bool_]: ...
     @overload
     def restore_tier(
