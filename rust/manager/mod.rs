@@ -1069,6 +1069,7 @@ impl KVCacheManager {
             seq.copies.push((done, done + ins.num_existing_pages));
         }
         let priority = seq.priority;
+        let fresh = full - ins.num_adopted_pages;
         if st.events.is_some() && ins.num_adopted_pages > 0 {
             let seq = &st.seqs[&seq_id];
             let tokens = seq.tokens[(full - ins.num_adopted_pages) * ps..full * ps].to_vec();
@@ -1078,7 +1079,8 @@ impl KVCacheManager {
         if st.groups.num_groups() > 1 {
             self.cache_group_pages(st, seq_id, done, full)?;
         }
-        self.offer_seq_stores(st, seq_id, full, tiers::Trigger::Cached(priority), now)
+        let trigger = tiers::Trigger::Cached { priority, fresh };
+        self.offer_seq_stores(st, seq_id, full, trigger, now)
     }
 
     /// `child` shares every page of `parent` (parallel sampling, beam search). The next append

@@ -140,7 +140,10 @@ impl KVCacheManager {
             st.caller_held.remove(p);
         }
         // Pages computed elsewhere are cached pages like any: offered to the lower tiers.
-        let trigger = super::tiers::Trigger::Cached(0);
+        let trigger = super::tiers::Trigger::Cached {
+            priority: 0,
+            fresh: pages.len() - ins.num_adopted_pages,
+        };
         if ins.num_adopted_pages > 0
             && st.store_policy.may_store(trigger)
             && self.tiers_lack(st, ns, tokens, pages.len())

@@ -70,7 +70,9 @@ impl StorePolicy {
     /// lookup in the tiers).
     pub(super) fn may_store(&self, trigger: Trigger) -> bool {
         match (self, trigger) {
-            (StorePolicy::Selective { min_priority, .. }, Trigger::Cached(p)) => p >= *min_priority,
+            (StorePolicy::Selective { min_priority, .. }, Trigger::Cached { priority, .. }) => {
+                priority >= *min_priority
+            }
             _ => true,
         }
     }
@@ -505,8 +507,12 @@ pub struct TransferBatch {
 /// Why `offer_stores` is called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Trigger {
-    /// Pages just cached, with the caching priority.
-    Cached(i32),
+    /// Pages just cached, with the caching priority; `fresh`: the first page of the path this
+    /// caching added (those before it were cached, and offered, before). A tier that lacks pages
+    /// before `fresh` (it evicted them since) refills that gap only from free slots: making room
+    /// for it would evict another path's copies, which their next page would store again, and
+    /// two sequences growing in a full tier would copy each other's tails back and forth.
+    Cached { priority: i32, fresh: usize },
     /// Pages just matched by a prefix hit.
     Hit,
     /// Pages just pinned.
@@ -1288,8 +1294,8 @@ impl KVCacheManager {
             let bw = tier.config.bandwidth_gbps;
             let wanted = match (&st.store_policy, trigger) {
                 (StorePolicy::All, _) | (_, Trigger::Offload) => n,
-                (StorePolicy::Selective { min_priority, .. }, Trigger::Cached(p))
-                    if p >= *min_priority =>
+                (StorePolicy::Selective { min_priority, .. }, Trigger::Cached { priority, .. })
+                    if priority >= *min_priority =>
                 {
                     n
                 }
@@ -1297,7 +1303,7 @@ impl KVCacheManager {
                 (StorePolicy::Selective { .. }, Trigger::Pinned) => n,
                 (StorePolicy::Selective { .. }, _) => a,
                 (StorePolicy::Value(model), trig) => {
-                    let h = if matches!(trig, Trigger::Cached(_)) {
+                    let h = if matches!(trig, Trigger::Cached { .. }) {
                         0
                     } else {
                         hits
@@ -1330,8 +1336,14 @@ impl KVCacheManager {
             };
             tier.tree.lock(tier_node).map_err(internal)?;
             // A run longer than the tier can make room for stores its leading pages (the ones
-            // every longer prefix needs); the rest is skipped and counted.
-            let room = tier.free.len() + tier.tree.num_evictable_pages();
+            // every longer prefix needs); the rest is skipped and counted. A gap before the pages
+            // just cached is refilled from free slots only (see `Trigger::Cached`).
+            let gap = matches!(trigger, Trigger::Cached { fresh, .. } if a < fresh);
+            let room = if gap {
+                tier.free.len()
+            } else {
+                tier.free.len() + tier.tree.num_evictable_pages()
+            };
             let k = if k - a > room {
                 tier.stats.num_store_skipped_no_room += (k - a - room) as u64;
                 a + room

@@ -698,3 +698,33 @@ print("ok")
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+@pytest.mark.parametrize("policy", ["all", "value"])
+def test_sequences_growing_in_a_full_tier_store_each_page_at_most_once(policy: str) -> None:
+    # Two 48-page prompts side by side, then decode; the host tier holds 64 of their pages. Each
+    # new page is stored below its own tier copy; a sequence whose tail the tier evicted (to make
+    # room for the other's prompt) is not copied back by evicting the other's tail in turn: a key
+    # stored twice is a write the tier threw away.
+    ps, prompt = 16, 48 * 16
+    m = KVCacheManager(1024, ps, lower_tiers=[("host", 64)], store_policy=policy)
+    stored: list[bytes] = []
+
+    def drain() -> None:
+        b = complete_all(m)
+        stored.extend(bytes(k) for k in b.store_keys[b.store_tiers == 0])
+
+    for s in (1, 2):
+        assert m.add_sequence(s, [s * 10_000 + i for i in range(prompt)]) is not None
+        drain()
+    for step in range(4 * ps):
+        for s in (1, 2):
+            m.append(s, [s * 10_000 + prompt + step])
+            m.commit(s, prompt + step + 1)
+        drain()
+    assert len(stored) == len(set(stored))
+    host = m.tier_stats()["host"]
+    assert host["num_slots_cached"] == 64 and host["num_stored_pages"] == len(stored)
+    if policy == "all":  # both prompts were stored, and the new pages below the copies kept
+        assert len(stored) >= 96 + 4
+    m._check_invariants()
