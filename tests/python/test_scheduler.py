@@ -901,3 +901,21 @@ def test_the_stop_token_check_equals_isin(values: list[int], stop: frozenset[int
 
     arr = np.array(values, dtype=dtype)
     assert np.array_equal(_in_stop(arr, stop), np.isin(arr.astype(np.int64), list(stop)))
+
+
+def test_a_request_waits_for_the_stores_that_hold_the_pool_instead_of_being_refused() -> None:
+    # A 3-page pool (4 less the null page) under write-through: the first request computes 12
+    # tokens, and its last page is cached as it finishes; that page's store (queued by update, run
+    # in the next forward) keeps it locked a step. The next request needs the whole pool: alone,
+    # it fits once the store is taken, so it waits a step; it is not "too_large".
+    pool = TinyEngine.make_pool(MODEL, 4, 4)
+    host = HostTier(pool, 16)
+    m = kvcore.KVCacheManager(4, 4, lower_tiers=[host], store_policy="all")
+    engine = TinyEngine(MODEL, pool, Mover(m, pool, [host]))
+    sched = Scheduler(m, max_num_batched_tokens=32, max_num_seqs=1)
+    ps = [list(range(1, 12)), list(range(20, 29))]
+    reqs = [Request(i, p, max_new_tokens=2) for i, p in enumerate(ps)]
+    outs, ended = serve(sched, engine, reqs)
+    assert ended == {0: "length", 1: "length"}
+    assert all(outs[i] == MODEL.generate_no_cache(p, 2) for i, p in enumerate(ps))
+    assert sched.stats().rejected_by_reason.get("too_large", 0) == 0

@@ -670,7 +670,7 @@ class Scheduler:
                 victim = self._victim()
                 if victim is stuck and len(self._running) == 1:
                     del decoding[done]
-                    if not self._swapping and not self._loading:  # alone, nothing comes back: it never grows
+                    if not self._pages_coming_back():  # alone, nothing comes back: it never grows
                         self._end(stuck, "capacity", now)
                         finished.append((stuck.rid, "capacity"))
                     # else it waits a step: this step's swaps free their pages once stored, and the
@@ -1188,6 +1188,17 @@ class Scheduler:
             m.set_store_policy(name, options or None)
             self._event("store_policy", None, now, policy=name, **options)
 
+    def _pages_coming_back(self) -> bool:
+        """Whether pages held now come back without a request ending: this step's swaps (free once
+        stored), loading requests (preemptible once they run), and transfers in flight (a store
+        locks the HBM pages it reads until the engine's mover completes it, in the next forward).
+        A request that fails alone while this holds waits a step rather than being refused."""
+        if self._swapping or self._loading:
+            return True
+        if not self._tiered:
+            return False
+        return any(t["num_slots_in_flight"] for t in self.cache.tier_stats().values())
+
     def _victim(self) -> _Req:
         """Lowest priority first, then the youngest."""
         return min(self._running.values(), key=lambda r: (r.priority, -r.order))
@@ -1238,7 +1249,7 @@ class Scheduler:
             self._failed_this_step += 1
             victim = self._victim()
             if victim is r and len(self._running) == 1:
-                if not self._swapping and not self._loading:  # as for a decode row (step)
+                if not self._pages_coming_back():  # as for a decode row (step)
                     self._end(r, "capacity", now)
                     finished.append((r.rid, "capacity"))
                 return False
@@ -1406,7 +1417,7 @@ class Scheduler:
                 self._stats.num_failed_reservations += 1
                 self._stats.num_failed_admissions += 1
                 self._failed_this_step += 1
-                if not self._running and not self._loading:
+                if not self._running and not self._pages_coming_back():
                     self._refuse_waiting(r, "too_large", "does not fit even alone", now)
                     continue
                 break
