@@ -777,6 +777,9 @@ impl KVCacheManager {
                 .tree
                 .adopt_copies(node, ns, lock_pages, start, &seq.pages[start..end])
                 .map_err(internal)?;
+            if swapped.len() < end - start {
+                self.share_tree_copies(st, seq_id, (node, lock_pages), (start, end))?;
+            }
             if swapped.is_empty() {
                 continue;
             }
@@ -790,6 +793,43 @@ impl KVCacheManager {
             self.alloc.free_serialized(&old).map_err(internal)?;
         }
         Ok(())
+    }
+
+    /// Where the tree kept its own copy of pages `start..end` of `seq_id` (a public node, which
+    /// never takes a tenant's page, or a copy another sequence holds too), the sequence shares the
+    /// tree's copy, which its path locks anyway, and frees its own (identical K/V: same tokens
+    /// after the same prefix, both computed); else it would hold two pages for one until freed.
+    /// Only a copy nobody else holds (no fork, no queued copy) is freed.
+    fn share_tree_copies(
+        &self,
+        st: &mut State,
+        seq_id: SeqId,
+        (node, lock_pages): (NodeId, usize),
+        (start, end): (usize, usize),
+    ) -> KvResult<()> {
+        let mut path = Vec::with_capacity(lock_pages - start);
+        st.tree.path_pages(node, lock_pages - start, &mut path);
+        let mut freed = Vec::new();
+        let seq = st.seqs.get_mut(&seq_id).ok_or_else(|| unknown(seq_id))?;
+        for (pos, &(tree_page, _)) in (start..end).zip(&path) {
+            let own = seq.pages[pos];
+            let private = own != tree_page
+                && own != crate::NULL_PAGE
+                && !st.tree.contains_page(own)
+                && self.alloc.ref_count(own).map_err(internal)? == 1
+                && !st
+                    .pending_copies
+                    .iter()
+                    .any(|&(src, dst)| src == own || dst == own);
+            if private {
+                self.alloc
+                    .retain_serialized(&[tree_page])
+                    .map_err(internal)?;
+                seq.pages[pos] = tree_page;
+                freed.push(own);
+            }
+        }
+        self.alloc.free_serialized(&freed).map_err(internal)
     }
 
     /// Roll `seq_id` back to its first `num_tokens` tokens (rejected drafts), releasing the

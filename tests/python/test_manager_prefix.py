@@ -208,23 +208,59 @@ def test_a_committed_copy_replaces_the_cached_one_at_once() -> None:
     assert m.match_prefix(prompt).pages.tolist() == m.seq_pages(2).tolist()
 
 
-def test_a_cached_copy_another_sequence_holds_is_kept() -> None:
-    """Two sequences recompute the same last page: the tree's copy is locked by both, so neither swaps
-    (a swap would free a page the other's lock protects); pages are never freed under a holder."""
+def test_a_cached_copy_another_sequence_holds_is_kept_and_shared() -> None:
+    """Two sequences recompute the same last page: the tree's copy is locked by both, so the tree
+    keeps it (a swap would free a page the other's lock protects); each sequence, once its copy is
+    computed, uses the tree's and frees its own: one page for the three, none freed under a holder."""
     m = KVCacheManager(20, PS)
     prompt = list(range(1, 2 * PS + 1))
     cached(m, 1, prompt)
     tree_copy = m.match_prefix(prompt).pages.tolist()
     m.add_sequence(2, prompt)
     m.add_sequence(3, prompt)
+    own = {int(m.seq_pages(2)[1]), int(m.seq_pages(3)[1])}
+    assert own.isdisjoint(tree_copy) and len(own) == 2
     assert m.append(2, [7]) and m.append(3, [8])
     assert m.match_prefix(prompt).pages.tolist() == tree_copy
+    assert m.seq_pages(2)[:2].tolist() == m.seq_pages(3)[:2].tolist() == tree_copy
     s = m.stats()
-    assert s.num_pages_in_use == _live_pages(m, 2, 3) + 1  # + the tree's copy both lock
+    assert s.num_pages_in_use == _live_pages(m, 2, 3) == 4  # 2 shared + one new page each
+    assert s.num_pages_free == 19 - 4
+    m._check_invariants()
     m.free_sequence(2)
     m.free_sequence(3)
     s = m.stats()
     assert s.num_pages_in_use == 0 and s.num_pages_free + s.num_pages_cached == 19
+
+
+def test_a_tenant_recomputing_a_public_page_shares_the_public_copy() -> None:
+    """A public node never takes a tenant's page: a tenant that computed its own copy of a page the
+    public path holds shares the public copy (its path locks it anyway) and frees its own, rather
+    than holding two pages for one until it is freed."""
+    m = KVCacheManager(6, 5)
+    prompt = list(range(9))
+    assert m.add_sequence(0, prompt, "*", cache_prompt=False) is not None
+    m.append(0, [1])
+    m.commit(0, 10)  # two public pages: [0..4], [5..8, 1]
+    public = m.match_prefix([*prompt, 1], "*").pages.tolist()
+    m.free_sequence(0)
+    assert m.add_sequence(1, prompt, "a", cache_prompt=False) == 5  # the first public page
+    m.commit(1, 9)
+    m.append(1, [1])  # the same tokens: a copy of the second public page
+    own = int(m.seq_pages(1)[1])
+    assert own not in public
+    m.commit(1, 10)
+    assert m.seq_pages(1).tolist() == public
+    assert m.stats().num_pages_in_use == 2 and m.stats().num_pages_free == 3
+    m.append(1, [1])
+    m.append(1, [1])
+    m.commit(1, 12)
+    m.evict(100)
+    assert m.stats().num_pages_in_use == _live_pages(m, 1) == 3
+    m._check_invariants()
+    m.free_sequence(1)
+    assert m.match_prefix([*prompt, 1], "a").pages.tolist() == public  # the tenant hits it still
+    m._check_invariants()
 
 
 def test_a_copy_cut_by_truncate_is_not_adopted_when_its_page_is_refilled() -> None:

@@ -919,3 +919,33 @@ def test_a_request_waits_for_the_stores_that_hold_the_pool_instead_of_being_refu
     assert ended == {0: "length", 1: "length"}
     assert all(outs[i] == MODEL.generate_no_cache(p, 2) for i, p in enumerate(ps))
     assert sched.stats().rejected_by_reason.get("too_large", 0) == 0
+
+
+def test_tenants_sharing_public_copies_of_their_recomputed_pages_generate_the_same_tokens() -> None:
+    # A public request, then tenants with the same prompts: each tenant hits the public pages of
+    # its prompt, recomputes the rest, and reads the public copy of each page it finds there once
+    # computed (its own freed). The answers must not change, and nothing leaks past the end.
+    m, engine, _ = tiny_setup(64, 4, False)
+    ps = prompts(11, 3, shared=6)
+    reqs = [Request(i, p, max_new_tokens=9, namespace="*") for i, p in enumerate(ps)]
+    reqs += [Request(10 + i, p, max_new_tokens=9, namespace=f"t{i % 2}") for i, p in enumerate(ps)]
+    for r in reqs:
+        sched = Scheduler(m, max_num_batched_tokens=32, max_num_seqs=1)
+        answer = MODEL.generate_no_cache(list(r.prompt), 9)
+        sched.submit(r, 0.0)
+        out: list[int] = []
+        shared = step = 0
+        while sched.has_work():
+            plan = sched.step(float(step))
+            toks = engine.forward(plan)
+            out += [t for rid, t in toks.items() if rid == r.request_id]
+            assert [e[1] for e in sched.update(plan, toks)] in ([], ["length"])
+            step += 1
+            if r.request_id in m:
+                public = m.match_prefix(list(r.prompt) + answer, "*").pages.tolist()
+                shared = max(shared, len(set(public) & set(m.seq_pages(r.request_id).tolist())))
+        assert out == answer
+        if r.namespace != "*":  # more public pages than its prompt's hit: its copies were swapped
+            assert shared > len(r.prompt) // 4
+        m._check_invariants()
+    assert len(m) == 0 and m.stats().num_pages_in_use == 0
