@@ -745,7 +745,9 @@ impl KVCacheManager {
                 let page = st.groups.lookup(g, &keys[i]).ok_or_else(|| {
                     internal(KvError::Internal(format!("group {g} lost hit page {i}")))
                 })?;
-                if st.groups.entries[&page].users == 0 {
+                // Only what `num_evictable` counts (a pinned idle page is not evictable).
+                let e = &st.groups.entries[&page];
+                if e.users == 0 && e.pin_ref == 0 {
                     evictable_taken += 1;
                 }
                 *slot = page;
@@ -754,9 +756,9 @@ impl KVCacheManager {
         let tree_hit = if st.groups.primary_windowed() { 0 } else { hit };
         let (_, tree_evictable) = st.tree.peek_prefix(lookup_ns, &lookup[..tree_hit * ps]);
         let fresh = g_count * (num_pages - hit);
-        let room = self.alloc.num_free() + st.tree.num_evictable_pages() - tree_evictable
-            + st.groups.num_evictable()
-            - evictable_taken;
+        let room = self.alloc.num_free()
+            + st.tree.num_evictable_pages().saturating_sub(tree_evictable)
+            + st.groups.num_evictable().saturating_sub(evictable_taken);
         if fresh > room {
             st.stats.num_refused += 1;
             return Ok(None);

@@ -253,3 +253,22 @@ def test_evict_all_and_reset_drain_every_unused_page_after_forks_and_chunks(
         m.reset_prefix_cache()
         s = m.stats()
         assert (s.num_pages_cached, s.num_pages_pinned, s.num_pages_free) == (0, 0, s.num_pages_total)
+
+
+@pytest.mark.parametrize("fillers", range(11))
+def test_a_pinned_window_hit_is_admitted_while_a_page_can_be_had(fillers: int) -> None:
+    """A windowed cache: the 41-token prompt's hit is the window's 2 pinned pages, and it needs one
+    fresh page. Admission subtracted the pinned hit pages from the evictable ones as if they were
+    evictable: with 8 live fillers (2 idle cached pages left to evict) it was refused, with 9 (1
+    left) admitted. It is admitted while a free or evictable page is left, refused after."""
+    m = KVCacheManager(13, PS, groups=[8])  # 12 usable pages
+    prompt = list(range(1, 42))
+    cached(m, 1, prompt)
+    assert m.pin(prompt, 1e6) > 0
+    for i in range(fillers):  # one live page each
+        assert m.add_sequence(100 + i, [1000 + 10 * i + j for j in range(3)]) is not None
+    s = m.stats()
+    assert s.num_pages_pinned == 2 and s.num_pages_free + s.num_pages_cached == 10 - fillers
+    hit = m.add_sequence(2, prompt)
+    assert hit == (40 if fillers < 10 else None)
+    m._check_invariants()
