@@ -1089,8 +1089,8 @@ impl KVCacheManager {
 
     /// Heavy-hitter compaction (H2O at page granularity): release the full-attention pages of
     /// `seq_id` with the lowest `scores` until it holds at most `max_pages` of them, never one of
-    /// its first `sink_tokens` tokens' pages or of its last `recent_tokens` tokens' pages (its last
-    /// page always stays). `scores` has one entry per page of the primary table
+    /// its first `sink_tokens` tokens' pages (or its own streaming sinks, if more) or of its last
+    /// `recent_tokens` tokens' pages (its last page always stays). `scores` has one entry per page of the primary table
     /// ([`seq_pages`](Self::seq_pages), released ones included) or one per kept page in order
     /// (the compacted table the kernels read). Call it after the step whose attention produced the
     /// scores: the sequence's pages from then on are private (never cached). Returns the number of
@@ -1142,7 +1142,13 @@ impl KVCacheManager {
                 "compact: max_pages must be >= 1 (free the sequence to drop it all)".into(),
             ));
         }
-        let sinks = sink_tokens.div_ceil(ps);
+        // A streaming sequence's own sinks stay too (its attention needs them at every step).
+        let own_sinks = seq
+            .bounds
+            .as_deref()
+            .and_then(|b| b.streaming)
+            .map_or(0, |(sinks, _)| sinks);
+        let sinks = sink_tokens.div_ceil(ps).max(own_sinks);
         // Tokens computed (known and slotted): draft slots past them are not (a later append may
         // reject them).
         let n = seq.computable();

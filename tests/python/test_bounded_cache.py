@@ -331,6 +331,22 @@ def test_compact_drops_the_lowest_scores_between_sinks_and_recent() -> None:
     assert m.peek_prefix_len(toks) <= 40
 
 
+def test_compact_never_releases_a_streaming_sequences_own_sinks() -> None:
+    # A StreamingLLM sequence with 8 sink tokens (2 pages) and a long recent window: a compaction
+    # that names no sinks still keeps its 2 sink pages, however low their scores.
+    ps = 4
+    m = KVCacheManager(200, ps)
+    e = Engine(m, ps)
+    e.add(1, list(range(1, 41)), None, sink_tokens=8, recent_tokens=1000)  # 10 pages, none released
+    scores = np.array([0, 0, 9, 1, 9, 2, 9, 3, 9, 9], dtype=np.float32)
+    assert m.compact(1, scores, 7) == 3
+    dropped = [i for i, p in enumerate(m.seq_pages(1).tolist()) if p == 0]
+    assert dropped == [3, 5, 7]  # the lowest but the sinks (0, 1)
+    assert m.compact(1, np.zeros(7, np.float32), 2, sink_tokens=4) == 4
+    assert [i for i, p in enumerate(m.seq_pages(1).tolist()) if p != 0] == [0, 1, 9]
+    e.check()
+
+
 def test_truncate_into_a_released_window_is_refused_unchanged() -> None:
     ps = 4
     m = KVCacheManager(100, ps, groups=[8, None])
