@@ -1706,10 +1706,14 @@ impl KVCacheManager {
             // A slot in use is refused, unless the index holds this very page there already (a
             // page a reset could not drop, locked by a load in flight, or one an earlier restore
             // took): the branch then goes on below it, and the entry counts as accepted (its file
-            // must be kept). Refusing it cut every page below from the index for good.
+            // must be kept). Refusing it cut every page below from the index for good. Found
+            // among the entry's own namespace's pages, as `extend_own` finds them: a slot a store
+            // in flight took keeps the key of the page it held, and a tenant's entry for that old
+            // page would otherwise "find" a public copy of the same tokens, be inserted as a new
+            // page (in a slot the store owns) and then refused with the insert left in the tree.
             let held_here = !free.contains(&p.slot)
                 && st.tiers[t].keys[p.slot as usize] == p.key
-                && st.tiers[t].tree.peek_len_from(ns, below, &p.tokens) == Ok(1);
+                && st.tiers[t].tree.peek_own_len_from(ns, below, &p.tokens) == Ok(1);
             if !held_here && !free.contains(&p.slot) {
                 outcome[i] = RestoreOutcome::SlotInUse;
                 st.forget_if_unused(ns);
@@ -1735,7 +1739,8 @@ impl KVCacheManager {
                 continue;
             };
             if held_here {
-                // (extend adopted nothing: the page was found) the copy found must be this slot's
+                // (extend_own adopted nothing: its own lookup found the page, as `held_here`'s
+                // did) the copy found must be this slot's
                 if ins.num_adopted_pages != 0 || slot_id != p.slot + 1 || kept_ns != ns {
                     outcome[i] = RestoreOutcome::IndexRefused;
                     st.forget_if_unused(ns);

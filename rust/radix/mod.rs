@@ -473,6 +473,19 @@ impl RadixTree {
         Ok(self.find_from(ns, node, tokens).total)
     }
 
+    /// [`peek_len_from`](Self::peek_len_from), `ns`'s own pages only, as
+    /// [`extend_own`](Self::extend_own) would find them (a public path below `node` is not
+    /// continued for a tenant).
+    pub fn peek_own_len_from(
+        &self,
+        ns: Namespace,
+        node: NodeId,
+        tokens: &[u32],
+    ) -> KvResult<usize> {
+        self.check_node(node)?;
+        Ok(self.find_own(ns, node, tokens).total)
+    }
+
     /// The longest cached prefix of `tokens` visible from `ns`, as [`match_prefix`](Self::match_prefix)
     /// finds it, without touching, splitting or expiring anything: appends its page ids to `out`
     /// (in token order) and returns their number.

@@ -190,7 +190,16 @@ fn extend_own_adds_a_namespace_copy_beside_a_public_one() {
     // `extend` finds the public copy; `extend_own` adds namespace 7's own beside it.
     let found = t.extend(7, ROOT, &tokens[..2], &[3], 0, 0).unwrap();
     assert_eq!((found.num_existing_pages, found.num_adopted_pages), (1, 0));
+    // The peeks agree with the two: the public copy is found, the namespace's own is not.
+    assert_eq!(t.peek_len_from(7, ROOT, &tokens[..2]), Ok(1));
+    assert_eq!(t.peek_own_len_from(7, ROOT, &tokens[..2]), Ok(0));
+    assert_eq!(
+        t.peek_own_len_from(PUBLIC_NAMESPACE, ROOT, &tokens[..4]),
+        Ok(2)
+    );
+    assert!(t.peek_own_len_from(7, 999, &tokens).is_err());
     let own = t.extend_own(7, ROOT, &tokens[..2], &[3], 0, 0).unwrap();
+    assert_eq!(t.peek_own_len_from(7, ROOT, &tokens[..4]), Ok(1));
     assert_eq!((own.num_existing_pages, own.num_adopted_pages), (0, 1));
     assert_eq!(pages_of(&t, own.node), vec![3]);
     // Found again as its own (no second copy), and continued in namespace 7.

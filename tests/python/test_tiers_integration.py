@@ -594,6 +594,50 @@ def test_a_restore_keeps_no_page_below_a_copy_in_other_namespaces(tmp_path: Path
         split._check_invariants()
 
 
+@pytest.mark.parametrize("reset", [True, False])
+def test_restoring_a_tenant_page_whose_slot_a_queued_store_took_refuses_it_and_changes_nothing(
+    reset: bool, tmp_path: Path
+) -> None:
+    """A tenant's page (tokens T) sits in disk slot 0, evicted from the index; a public prompt
+    starting with T fills the tier, and its next commit queues a store into slot 0 (the file still
+    holds the tenant's page, the slot's key still names it). Restoring the directory then took the
+    tenant's entry as "held here" (its lookup found the public copy of T), inserted it as a new page
+    in the slot the store owns, and refused it with the insert left in the index: the slot was owned
+    twice and completing the store raised InternalError out of Mover.run (found by a fuzzer)."""
+    pool = make_pool(8)
+    probe = DiskTier(tmp_path / "probe", 1 << 20, pool)
+    file_bytes = probe.file_bytes
+    probe.close()
+    disk = DiskTier(tmp_path / "d", 3 * file_bytes, pool)
+    assert disk.num_slots == 3
+    cache = KVCacheManager(8, PS, lower_tiers=[disk], store_policy="all")
+    mover = Mover(cache, pool, [disk])
+    assert cache.add_sequence(0, [1, 2, 3, 4, 44], "a") == 0  # T = [1, 2, 3, 4] stored in slot 0
+    mover.run()
+    cache.free_sequence(0)
+    assert cache.add_sequence(1, list(range(1, 18)), "*", cache_prompt=False) == 0
+    cache.commit(1, 8)
+    mover.run()  # the public pages 0-1 in slots 1-2
+    cache.commit(1, 12)  # page 2's store queued, into slot 0 (its LRU slot: the tenant's page)
+    assert cache.tier_stats()[disk.name]["num_slots_in_flight"] == 1
+    if reset:
+        cache.reset_prefix_cache()
+    entries = disk.entries()
+    tenant = [i for i, e in enumerate(entries) if e.namespace == "a"]
+    assert len(entries) == 3 and len(tenant) == 1 and entries[tenant[0]].slot == 0
+    got = cache.restore_tier(disk.name, entries, reasons=True)
+    assert got[tenant[0]] == "slot_in_use"
+    assert got.count("accepted") == 2
+    cache._check_invariants()
+    assert cache.tier_prefix_len(disk.name, [1, 2, 3, 4], "a") == 1  # through the public copy
+    assert cache.restore_tier(disk.name, entries, reasons=True) == got  # again: nothing changes
+    assert mover.run().store_failed == 0  # the queued store completes
+    cache._check_invariants()
+    cache.free_sequence(1)
+    cache.reset_prefix_cache()
+    cache._check_invariants()
+
+
 @pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 2, 1]])
 def test_a_tier_answer_that_is_not_one_bool_per_row_fails_its_rows(answer: object, tmp_path: Path) -> None:
     """A scalar or length-1 answer broadcast to every row (pages nobody wrote reported loaded); a
