@@ -1293,8 +1293,10 @@ impl KVCacheManager {
         }
         let mut guard = self.state.lock();
         let st = &mut *guard;
+        // "hbm" (what `tenant_floors` reports) is HBM too: no lower tier may take that name.
         let t = match tier {
             None => None,
+            Some(name) if name.eq_ignore_ascii_case("hbm") => None,
             Some(name) => Some(Self::tier_index(st, name, op)?),
         };
         let key = (namespace.map(str::to_owned), t);

@@ -171,6 +171,26 @@ def test_a_floor_on_a_lower_tier_keeps_the_tenants_slots() -> None:
     assert m.tier_stats()["host"]["num_evicted_slots"] > 0
 
 
+def test_the_tier_names_tenant_quotas_reports_are_accepted_back() -> None:
+    """``tenant_floors`` names HBM ``"hbm"``: passing a floor back as reported sets the same HBM floor
+    (it raised "no lower tier named 'hbm'"), so quotas can be saved and restored as read."""
+    m = KVCacheManager(41, PS, lower_tiers=[("host", 12)])
+    m.set_tenant_floor("a", 3)
+    m.set_tenant_floor("b", 2, tier="host")
+    m.set_tenant_ceiling("c", 5)
+    saved = m.tenant_quotas()
+    assert [q[:2] for q in saved] == [("a", "hbm"), ("b", "host"), ("c", "hbm")]
+    fresh = KVCacheManager(41, PS, lower_tiers=[("host", 12)])
+    for ns, tier, floor, ceiling, _ in saved:
+        fresh.set_tenant_floor(ns, floor, tier=tier)
+        fresh.set_tenant_ceiling(ns, ceiling, tier=tier)
+    assert fresh.tenant_quotas() == saved
+    fresh.set_tenant_floor("a", 0, tier="HBM")  # any case, as the name lower tiers may not take
+    assert [q[0] for q in fresh.tenant_floors()] == ["b"]
+    with pytest.raises(InvalidArgumentError, match="no lower tier named"):
+        fresh.set_tenant_floor("a", 1, tier="disk")
+
+
 def test_a_tenant_above_its_ceiling_is_evicted_first() -> None:
     """A ceiling is a share: the tenant may exceed it while there is room, and past it its pages go
     before anyone's, however recent (the others' least recent pages stay)."""
