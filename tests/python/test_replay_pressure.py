@@ -152,6 +152,21 @@ def test_the_cli_writes_the_table_json_and_plot(tmp_path: Path, capsys: pytest.C
 
 
 @needs_trace
+def test_the_cli_names_the_plot_it_wrote(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """As every other replay does: the text report ends with the report's and the plot's paths."""
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    argv = [
+        "replay", str(CONVERSATION), "--limit", "50", "--capacity-pages", "8000", "--prefill-rate", "100000",
+        "--pressure", "none", "--load", "1", "--out", str(out), "--no-progress",
+    ]  # fmt: skip
+    assert kvcore.cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert f"report written: {out / 'report.json'}" in text
+    assert f"plot written: {out / 'pressure.png'}" in text and (out / "pressure.png").stat().st_size > 0
+
+
+@needs_trace
 @pytest.mark.parametrize(
     ("extra", "message"),
     [

@@ -685,11 +685,13 @@ def _run_pressure(args: argparse.Namespace) -> int:
         "plots": [],
     }
     notes: list[str] = []
+    plots: list[str] = []
     if args.decode_chunk is not None:
         notes.append("--decode-chunk is ignored: the scheduler reserves one slot per decode step")
     if not args.no_plot:
         if matplotlib_available():
-            report["plots"] = [str(plot_pressure(results, out_dir / "pressure.png"))]
+            plots = [str(plot_pressure(results, out_dir / "pressure.png"))]
+            report["plots"] = plots
         else:
             notes.append("no plot: matplotlib is not installed (pip install 'kvcore[plot]')")
     text = json.dumps(report, indent=2, allow_nan=False)
@@ -703,6 +705,8 @@ def _run_pressure(args: argparse.Namespace) -> int:
         )
         print(format_pressure(results))
         print(f"report written: {out_dir / 'report.json'}")
+        for plot in plots:
+            print(f"plot written: {plot}")
     for note in notes:
         print(note, file=sys.stderr)
     return 0
