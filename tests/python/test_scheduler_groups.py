@@ -281,3 +281,42 @@ def test_a_recomputed_cached_prefix_holds_no_second_copy(groups: list[int | None
         sched.update(plan, np.full(int(plan.sample.sum()), 7, np.int64))
         t += 1
     assert sched.stats().finished_by_reason == {"length": 1}
+
+
+@pytest.mark.parametrize("pool", [116, 120, 124])
+def test_admission_counts_the_hit_add_sequence_takes_not_the_uncapped_one(pool: int) -> None:
+    """A page-aligned prompt cached whole in the tree, whose window pages before its capped hit point
+    (add_sequence looks up len - 1 tokens) were evicted: peek_prefix_len says 40 tokens, admission
+    takes none. The scheduler took 12 pages off its demand for that hit, admitted it into the room
+    kept for the running request's answer, and preempted (1-2 preemptions, up to 6 failed
+    admissions); it now waits until that room is free, and nothing is preempted."""
+    ps = 4
+    m = KVCacheManager(pool, ps, groups=[8, None])
+    s = Scheduler(m, max_num_batched_tokens=4096)
+    s.submit(Request(10, list(range(5000, 5040)), max_new_tokens=200))
+    plan = s.step()
+    s.update(plan, np.full(int(plan.sample.sum()), 3, np.int64))
+    # Beside the scheduler's request, the manager's own traffic: the prompt's tokens cached whole.
+    m.add_sequence(1, list(range(1, 30)))
+    for t in range(12):
+        m.append(1, [100 + t])
+    m.free_sequence(1)
+    prompt = list(range(1, 30)) + [100 + t for t in range(11)]  # 40 tokens, 10 pages
+    m.add_sequence(5, [900 + i for i in range(60)])
+    m.free_sequence(5)
+    assert m.add_sequence(2, [*prompt, 7]) == 40
+    m.free_sequence(2)
+    m.evict(28)
+    assert (m.peek_prefix_len(prompt), m.peek_prefix_len(prompt[:-1])) == (40, 0)
+    s.submit(Request(7, prompt, max_new_tokens=200))
+    admitted_at = {}
+    for step in range(1000):
+        if not s.has_work():
+            break
+        plan = s.step()
+        admitted_at.update((e.request_id, step) for e in plan.events if e.kind == "admitted")
+        s.update(plan, np.full(int(plan.sample.sum()), 3, np.int64))
+    assert admitted_at[7] > 0  # it waited for the room
+    st = s.stats()
+    assert (st.num_preemptions, st.num_failed_admissions) == (0, 0)
+    assert st.generated_tokens == 400

@@ -1395,10 +1395,12 @@ class Scheduler:
                     self._refuse_waiting(r, "tenant_quota", misfit, now)
                     continue
             tokens = r.token_array()
-            prefix = m.peek_prefix_len(tokens, r.ns)  # uncapped, HBM only
+            prefix = m.peek_prefix_len(tokens, r.ns)  # uncapped, HBM only (the admitted event's)
             extra = self._expected_extra_pages(r)
             n = len(r.tokens)  # its prompt's chunks, or its expected answer, whichever holds more
-            need = max(self._pages.prompt(n), self._pages.held(n) + extra) - self._pages.hit(prefix)
+            need = max(self._pages.prompt(n), self._pages.held(n) + extra) - self._pages.hit(
+                self._taken_hit(tokens, r.ns, prefix)
+            )
             if (self._running or self._loading) and need > avail - promised:
                 break  # it would likely be preempted: wait for the running ones to finish
             if quotas and not self._tenant_allows(r, need, extra, avail, tenants, active):
@@ -1470,6 +1472,17 @@ class Scheduler:
                 counts.append(n)
                 budget -= n
         return budget
+
+    def _taken_hit(self, tokens: npt.NDArray[np.uint32], ns: str | None, prefix: int) -> int:
+        """The HBM hit ``add_sequence`` will take, given the uncapped ``prefix`` of ``tokens``: it
+        looks up the first ``len - 1`` tokens. Where the prefix is shorter than that it is the same
+        hit; a whole page-aligned prompt takes one page less on a plain cache, and on a grouped one
+        what the shorter lookup finds (the window pages before its hit point may be gone: the hit can
+        be far shorter, down to none)."""
+        cap = (len(tokens) - 1) // self.page_size * self.page_size
+        if prefix <= cap:
+            return prefix
+        return cap if self._pages.plain else self.cache.peek_prefix_len(tokens[:-1], ns)
 
     def _refuse_waiting(self, r: _Req, reason: str, msg: str, now: float) -> None:
         """Reject a queued request in the step (it is in the plan's ``rejected``): it can never fit."""
