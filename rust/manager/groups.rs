@@ -109,6 +109,8 @@ pub(super) struct Groups {
     clock: u64,
     /// Cached pages per namespace (a windowed primary has no tree to keep a name interned).
     ns_pages: HashMap<Namespace, usize, FxBuildHasher>,
+    /// Cached pages per (internal group, namespace): what a tenant quota counts in a group cache.
+    group_ns_pages: HashMap<(u8, Namespace), usize, FxBuildHasher>,
     /// Namespaces whose last cached page went (for the manager to forget if unused).
     emptied: Vec<Namespace>,
     /// TTL pins, by the key of the pinned prefix's last page (a chained key names the whole
@@ -387,23 +389,101 @@ impl Groups {
     }
 
     /// Take up to `n` evictable pages, least recently used first, out of the cache (the caller
-    /// releases the cache's reference on each).
-    fn take_lru(&mut self, n: usize, out: &mut Vec<PageId>) {
-        for _ in 0..n {
-            let Some((_, page)) = self.lru.pop_first() else {
-                return;
-            };
-            if let Some(e) = self.entries.remove(&page) {
-                self.by_key.remove(&(e.group, e.key));
-                if let Some(n) = self.ns_pages.get_mut(&e.ns) {
-                    *n -= 1;
-                    if *n == 0 {
-                        self.ns_pages.remove(&e.ns);
-                        self.emptied.push(e.ns);
-                    }
+    /// releases the cache's reference on each). With tenant `quotas` (`namespace -> (floor,
+    /// ceiling)`), counted in each group's own pages as the tree counts its own: first the pages
+    /// of a tenant past its ceiling in their group, then those of tenants without a floor or
+    /// above it, and a tenant's pages at or below its floor last (a floor yields only when
+    /// nothing else can go), each class least recently used first.
+    fn take_lru(
+        &mut self,
+        n: usize,
+        quotas: &HashMap<Namespace, (usize, Option<usize>), FxBuildHasher>,
+        out: &mut Vec<PageId>,
+    ) {
+        if quotas.is_empty() {
+            for _ in 0..n {
+                let Some((_, page)) = self.lru.pop_first() else {
+                    return;
+                };
+                self.remove_entry(page);
+                out.push(page);
+            }
+            return;
+        }
+        let mut victims: Vec<(u64, PageId)> = Vec::new();
+        let mut chosen: std::collections::HashSet<PageId, FxBuildHasher> = Default::default();
+        // Each (group, tenant)'s count once the victims so far are gone.
+        let mut left: HashMap<(u8, Namespace), usize, FxBuildHasher> = HashMap::default();
+        for class in 0..3 {
+            for &(stamp, page) in &self.lru {
+                if victims.len() == n {
+                    break;
+                }
+                if chosen.contains(&page) {
+                    continue;
+                }
+                let Some(e) = self.entries.get(&page) else {
+                    continue;
+                };
+                let key = (e.group, e.ns);
+                let count = *left
+                    .entry(key)
+                    .or_insert_with(|| self.group_ns_pages.get(&key).copied().unwrap_or(0));
+                let take = match (class, quotas.get(&e.ns)) {
+                    (0, Some(&(_, Some(ceiling)))) => count > ceiling,
+                    (0, _) => false,
+                    (1, Some(&(floor, _))) => count > floor,
+                    _ => true,
+                };
+                if take {
+                    victims.push((stamp, page));
+                    chosen.insert(page);
+                    left.insert(key, count.saturating_sub(1));
                 }
             }
+        }
+        for (stamp, page) in victims {
+            self.lru.remove(&(stamp, page));
+            self.remove_entry(page);
             out.push(page);
+        }
+    }
+
+    /// The per-namespace and per-(group, namespace) counts equal the entries' (for tests).
+    pub(super) fn check_counts(&self) -> Result<(), String> {
+        let mut by_ns: HashMap<Namespace, usize, FxBuildHasher> = HashMap::default();
+        let mut by_group: HashMap<(u8, Namespace), usize, FxBuildHasher> = HashMap::default();
+        for e in self.entries.values() {
+            *by_ns.entry(e.ns).or_insert(0) += 1;
+            *by_group.entry((e.group, e.ns)).or_insert(0) += 1;
+        }
+        if by_ns != self.ns_pages || by_group != self.group_ns_pages {
+            return Err(format!(
+                "group caches: pages per namespace {:?} / per group {:?}, counted {:?} / {:?}",
+                by_ns, by_group, self.ns_pages, self.group_ns_pages
+            ));
+        }
+        Ok(())
+    }
+
+    /// Forget the cached entry of `page` (out of the LRU already), keeping the counts.
+    fn remove_entry(&mut self, page: PageId) {
+        let Some(e) = self.entries.remove(&page) else {
+            return;
+        };
+        self.by_key.remove(&(e.group, e.key));
+        if let Some(c) = self.group_ns_pages.get_mut(&(e.group, e.ns)) {
+            *c -= 1;
+            if *c == 0 {
+                self.group_ns_pages.remove(&(e.group, e.ns));
+            }
+        }
+        if let Some(n) = self.ns_pages.get_mut(&e.ns) {
+            *n -= 1;
+            if *n == 0 {
+                self.ns_pages.remove(&e.ns);
+                self.emptied.push(e.ns);
+            }
         }
     }
 }
@@ -494,7 +574,17 @@ impl KVCacheManager {
     /// Evict up to `n` pages from the group caches (least recently used first); returns how many.
     pub(super) fn evict_group_pages(&self, st: &mut State, n: usize) -> KvResult<usize> {
         let mut out = Vec::new();
-        st.groups.take_lru(n, &mut out);
+        // HBM tenant quotas of interned names (a name not interned has no cached page).
+        let mut quotas: HashMap<Namespace, (usize, Option<usize>), FxBuildHasher> =
+            HashMap::default();
+        for ((name, tier), &q) in &st.tenant_floors {
+            if tier.is_none() {
+                if let Some(ns) = st.known_namespace(name.as_deref()) {
+                    quotas.insert(ns, q);
+                }
+            }
+        }
+        st.groups.take_lru(n, &quotas, &mut out);
         // Only a windowed primary's pages were announced (the others' events are the tree's).
         self.record_removed(st, &out);
         self.release(st, &out)?;
@@ -1003,6 +1093,7 @@ impl KVCacheManager {
                     },
                 );
                 *st.groups.ns_pages.entry(ns).or_insert(0) += 1;
+                *st.groups.group_ns_pages.entry((g as u8, ns)).or_insert(0) += 1;
                 st.groups.by_key.insert((g as u8, keys[i]), page);
                 adopt.push(page);
                 if announce && g == 0 {

@@ -1798,6 +1798,7 @@ impl KVCacheManager {
                 .collect();
             tier.check(&in_flight)?;
         }
+        st.groups.check_counts()?;
         st.tree.check_invariants()
     }
 }

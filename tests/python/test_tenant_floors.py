@@ -220,3 +220,57 @@ def test_floor_and_ceiling_together_and_through_the_scheduler() -> None:
     assert quotas == {("a", "hbm"): (2, 10), ("b", "hbm"): (6, None)}
     m.set_tenant_ceiling("a", 3, tier="host")
     assert ("a", "host", 0, 3, 0) in m.tenant_quotas()
+
+
+@pytest.mark.parametrize("groups", [[8, None], [None, 8], [8], [None, None], [8, 12, None]])
+@pytest.mark.parametrize("floor", [True, False])
+def test_on_a_grouped_manager_a_floor_keeps_the_tenants_hit(groups: list[int | None], floor: bool) -> None:
+    """A hit needs every group's pages (a window group's last pages before the hit point): floors
+    protected the tree's pages only, so a noisy flood evicted the quiet tenant's window pages and its
+    whole prefix was recomputed though its floor held. A floor now counts in each group cache too;
+    without one (the control) the flood takes the prefix."""
+    m = KVCacheManager(81, PS, groups=groups)
+    if floor:
+        m.set_tenant_floor("vip", 8)
+    prompt = list(range(1, 34))  # 8 full pages + 1 token
+    assert m.add_sequence(0, prompt, "vip") == 0
+    m.free_sequence(0)
+    assert m.peek_prefix_len(prompt, "vip") == 32
+    for i in range(20):  # 4-page prompts: several times the pool, through eviction
+        cache_prompts(m, "noisy", 100 + i, 1, 4)
+    hit = m.peek_prefix_len(prompt, "vip")
+    assert hit == 32 if floor else hit < 32
+    if floor:
+        assert m.add_sequence(1, prompt, "vip") == 32
+        m.free_sequence(1)
+    m._check_invariants()
+
+
+def test_on_a_grouped_manager_a_floor_yields_when_nothing_else_can_go() -> None:
+    """The floor is a preference: with only the floored tenant's pages evictable, they go (an
+    admission is never refused for a floor)."""
+    m = KVCacheManager(41, PS, groups=[8, None])
+    m.set_tenant_floor("vip", 100)
+    cache_prompts(m, "vip", 0, 3, 4)
+    big = np.arange(50_000, 50_000 + 16 * PS)  # with its window pages, most of the pool
+    assert m.add_sequence(99, big, namespace="noisy") is not None
+    m._check_invariants()
+
+
+def test_on_a_grouped_manager_a_tenant_past_its_ceiling_loses_its_group_pages_first() -> None:
+    """The older tenant's pages would go first by recency; the ceiling takes the newer greedy
+    tenant's excess first, in a group cache as in the tree (the older tenant keeps its hit)."""
+    m = KVCacheManager(81, PS, groups=[8])  # every group windowed: the group cache is the cache
+    m.set_tenant_ceiling("greedy", 4)
+    cache_prompts(m, "other", 0, 1, 8)  # older
+    cache_prompts(m, "greedy", 10, 1, 8)  # newer, 8 pages in each group: 4 past its ceiling
+    other = np.arange(0, 8 * PS + 1)
+    greedy = np.arange(10_000, 10_000 + 8 * PS + 1)
+    assert (m.peek_prefix_len(other, "other"), m.peek_prefix_len(greedy, "greedy")) == (32, 32)
+    assert m.evict(8) == 8  # by recency alone: all of the older tenant's pages
+    assert m.peek_prefix_len(other, "other") == 32
+    # The greedy tenant's 4 oldest went (a window hit needs only its last pages: it keeps its hit).
+    assert m.peek_prefix_len(greedy, "greedy") == 32
+    assert m.evict(1) == 1  # at its ceiling now: recency again, the older tenant's oldest page
+    assert m.peek_prefix_len(greedy, "greedy") == 32
+    m._check_invariants()
