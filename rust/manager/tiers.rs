@@ -1033,7 +1033,8 @@ impl KVCacheManager {
     /// is gone or unreadable, and a bad slot that kept its place blocked the path for good: the
     /// recomputed page was never stored there again, and a lookup that found the page in a shared
     /// store could not index it (until eviction, which free slots never need). A bad slot with
-    /// children or locks keeps its place until it is evicted.
+    /// children or locks keeps its place until it is evicted, or until a lookup finds its key in
+    /// the tier again ([`mark_tier_pages`](Self::mark_tier_pages)).
     fn drop_bad_slots(&self, st: &mut State, seq_id: SeqId, end: usize) -> KvResult<()> {
         let ps = self.page_size;
         let seq = st.seqs.get(&seq_id).ok_or_else(|| unknown(seq_id))?;
@@ -1509,6 +1510,42 @@ impl KVCacheManager {
         Ok(st.tiers[t].usable_prefix(ns, tokens))
     }
 
+    /// The bad slots on `tokens`' path in tier `t` from page `from` on (the tier was just asked
+    /// for these pages' keys and holds every one of them) are good again, each only if its slot
+    /// holds the very key the path chains to there (the stored key of the page before it, the
+    /// namespace of the node holding it, its tokens); the walk stops at the first that does not.
+    fn clear_confirmed_bad(
+        &self,
+        st: &mut State,
+        t: usize,
+        ns: Namespace,
+        tokens: &[u32],
+        from: usize,
+    ) {
+        let ps = self.page_size;
+        let mut path = Vec::new();
+        st.tiers[t].tree.peek_prefix_pages_ns(ns, tokens, &mut path);
+        for i in from..path.len() {
+            let (id, page_ns) = path[i];
+            let Some(kns) = st.key_namespace(page_ns) else {
+                return;
+            };
+            let parent = match i {
+                0 => self.root_key,
+                _ => st.tiers[t].keys[(path[i - 1].0 - 1) as usize],
+            };
+            let key = page_key(&parent, kns, &tokens[i * ps..(i + 1) * ps]);
+            let slot = (id - 1) as usize;
+            let tier = &mut st.tiers[t];
+            if key != tier.keys[slot] {
+                return;
+            }
+            if std::mem::take(&mut tier.bad[slot]) {
+                tier.num_bad -= 1;
+            }
+        }
+    }
+
     /// Index the first `num_pages` full pages of `tokens` (in `namespace`) in tier `tier_name`
     /// without a transfer: the tier said it holds them (a shared tier that another instance
     /// filled; `kvcore.tiers.Mover.lookup` asks it). An admission can then load them from there;
@@ -1543,7 +1580,14 @@ impl KVCacheManager {
         let known = st.known_namespace(namespace);
         let ns = st.resolve_namespace(known, namespace);
         let tokens = &tokens[..num_pages * ps];
-        let visible = st.tiers[t].usable_prefix(ns, tokens);
+        let mut visible = st.tiers[t].usable_prefix(ns, tokens);
+        if visible < num_pages && st.tiers[t].tree.peek_prefix_len(ns, tokens) > visible {
+            // Bad slots in the way, whose keys the tier says it holds again (another instance
+            // stored them after their loads failed: a restarted or flushed server): good again.
+            // Kept bad, they blocked the prefix for good (a bad slot with children is not dropped).
+            self.clear_confirmed_bad(st, t, ns, tokens, visible);
+            visible = st.tiers[t].usable_prefix(ns, tokens);
+        }
         // A bad slot in the way: the tier's path there is not usable, nothing to add.
         if visible >= num_pages || st.tiers[t].tree.peek_prefix_len(ns, tokens) > visible {
             st.forget_if_unused(ns);

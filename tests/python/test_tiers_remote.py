@@ -1782,3 +1782,66 @@ def test_reader_times_out_and_sees_a_closed_connection() -> None:
     with pytest.raises(ConnectionResetError):
         conn.line(remote_mod._Deadline(0.1))
     a.close()
+
+
+def _instance(tier_factory: Any, num_pages: int = 40) -> tuple[Any, Mover, RedisTier]:
+    from kvcore import KVCacheManager
+
+    pool = make_pool(num_pages=num_pages)
+    remote = tier_factory(pool, num_slots=64, timeout_s=2.0)
+    cache = KVCacheManager(num_pages, P, fingerprint=b"heal", lower_tiers=[remote], store_policy="all")
+    return cache, Mover(cache, pool, [remote]), remote
+
+
+def _serve(inst: tuple[Any, Mover, RedisTier], sid: int, prompt: list[int], ns: str | None) -> dict[str, int]:
+    """Admit (after a lookup), load, 'compute' and store, free: the prompt's hit by medium."""
+    cache, mover, _ = inst
+    mover.lookup(prompt, ns)
+    assert cache.add_sequence(sid, prompt, ns) is not None
+    mover.run(stores=False)
+    hit = dict(cache.hit_tokens(sid))
+    mover.run()
+    cache.free_sequence(sid)
+    cache._check_invariants()
+    return hit
+
+
+def test_a_prefix_whose_loads_failed_is_loaded_again_once_the_tier_holds_it_again(
+    tier_factory: Any,
+) -> None:
+    """A flushed (restarted) server: instance A's loads of its tenant prefix fail and its slots go bad;
+    the first pages' slot has children (two prompts branch below it), so it was never dropped, and A
+    never indexed, loaded or stored that prefix again, though instance B stored it anew and a fresh
+    instance hit it. A lookup that finds the keys again makes those slots good."""
+    a, b = _instance(tier_factory), _instance(tier_factory)
+    system = list(range(100, 100 + 2 * P))
+    t1 = [*system, *range(1, 1 + P), 9]
+    t2 = [*system, *range(50, 50 + P), 9]
+    assert _serve(a, 1, t1, "a") == {"hbm": 0, "remote": 0}
+    _serve(a, 2, t2, "a")
+    with_client(a[2], lambda r: r.delete(*r.keys(a[2].redis_key(a[0].prompt_keys(t1)[0])[:-32] + b"*")))
+    a[0].evict(1000)
+    assert _serve(a, 3, t1, "a") == {"hbm": 0, "remote": 0}  # the loads fail: the hit is cut
+    assert a[0].tier_stats()["remote"]["num_slots_bad"] > 0
+    _serve(b, 1, t1, "a")
+    _serve(b, 2, t2, "a")  # B stores every page anew
+    width = (len(t2) - 1) // P * P  # whole pages of the prompt less its last token
+    for sid, prompt in ((4, t2), (5, t1)):
+        a[0].evict(1000)
+        assert _serve(a, sid, prompt, "a") == {"hbm": 0, "remote": width}
+
+
+def test_a_value_of_another_type_under_a_page_key_is_deleted_and_the_prefix_heals(tier_factory: Any) -> None:
+    """A third client's list under a page key: every load failed WRONGTYPE, the value was never
+    deleted (only corrupt strings were), the recompute's SET NX found it and counted it stored, and
+    no instance ever hit that prefix again. The load now deletes it, as a corrupt value."""
+    a, b = _instance(tier_factory), _instance(tier_factory)
+    prompt = [*range(1, 1 + 3 * P), 9]
+    _serve(a, 1, prompt, None)
+    name = a[2].redis_key(a[0].prompt_keys(prompt)[0])
+    with_client(a[2], lambda r: (r.delete(name), r.rpush(name, b"not", b"a", b"page")))
+    assert _serve(b, 1, prompt, None) == {"hbm": 0, "remote": 0}  # its first page fails: no hit
+    assert b[2].stats()["deleted"] == 1
+    assert with_client(a[2], lambda r: r.type(name)) == b"string"  # B's recompute stored it again
+    c = _instance(tier_factory)
+    assert _serve(c, 1, prompt, None) == {"hbm": 0, "remote": 3 * P}

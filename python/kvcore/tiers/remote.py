@@ -1739,7 +1739,8 @@ class RedisTier:
             bool ``[n]``: False (counted as ``load_failed_*``) for a missing key, a value that fails
             its header, length, key echo or payload checksum (deleted), a value of another geometry or
             pool scales (left alone), a timeout, a lost connection, a server in back-off or an error
-            reply. A False row leaves its pool page untouched.
+            reply. A False row leaves its pool page untouched. A value that is not a string (another
+            client's list or hash under the key: ``WRONGTYPE``) is deleted too.
 
         Raises:
             InvalidDTypeError, InvalidPageError, InvalidArgumentError: caller mistakes (shapes, page ids,
@@ -1796,6 +1797,10 @@ class RedisTier:
                 elif line[:1] == b"-":
                     if b"unknown command" in line and self._getex:
                         self._getex = False  # a server before 6.2: plain GET from the next call
+                    elif line[:10] == b"-WRONGTYPE":
+                        # Not a string (another client's list, hash...): no load can ever read it,
+                        # and SET NX would keep finding it: deleted, as a corrupt value is.
+                        bad.append(r)
                     status[r] = _ERROR
                     self.last_error = line[1:].decode("utf-8", "replace")
                 else:
