@@ -609,7 +609,8 @@ impl RadixTree {
     /// not continued (for `ns` other than [`PUBLIC_NAMESPACE`]), so a namespace's own copy of
     /// tokens that are public too is added beside the public copy (what caching it before the
     /// public one existed made), not found as the public copy. For re-indexing pages keyed in
-    /// `ns`'s chain (a lower tier's restore).
+    /// `ns`'s chain (a lower tier's restore), whose caller holds no lock on `node`: new pages
+    /// always go in a new child, never into `node` itself (whatever locks it is another holder's).
     pub fn extend_own(
         &mut self,
         ns: Namespace,
@@ -662,9 +663,12 @@ impl RadixTree {
         if !suffix.is_empty() {
             let cut = found.total * self.page_size;
             let n = &self.nodes[end as usize];
-            // In place (see `extend`): only a leaf of `ns` locked once and not pinned. Never
-            // the root, so never from `insert`.
+            // In place (see `extend`): only a leaf of `ns` locked once (by the caller) and not
+            // pinned. Never the root, so never from `insert`; never from `extend_own`, whose
+            // caller (a restore) holds no lock: the one lock there is another holder's (a store or
+            // load in flight), which must find its node still ending where it did.
             if end == node
+                && op != "extend_own"
                 && node != ROOT
                 && n.num_children == 0
                 && n.ns == ns

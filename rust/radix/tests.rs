@@ -205,8 +205,15 @@ fn extend_own_adds_a_namespace_copy_beside_a_public_one() {
     // Found again as its own (no second copy), and continued in namespace 7.
     let again = t.extend_own(7, ROOT, &tokens[..2], &[4], 0, 0).unwrap();
     assert_eq!((again.node, again.num_adopted_pages), (own.node, 0));
-    t.extend_own(7, own.node, &tokens[2..4], &[5], 0, 0)
+    // A leaf locked once by someone else (a store in flight) never grows in place under
+    // `extend_own`: its holder must find it ending where it did. (`extend`'s caller holds it.)
+    t.lock(own.node).unwrap();
+    let below = t
+        .extend_own(7, own.node, &tokens[2..4], &[5], 0, 0)
         .unwrap();
+    assert_ne!(below.node, own.node);
+    assert_eq!(pages_of(&t, own.node), vec![3]);
+    t.unlock(own.node).unwrap();
     assert_eq!(t.peek_prefix_public(7, &tokens[..4]), (2, 0));
     assert_eq!(t.peek_prefix_public(8, &tokens[..4]), (2, 2)); // others still see the public copy
                                                                // The public namespace's own is the public path.

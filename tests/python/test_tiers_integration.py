@@ -638,6 +638,70 @@ def test_restoring_a_tenant_page_whose_slot_a_queued_store_took_refuses_it_and_c
     cache._check_invariants()
 
 
+def _small_disk_cache(tmp_path: Path) -> tuple[KVCacheManager, KVPool, DiskTier, Mover]:
+    pool = KVPool(num_layers=1, num_pages=16, num_kv_heads=1, head_dim=8, page_size=2, kv_dtype="fp16")
+    disk = DiskTier(tmp_path / "d", 10**6, pool)
+    cache = KVCacheManager(16, 2, lower_tiers=[disk], store_policy="all")
+    return cache, pool, disk, Mover(cache, pool, [disk])
+
+
+def test_restored_siblings_below_a_node_a_load_holds_stay_siblings(tmp_path: Path) -> None:
+    """A reset while a load holds the disk node of [1, 1]; the restore then added its children [2, 2]
+    and [3, 3] from that node, and the first went *into* it (a leaf locked once grew in place, as if
+    the restore held that lock): [3, 3] was indexed below [1, 1, 2, 2], and a later admission of
+    [1, 1, 2, 2, 3, 3] loaded the K/V computed after [1, 1] as that page's, reported loaded (found by
+    a KV-events fuzzer: the events named the real parent, the index another)."""
+    cache, _, disk, mover = _small_disk_cache(tmp_path)
+    for sid, prompt in enumerate([[1, 1, 9], [1, 1, 2, 2, 9], [1, 1, 3, 3, 9]]):
+        cache.add_sequence(sid, prompt, "*")
+        mover.run()
+        cache.free_sequence(sid)
+    cache.evict(100)
+    cache.add_sequence(10, [1, 1, 5], "*")  # a disk hit: its load, queued, locks the node of [1, 1]
+    cache.reset_prefix_cache()  # drops [2, 2] and [3, 3] from the index; [1, 1] is held
+    assert cache.restore_tier(disk.name, disk.entries(), reasons=True) == ["accepted"] * 3
+    assert cache.tier_prefix_len(disk.name, [1, 1, 2, 2], "*") == 2
+    assert cache.tier_prefix_len(disk.name, [1, 1, 3, 3], "*") == 2
+    assert cache.tier_prefix_len(disk.name, [1, 1, 3, 3, 2, 2], "*") == 2
+    assert cache.tier_prefix_len(disk.name, [1, 1, 2, 2, 3, 3], "*") == 2
+    mover.run()
+    cache.free_sequence(10)
+    cache.evict(100)
+    prompt = [1, 1, 3, 3, 2, 2, 9]
+    cache.add_sequence(11, prompt, "*")
+    batch = cache.take_transfers(stores=False)
+    want = kvcore.page_keys(np.array(prompt, np.int32), 2, namespace="*")
+    index = {int(p): i for i, p in enumerate(cache.seq_pages(11).tolist())}
+    assert len(batch.load_pages) == 2  # [1, 1] and [3, 3]: [2, 2] was never computed after them
+    for key, page in zip(batch.load_keys, batch.load_pages, strict=True):
+        assert bytes(key) == bytes(want[index[int(page)]])
+    mover.execute(batch)
+    cache._check_invariants()
+
+
+def test_a_store_in_flight_through_a_restore_lands_below_its_own_parent(tmp_path: Path) -> None:
+    """A tenant's store is queued below the disk node of public [1, 1]; a restore then re-added public
+    [2, 2] from that node, in place, so the store landed one page too deep: the tier indexed a:[3, 3]
+    below [1, 1, 2, 2] instead of [1, 1] (its event's key did not chain from its parent)."""
+    cache, _, disk, mover = _small_disk_cache(tmp_path)
+    for sid, (prompt, ns) in enumerate([([1, 1, 2, 2, 9], "*"), ([7, 7, 9], "*")]):
+        cache.add_sequence(sid, prompt, ns)
+        mover.run()
+        cache.free_sequence(sid)
+    cache.reset_prefix_cache()  # the index forgotten, the files stay
+    cache.add_sequence(2, [1, 1, 9], "*")
+    mover.run()
+    cache.free_sequence(2)
+    cache.add_sequence(3, [1, 1, 3, 3, 9], "a")  # queues the store of a:[3, 3] below [1, 1]
+    got = cache.restore_tier(disk.name, disk.entries(), reasons=True)
+    assert got.count("accepted") >= 2
+    mover.run()  # the store lands
+    assert cache.tier_prefix_len(disk.name, [1, 1, 3, 3], "a") == 2
+    assert cache.tier_prefix_len(disk.name, [1, 1, 2, 2, 3, 3], "a") == 2  # [3, 3] is not below [2, 2]
+    cache.free_sequence(3)
+    cache._check_invariants()
+
+
 @pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 2, 1]])
 def test_a_tier_answer_that_is_not_one_bool_per_row_fails_its_rows(answer: object, tmp_path: Path) -> None:
     """A scalar or length-1 answer broadcast to every row (pages nobody wrote reported loaded); a
