@@ -948,6 +948,31 @@ def test_foreign_geometry_files_are_left_alone(tmp_path: Path) -> None:
     assert back.load(bf16, i32(0, 1), i32(3, 4), m["keys"]).all()
 
 
+def test_files_of_another_format_version_are_left_alone(tmp_path: Path) -> None:
+    """A directory another kvcore version wrote (its format version in the header): opening it here
+    deleted every file (a bad header); they are now left alone as another geometry's are, and a
+    store of their slot replaces them."""
+    pool = make_pool("bf16")
+    tier = open_disk(tmp_path, pool)
+    m = meta(2)
+    assert tier.store(pool, i32(1, 2), i32(0, 1), **m).all()
+    tier.close()
+    original = {slot: slot_path(tier, slot).read_bytes() for slot in (0, 1)}
+    for slot in (0, 1):  # the u16 at offset 8: format version 2
+        raw = bytearray(original[slot])
+        raw[8:10] = (2).to_bytes(2, "little")
+        slot_path(tier, slot).write_bytes(bytes(raw))
+    newer = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    s = newer.stats()
+    assert newer.entries() == [] and (s["open_foreign"], s["open_removed"]) == (2, 0)
+    assert slot_path(tier, 0).exists() and slot_path(tier, 1).exists()
+    assert newer.load(pool, i32(0), i32(3), m["keys"][:1]).tolist() == [False]
+    assert newer.store(pool, i32(5), i32(1), **meta(1, seed=9)).all()  # replaces slot 1's file
+    newer.close()
+    back = DiskTier(tier.path, 8 * tier.file_bytes, pool)
+    assert [e.slot for e in back.entries()] == [1] and back.stats()["open_foreign"] == 1
+
+
 def test_slots_beyond_a_smaller_capacity_are_removed(tmp_path: Path) -> None:
     pool = make_pool()
     tier = open_disk(tmp_path, pool)

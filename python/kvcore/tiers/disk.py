@@ -126,7 +126,7 @@ _STAT_NAMES = (
     "open_removed_header",  # bad magic, version, header checksum or fields
     "open_removed_truncated",  # a size that disagrees with the header
     "open_removed_out_of_range",  # a valid file (of this geometry or another) at a slot >= num_slots
-    "open_foreign",  # valid files of another geometry at slots < num_slots: not listed, left until stored
+    "open_foreign",  # files of another geometry or format version at slots < num_slots: left until stored
     "open_unreadable",  # files that could not be read at open: left alone, not listed
 )
 
@@ -323,7 +323,9 @@ class DiskTier:
 
     Side effects: creates the directory and the lock file and keeps both open until :meth:`close`;
     scans the directory (see :meth:`entries`),
-    removing temp files, corrupt or truncated files and files at slots beyond ``num_slots``. Pages of
+    removing temp files, corrupt or truncated files and files at slots beyond ``num_slots`` (files
+    of another geometry, quantization or format version at slots of ours are left until the slot is
+    stored: another configuration or kvcore version may use the directory again). Pages of
     an unquantized NumPy pool go straight between the pool and the files (``writev``/``readv`` of
     their pieces); a quantized tier or a GPU pool stages them in a buffer of up to 64 MiB (pinned on
     the GPU backend), allocated at the first such call.
@@ -583,8 +585,11 @@ class DiskTier:
                 return "truncated", None, inode
             try:
                 hlen = codec.parse_header_prefix(prefix)
-            except HeaderError:
-                return "header", None, inode
+            except HeaderError as e:
+                # Another format version (a newer kvcore's file, or an older one's): kept, as
+                # another geometry's is, until this tier stores its slot (opening a directory with
+                # another version no longer erases it).
+                return ("foreign" if e.reason == "version" else "header"), None, inode
             if size < hlen:
                 return "truncated", None, inode
             buf = os.pread(fd, hlen, 0)
