@@ -392,12 +392,13 @@ impl Groups {
     /// releases the cache's reference on each). With tenant `quotas` (`namespace -> (floor,
     /// ceiling)`), counted in each group's own pages as the tree counts its own: first the pages
     /// of a tenant past its ceiling in their group, then those of tenants without a floor or
-    /// above it, and a tenant's pages at or below its floor last (a floor yields only when
-    /// nothing else can go), each class least recently used first.
+    /// above it, and a tenant's pages at or below its floor last, only with `yield_floors` (a
+    /// floor yields only when nothing else can go), each class least recently used first.
     fn take_lru(
         &mut self,
         n: usize,
         quotas: &HashMap<Namespace, (usize, Option<usize>), FxBuildHasher>,
+        yield_floors: bool,
         out: &mut Vec<PageId>,
     ) {
         if quotas.is_empty() {
@@ -414,7 +415,7 @@ impl Groups {
         let mut chosen: std::collections::HashSet<PageId, FxBuildHasher> = Default::default();
         // Each (group, tenant)'s count once the victims so far are gone.
         let mut left: HashMap<(u8, Namespace), usize, FxBuildHasher> = HashMap::default();
-        for class in 0..3 {
+        for class in 0..if yield_floors { 3 } else { 2 } {
             for &(stamp, page) in &self.lru {
                 if victims.len() == n {
                     break;
@@ -571,8 +572,14 @@ impl KVCacheManager {
         Ok(())
     }
 
-    /// Evict up to `n` pages from the group caches (least recently used first); returns how many.
-    pub(super) fn evict_group_pages(&self, st: &mut State, n: usize) -> KvResult<usize> {
+    /// Evict up to `n` pages from the group caches (least recently used first, tenant quotas
+    /// first: see `take_lru`; pages within floors only with `yield_floors`); returns how many.
+    pub(super) fn evict_group_pages(
+        &self,
+        st: &mut State,
+        n: usize,
+        yield_floors: bool,
+    ) -> KvResult<usize> {
         let mut out = Vec::new();
         // HBM tenant quotas of interned names (a name not interned has no cached page).
         let mut quotas: HashMap<Namespace, (usize, Option<usize>), FxBuildHasher> =
@@ -584,7 +591,7 @@ impl KVCacheManager {
                 }
             }
         }
-        st.groups.take_lru(n, &quotas, &mut out);
+        st.groups.take_lru(n, &quotas, yield_floors, &mut out);
         // Only a windowed primary's pages were announced (the others' events are the tree's).
         self.record_removed(st, &out);
         self.release(st, &out)?;

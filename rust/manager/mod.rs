@@ -1577,10 +1577,12 @@ impl KVCacheManager {
         let share = ((num_pages as u128 * from_groups as u128)
             .div_ceil((from_groups + tree_ev) as u128)) as usize;
         let share = share.min(from_groups).min(num_pages);
-        let mut from_maps = self.evict_group_pages(st, share)?;
+        // The share spares the group caches' floor pages (the tree gives what they keep back);
+        // they yield only when the tree has nothing more either.
+        let mut from_maps = self.evict_group_pages(st, share, false)?;
         let from_tree = self.evict_tree(st, num_pages - from_maps, now)?;
         if from_maps + from_tree < num_pages {
-            from_maps += self.evict_group_pages(st, num_pages - from_maps - from_tree)?;
+            from_maps += self.evict_group_pages(st, num_pages - from_maps - from_tree, true)?;
         }
         st.stats.num_evicted_pages += from_maps as u64;
         Ok(from_maps + from_tree)
