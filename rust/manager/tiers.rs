@@ -1790,6 +1790,12 @@ impl KVCacheManager {
                     st.forget_if_unused(ns);
                     continue;
                 }
+                // The tier holds this very page there (its file names its key): a slot marked bad
+                // by a failed load is good again, as a lookup that finds its key makes it (kept
+                // bad, with children, it blocked the prefix for good).
+                if std::mem::take(&mut tier.bad[p.slot as usize]) {
+                    tier.num_bad -= 1;
+                }
                 outcome[i] = RestoreOutcome::Accepted;
             } else if ins.num_adopted_pages != 1 {
                 // A duplicate of a page restored already below the same parent: the branch goes on

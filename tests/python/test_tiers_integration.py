@@ -702,6 +702,38 @@ def test_a_store_in_flight_through_a_restore_lands_below_its_own_parent(tmp_path
     cache._check_invariants()
 
 
+def test_restoring_the_intact_file_of_a_bad_slot_makes_it_good(tmp_path: Path) -> None:
+    """A transient failed load marks the slot of a shared prefix page bad; with children it keeps
+    its place and every prompt below it missed the disk for good. restore_tier of that very file
+    said "accepted" (the index holds it) but left the slot bad; it is now good again."""
+    cache, _, disk, mover = _small_disk_cache(tmp_path)
+    a, b = [1, 2, 3, 4, 5, 6, 0], [1, 2, 3, 4, 9, 9, 0]  # pages 0-1 shared
+    for sid, prompt in enumerate((a, b)):
+        cache.add_sequence(sid, prompt)
+        mover.run()
+        cache.free_sequence(sid)
+    cache.evict(100)
+    assert cache.peek_hit_tokens(a[:-1]) == {"hbm": 0, "disk": 6}
+    cache.add_sequence(5, a)
+    batch = cache.take_transfers()
+    cache.complete_transfers(batch.load_ops[:1], False)  # page 0's load fails (an EIO), once
+    cache.complete_transfers(batch.load_ops[1:], True)
+    cache.free_sequence(5)
+    mover.run()
+    cache.evict(100)
+    assert cache.tier_stats()[disk.name]["num_slots_bad"] == 1
+    assert cache.peek_hit_tokens(b[:-1]) == {"hbm": 0, "disk": 0}
+    assert cache.restore_tier(disk.name, disk.entries(), reasons=True) == ["accepted"] * 4
+    assert cache.tier_stats()[disk.name]["num_slots_bad"] == 0
+    for prompt in (a, b):
+        assert cache.peek_hit_tokens(prompt[:-1]) == {"hbm": 0, "disk": 6}
+    cache.add_sequence(6, b)
+    mover.run(stores=False)
+    assert cache.hit_tokens(6) == {"hbm": 0, "disk": 6}  # and the load succeeds
+    cache.free_sequence(6)
+    cache._check_invariants()
+
+
 @pytest.mark.parametrize("answer", [True, [True], [True, True, True, True], [[True, True, True]], [1, 2, 1]])
 def test_a_tier_answer_that_is_not_one_bool_per_row_fails_its_rows(answer: object, tmp_path: Path) -> None:
     """A scalar or length-1 answer broadcast to every row (pages nobody wrote reported loaded); a
