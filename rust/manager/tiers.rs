@@ -305,10 +305,15 @@ impl Tier {
     }
 
     fn release_slot(&mut self, slot: u32) {
+        self.clear_bad(slot);
+        self.free.push(slot);
+    }
+
+    /// `slot` is not bad (any more).
+    fn clear_bad(&mut self, slot: u32) {
         if std::mem::take(&mut self.bad[slot as usize]) {
             self.num_bad -= 1;
         }
-        self.free.push(slot);
     }
 
     pub(super) fn stats(&self) -> TierStats {
@@ -1535,14 +1540,11 @@ impl KVCacheManager {
                 _ => st.tiers[t].keys[(path[i - 1].0 - 1) as usize],
             };
             let key = page_key(&parent, kns, &tokens[i * ps..(i + 1) * ps]);
-            let slot = (id - 1) as usize;
             let tier = &mut st.tiers[t];
-            if key != tier.keys[slot] {
+            if key != tier.keys[(id - 1) as usize] {
                 return;
             }
-            if std::mem::take(&mut tier.bad[slot]) {
-                tier.num_bad -= 1;
-            }
+            tier.clear_bad(id - 1);
         }
     }
 
@@ -1581,7 +1583,12 @@ impl KVCacheManager {
         let ns = st.resolve_namespace(known, namespace);
         let tokens = &tokens[..num_pages * ps];
         let mut visible = st.tiers[t].usable_prefix(ns, tokens);
-        if visible < num_pages && st.tiers[t].tree.peek_prefix_len(ns, tokens) > visible {
+        let indexed = if visible < num_pages {
+            st.tiers[t].tree.peek_prefix_len(ns, tokens)
+        } else {
+            visible
+        };
+        if indexed > visible {
             // Bad slots in the way, whose keys the tier says it holds again (another instance
             // stored them after their loads failed: a restarted or flushed server): good again.
             // Kept bad, they blocked the prefix for good (a bad slot with children is not dropped).
@@ -1589,7 +1596,7 @@ impl KVCacheManager {
             visible = st.tiers[t].usable_prefix(ns, tokens);
         }
         // A bad slot in the way: the tier's path there is not usable, nothing to add.
-        if visible >= num_pages || st.tiers[t].tree.peek_prefix_len(ns, tokens) > visible {
+        if visible >= num_pages || indexed > visible {
             st.forget_if_unused(ns);
             return Ok(0);
         }
@@ -1793,9 +1800,7 @@ impl KVCacheManager {
                 // The tier holds this very page there (its file names its key): a slot marked bad
                 // by a failed load is good again, as a lookup that finds its key makes it (kept
                 // bad, with children, it blocked the prefix for good).
-                if std::mem::take(&mut tier.bad[p.slot as usize]) {
-                    tier.num_bad -= 1;
-                }
+                tier.clear_bad(p.slot);
                 outcome[i] = RestoreOutcome::Accepted;
             } else if ins.num_adopted_pages != 1 {
                 // A duplicate of a page restored already below the same parent: the branch goes on

@@ -650,7 +650,10 @@ impl RadixTree {
                 self.page_size
             )));
         }
-        let found = if op == "extend_own" {
+        // `extend_own`: the namespace's own pages only, and never in place (its caller holds no
+        // lock on `node`).
+        let own = op == "extend_own";
+        let found = if own {
             self.find_own(ns, node, tokens)
         } else {
             self.find_from(ns, node, tokens)
@@ -668,7 +671,7 @@ impl RadixTree {
             // caller (a restore) holds no lock: the one lock there is another holder's (a store or
             // load in flight), which must find its node still ending where it did.
             if end == node
-                && op != "extend_own"
+                && !own
                 && node != ROOT
                 && n.num_children == 0
                 && n.ns == ns

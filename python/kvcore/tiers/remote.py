@@ -1764,6 +1764,8 @@ class RedisTier:
             head, tail = self._get_ex if self._getex else self._get_plain
             vb, hl = self.value_bytes, self.header_len
 
+            bad: list[int] = []  # rows whose value is deleted
+
             def pieces(r: int) -> list[Any]:
                 return [head, names[r], tail]
 
@@ -1806,7 +1808,6 @@ class RedisTier:
                 else:
                     raise _ProtocolError(f"GET: unexpected reply {line[:40]!r}")
 
-            bad: list[int] = []  # rows whose value is deleted
             for c in range(0, n, chunk):
                 rows = np.arange(c, min(n, c + chunk))
                 pos[rows] = np.arange(rows.shape[0])
